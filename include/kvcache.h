@@ -1,0 +1,276 @@
+/* kvcache.h - attention with a KV cache: the one public header of libkvcache.
+ *
+ * Under causal masking a past token's key and value never change, so each
+ * layer keeps them in a cache, only new tokens are projected, and T new queries
+ * attend over the S >= T keys now cached. Query row i of a step sits at absolute
+ * position p_i = S - T + i and sees key j exactly when
+ *
+ *        j <= p_i                 (causal, diagonal offset by S - T)
+ *        j >  p_i - W             (only in a sliding-window cache of window W)
+ *
+ * One call therefore serves prefill (T = S), chunked prefill (any T < S) and
+ * decode (T = 1).
+ *
+ * Memory. A cache owns a pool of pages fixed at creation; a page holds
+ * `page_size` consecutive positions of K and V for every layer and KV head of
+ * the cache. A sequence is a length and a block table (entry i: the page of
+ * positions [i*P, (i+1)*P)). Only the n_kv_heads heads are stored (GQA/MQA);
+ * attention indexes the group of a query head instead of repeating KV heads.
+ *
+ * A step:
+ *     kv_seq_reserve(c, seq, t)                 room for t new positions (all or nothing)
+ *     for each layer l:
+ *         kv_step_f32(c, &layer_l, &batch, x, out)   project, RoPE, append, attend
+ *       or, when the caller projects itself:
+ *         kv_append_f32(c, l, &batch, k, v); kv_attend_f32(c, l, &batch, q, out, ...)
+ *
+ * Errors. Every call that can fail returns a kv_status; kv_status_str() names
+ * it. A failed call leaves the cache exactly as it was (contents, lengths, pool).
+ * The library never exits or aborts on bad input, and allocates only in
+ * kv_cache_create.
+ *
+ * Threads. Calls on different caches may run concurrently. Calls on one cache
+ * must be serialized by the caller, except that kv_attend_* calls (and the pure
+ * functions kv_attention_*, kv_rope_*, kv_price_*) may run concurrently with
+ * each other when no call that changes the cache runs at the same time.
+ */
+#ifndef KVCACHE_H
+#define KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum {
+    KV_OK = 0,
+    KV_ERR_NULL = -1,          /* a required pointer was NULL */
+    KV_ERR_SHAPE = -2,         /* a size is <= 0, too large, or inconsistent */
+    KV_ERR_HEADS = -3,         /* n_heads is not a multiple of n_kv_heads */
+    KV_ERR_LENGTH = -4,        /* T > S, or a truncate/position outside the sequence */
+    KV_ERR_CAPACITY = -5,      /* the sequence would exceed the cache's max_seq_len */
+    KV_ERR_OUT_OF_PAGES = -6,  /* the pool has too few free pages; nothing was changed */
+    KV_ERR_WINDOW = -7,        /* window < 0, or the keys a call needs were evicted */
+    KV_ERR_DTYPE = -8,         /* unsupported dtype, or the call's precision does not match the cache */
+    KV_ERR_NOMEM = -9,         /* allocation failed in kv_cache_create */
+    KV_ERR_SEQ = -10,          /* no such sequence, or no free sequence slot */
+    KV_ERR_ROPE = -11,         /* bad RoPE parameters */
+    KV_ERR_IO = -12,           /* a file could not be read or written */
+    KV_ERR_FORMAT = -13,       /* a saved file is corrupt or was made for another configuration */
+    KV_ERR_SHARED = -14,       /* a write would change a page another sequence shares */
+} kv_status;
+
+/* A static, human-readable description of a status code. */
+const char *kv_status_str(int status);
+
+/* ------------------------------------------------------------------ types */
+
+/* Storage type of cached K and V. Computation is always FP32 accumulation
+ * (FP64 for KV_F64), whatever is stored; queries are never rounded to it. */
+typedef enum {
+    KV_F64 = 0,   /* reference grade; used with the *_f64 calls */
+    KV_F32 = 1,
+    KV_F16 = 2,   /* IEEE binary16 */
+    KV_BF16 = 3,  /* bfloat16 */
+    KV_Q8 = 4,    /* int8 with one f32 scale per (token, head) */
+} kv_dtype;
+
+/* Bytes one element of K or V occupies (KV_Q8: 1, the scale counted apart). */
+size_t kv_dtype_size(kv_dtype dtype);
+const char *kv_dtype_name(kv_dtype dtype);
+/* Parses "f64", "f32", "f16", "bf16", "q8"; returns KV_OK or KV_ERR_DTYPE. */
+int kv_dtype_parse(const char *name, kv_dtype *out);
+
+/* ------------------------------------------------------------------ price */
+
+/* KV bytes one token costs: 2 (K and V) x layers x kv_heads x head_dim x
+ * bytes per element, plus for KV_Q8 one f32 scale per token, layer, head and
+ * K/V. Llama 3.1 8B in bf16: 2 x 32 x 8 x 128 x 2 = 131,072 B. Returns 0 for
+ * invalid arguments. */
+uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype);
+/* The same for n_tokens tokens (saturates at UINT64_MAX). */
+uint64_t kv_price_tokens(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype,
+                         uint64_t n_tokens);
+
+/* ------------------------------------------------------------------ RoPE */
+
+typedef enum {
+    KV_ROPE_NEOX = 0,        /* split halves: pairs (x[i], x[i + r/2]) */
+    KV_ROPE_INTERLEAVED = 1, /* adjacent pairs (x[2i], x[2i+1]): GPT-J, GGUF llama */
+} kv_rope_layout;
+
+typedef enum {
+    KV_ROPE_SCALING_NONE = 0,
+    KV_ROPE_SCALING_LLAMA3 = 1, /* Llama 3.1 wavelength-dependent frequency scaling */
+} kv_rope_scaling;
+
+enum { KV_MAX_HEAD_DIM = 512 };
+
+typedef struct {
+    int32_t head_dim;           /* d */
+    int32_t rot_dim;            /* r <= d, even: dimensions rotated (0 means d) */
+    kv_rope_layout layout;
+    double theta;               /* base, e.g. 10000 or 500000 */
+    kv_rope_scaling scaling;
+    double factor;              /* LLAMA3: e.g. 8 */
+    double low_freq_factor;     /* LLAMA3: e.g. 1 */
+    double high_freq_factor;    /* LLAMA3: e.g. 4 */
+    int32_t original_context;   /* LLAMA3: e.g. 8192 */
+} kv_rope_params;
+
+/* theta 10000, NEOX, rot_dim = head_dim, no scaling. */
+kv_rope_params kv_rope_default_params(int32_t head_dim);
+
+/* Precomputed rotation frequencies; a plain value, no allocation. */
+typedef struct {
+    kv_rope_params params;
+    double inv_freq[KV_MAX_HEAD_DIM / 2]; /* [rot_dim/2] angle per position of pair k */
+} kv_rope;
+
+int kv_rope_init(kv_rope *rope, const kv_rope_params *params);
+
+/* Rotates x [n, n_heads, head_dim] in place; row t by angle pos[t] * inv_freq. */
+int kv_rope_apply_f64(const kv_rope *rope, double *x, int32_t n, int32_t n_heads, const int32_t *pos);
+int kv_rope_apply_f32(const kv_rope *rope, float *x, int32_t n, int32_t n_heads, const int32_t *pos);
+
+/* ------------------------------------------------------------------ dense attention */
+
+/* The seed's attention without a cache, over contiguous arrays:
+ *   q [T, H, d], k and v [S, Hkv, d], out [T, H, d], S >= T, H % Hkv == 0.
+ * Query i sits at S - T + i. window 0 means full causal attention; scale 0
+ * means 1/sqrt(d). T = 0 writes nothing and succeeds. */
+int kv_attention_f64(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const double *q,
+                     const double *k, const double *v, double *out, int32_t window, double scale);
+int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const float *q,
+                     const float *k, const float *v, float *out, int32_t window, float scale);
+
+/* ------------------------------------------------------------------ the cache */
+
+typedef struct kv_cache kv_cache;
+
+typedef struct {
+    int32_t n_layers;      /* layers that share this cache (same window) */
+    int32_t n_kv_heads;    /* Hkv: only these heads are stored */
+    int32_t head_dim;      /* d <= KV_MAX_HEAD_DIM */
+    kv_dtype dtype;        /* storage type of K and V */
+    int32_t page_size;     /* P: positions per page (default 16) */
+    int32_t n_pages;       /* pages in the pool, all allocated at creation */
+    int32_t max_seqs;      /* sequence slots (default 1) */
+    int32_t max_seq_len;   /* longest sequence allowed (0: n_pages * page_size) */
+    int32_t window;        /* W > 0: sliding-window cache that evicts old pages; 0: full */
+} kv_cache_params;
+
+/* n_layers 1, n_kv_heads 1, head_dim 64, KV_F32, page_size 16, n_pages 256,
+ * max_seqs 1, max_seq_len 0, window 0. */
+kv_cache_params kv_cache_default_params(void);
+
+/* Allocates the pool and every table; the only call that allocates. */
+int kv_cache_create(const kv_cache_params *params, kv_cache **out);
+void kv_cache_free(kv_cache *cache);
+kv_cache_params kv_cache_get_params(const kv_cache *cache);
+
+typedef struct {
+    int32_t pages_total;
+    int32_t pages_used;        /* referenced by at least one sequence */
+    int32_t pages_free;
+    int32_t pages_shared;      /* referenced by two or more sequences */
+    int32_t seqs;              /* live sequences */
+    uint64_t bytes_per_token;  /* kv_price_per_token of this configuration */
+    uint64_t bytes_per_page;
+    uint64_t bytes_in_use;     /* pages_used x bytes_per_page */
+    uint64_t bytes_total;      /* the pool */
+} kv_cache_stats;
+
+kv_cache_stats kv_cache_get_stats(const kv_cache *cache);
+
+/* ------------------------------------------------------------------ sequences */
+
+/* Takes a free sequence slot; *seq receives its id (0 <= id < max_seqs). */
+int kv_seq_new(kv_cache *cache, int32_t *seq);
+/* Releases the sequence and its pages. */
+int kv_seq_remove(kv_cache *cache, int32_t seq);
+/* Length S of the sequence (positions reserved so far), or a negative status. */
+int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
+/* Makes room for n_new positions after the current length: allocates pages,
+ * evicts pages a window no longer needs, and advances the length. All or
+ * nothing: KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing. The K/V of
+ * the new positions must then be written (kv_append_* or kv_step_*) in every
+ * layer before they are attended. */
+int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new);
+/* Creates *child sharing every page of parent (copy-on-write: the first write
+ * into a shared page copies that page only). */
+int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
+/* Drops every position >= new_len (rollback for speculative decoding or
+ * editing); pages no longer needed return to the pool. In a window cache,
+ * KV_ERR_WINDOW when the keys the next query would see were evicted. */
+int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
+
+/* ------------------------------------------------------------------ batches */
+
+/* A ragged batch in CSR form: sequence b (seqs[b]) owns the rows
+ * row_start[b] .. row_start[b+1]-1 of q, k, v, x and out, so its T_b =
+ * row_start[b+1] - row_start[b]. Its cache length S_b is kv_seq_length at the
+ * time of the call (the T_b new positions already reserved), and its row i sits
+ * at absolute position S_b - T_b + i. A sequence appears at most once. */
+typedef struct {
+    int32_t n_seqs;
+    const int32_t *seqs;       /* [n_seqs] sequence ids */
+    const int32_t *row_start;  /* [n_seqs + 1], row_start[0] = 0, non-decreasing */
+} kv_batch;
+
+/* Writes the K and V of the T_b newest positions of every sequence of the
+ * batch into `layer`: k and v are [rows, Hkv, d] (rows = row_start[n_seqs]),
+ * already rotated. Overwrites only those positions. */
+int kv_append_f64(kv_cache *cache, int32_t layer, const kv_batch *batch, const double *k,
+                  const double *v);
+int kv_append_f32(kv_cache *cache, int32_t layer, const kv_batch *batch, const float *k,
+                  const float *v);
+
+/* Reads back the cached K and V of positions [pos, pos + n) of `seq` in
+ * `layer`, as [n, Hkv, d] (dequantized for f16/bf16/q8 storage). */
+int kv_read_f64(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, double *k,
+                double *v);
+int kv_read_f32(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, float *k,
+                float *v);
+
+/* Attends q [rows, H, d] over the cache of `layer`; out [rows, H, d].
+ * H % Hkv == 0; scale 0 means 1/sqrt(d). Online softmax: no score row of
+ * length S is ever materialized. */
+int kv_attend_f64(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
+                  const double *q, double *out, double scale);
+int kv_attend_f32(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
+                  const float *q, float *out, float scale);
+
+/* ------------------------------------------------------------------ one step */
+
+/* The weights of one attention layer for kv_step_*. Row-major:
+ * wq [dim, n_heads * d], wk and wv [dim, n_kv_heads * d]. */
+typedef struct {
+    int32_t layer;          /* which layer of the cache */
+    int32_t dim;            /* D, the model width */
+    int32_t n_heads;        /* H */
+    const void *wq;         /* double* for kv_step_f64, float* for kv_step_f32 */
+    const void *wk;
+    const void *wv;
+    const kv_rope *rope;    /* NULL: no positional rotation */
+    double scale;           /* 0: 1/sqrt(d) */
+} kv_layer;
+
+/* x [rows, D] holds only the new tokens; out [rows, H * d]. Projects each new
+ * token once, rotates q and k at their absolute positions, appends k and v in
+ * place, attends. `scratch` holds rows x (H + 2 Hkv) x d elements of the call's
+ * precision (kv_step_scratch tells how many). */
+size_t kv_step_scratch(const kv_cache *cache, const kv_layer *layer, int32_t rows);
+int kv_step_f64(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const double *x,
+                double *out, double *scratch);
+int kv_step_f32(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const float *x,
+                float *out, float *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

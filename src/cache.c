@@ -1,0 +1,353 @@
+/* src/cache.c - the page pool, sequences and their block tables, reserve
+ * (all or nothing), fork with copy-on-write, truncate, window eviction, and
+ * writing K/V in place. */
+#include <stdlib.h>
+
+#include "internal.h"
+
+kv_cache_params kv_cache_default_params(void) {
+    return (kv_cache_params){
+        .n_layers = 1,
+        .n_kv_heads = 1,
+        .head_dim = 64,
+        .dtype = KV_F32,
+        .page_size = 16,
+        .n_pages = 256,
+        .max_seqs = 1,
+        .max_seq_len = 0,
+        .window = 0,
+    };
+}
+
+static int params_check(const kv_cache_params *p) {
+    if (p->n_layers <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->page_size <= 0 ||
+        p->n_pages <= 0 || p->max_seqs <= 0 || p->max_seq_len < 0)
+        return KV_ERR_SHAPE;
+    if (p->head_dim > KV_MAX_HEAD_DIM) return KV_ERR_SHAPE;
+    if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
+    if (p->window < 0) return KV_ERR_WINDOW;
+    return KV_OK;
+}
+
+int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
+    if (!params || !out) return KV_ERR_NULL;
+    int rc = params_check(params);
+    if (rc) return rc;
+    kv_cache_params p = *params;
+    int64_t pool_positions = (int64_t)p.n_pages * p.page_size;
+    if (p.max_seq_len == 0) p.max_seq_len = pool_positions > INT32_MAX ? INT32_MAX : (int32_t)pool_positions;
+
+    size_t elem = kv_dtype_size(p.dtype);
+    size_t head_bytes = (size_t)p.page_size * (size_t)p.head_dim * elem;
+    size_t layer_bytes = 2 * (size_t)p.n_kv_heads * head_bytes;
+    if (p.dtype == KV_Q8) layer_bytes += 2 * (size_t)p.n_kv_heads * (size_t)p.page_size * sizeof(float);
+    size_t page_bytes = ((size_t)p.n_layers * layer_bytes + 63) & ~(size_t)63;
+    if (page_bytes / (size_t)p.n_layers < layer_bytes || (size_t)p.n_pages > SIZE_MAX / page_bytes)
+        return KV_ERR_SHAPE;
+    int32_t max_blocks = (int32_t)(((int64_t)p.max_seq_len + p.page_size - 1) / p.page_size);
+
+    kv_cache *c = calloc(1, sizeof *c);
+    if (!c) return KV_ERR_NOMEM;
+    c->p = p;
+    c->elem = elem;
+    c->head_bytes = head_bytes;
+    c->layer_bytes = layer_bytes;
+    c->page_bytes = page_bytes;
+    c->max_blocks = max_blocks;
+    c->pool = aligned_alloc(64, (size_t)p.n_pages * page_bytes);
+    c->refcount = calloc((size_t)p.n_pages, sizeof *c->refcount);
+    c->free_pages = malloc((size_t)p.n_pages * sizeof *c->free_pages);
+    c->seqs = calloc((size_t)p.max_seqs, sizeof *c->seqs);
+    c->tables = malloc((size_t)p.max_seqs * (size_t)max_blocks * sizeof *c->tables);
+    if (!c->pool || !c->refcount || !c->free_pages || !c->seqs || !c->tables) {
+        kv_cache_free(c);
+        return KV_ERR_NOMEM;
+    }
+    /* pop order 0, 1, 2, ...: the stack holds the highest id at the bottom */
+    for (int32_t i = 0; i < p.n_pages; i++) c->free_pages[i] = p.n_pages - 1 - i;
+    c->n_free = p.n_pages;
+    for (size_t i = 0; i < (size_t)p.max_seqs * (size_t)max_blocks; i++) c->tables[i] = KV_NO_PAGE;
+    *out = c;
+    return KV_OK;
+}
+
+void kv_cache_free(kv_cache *c) {
+    if (!c) return;
+    free(c->pool);
+    free(c->refcount);
+    free(c->free_pages);
+    free(c->seqs);
+    free(c->tables);
+    free(c);
+}
+
+kv_cache_params kv_cache_get_params(const kv_cache *c) {
+    return c ? c->p : (kv_cache_params){0};
+}
+
+kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
+    kv_cache_stats s = {0};
+    if (!c) return s;
+    s.pages_total = c->p.n_pages;
+    s.pages_free = c->n_free;
+    for (int32_t i = 0; i < c->p.n_pages; i++) {
+        if (c->refcount[i] > 0) s.pages_used++;
+        if (c->refcount[i] > 1) s.pages_shared++;
+    }
+    for (int32_t i = 0; i < c->p.max_seqs; i++) s.seqs += c->seqs[i].live;
+    s.bytes_per_token = kv_price_per_token(c->p.n_layers, c->p.n_kv_heads, c->p.head_dim, c->p.dtype);
+    s.bytes_per_page = c->page_bytes;
+    s.bytes_in_use = (uint64_t)s.pages_used * c->page_bytes;
+    s.bytes_total = (uint64_t)c->p.n_pages * c->page_bytes;
+    return s;
+}
+
+/* ------------------------------------------------------------------ pages */
+
+static int32_t page_take(kv_cache *c) {
+    int32_t page = c->free_pages[--c->n_free];
+    c->refcount[page] = 1;
+    return page;
+}
+
+static void page_release(kv_cache *c, int32_t page) {
+    if (--c->refcount[page] == 0) c->free_pages[c->n_free++] = page;
+}
+
+/* ------------------------------------------------------------------ sequences */
+
+static bool seq_valid(const kv_cache *c, int32_t seq) {
+    return seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
+}
+
+static int32_t blocks_for(const kv_cache *c, int32_t len) {
+    return (int32_t)(((int64_t)len + c->p.page_size - 1) / c->p.page_size);
+}
+
+int kv_seq_new(kv_cache *c, int32_t *seq) {
+    if (!c || !seq) return KV_ERR_NULL;
+    for (int32_t i = 0; i < c->p.max_seqs; i++) {
+        if (!c->seqs[i].live) {
+            c->seqs[i] = (kv_seq_state){.live = true};
+            *seq = i;
+            return KV_OK;
+        }
+    }
+    return KV_ERR_SEQ;
+}
+
+int kv_seq_remove(kv_cache *c, int32_t seq) {
+    if (!c) return KV_ERR_NULL;
+    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    int32_t *t = kv_table(c, seq);
+    for (int32_t i = 0; i < blocks_for(c, c->seqs[seq].len); i++) {
+        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+        t[i] = KV_NO_PAGE;
+    }
+    c->seqs[seq] = (kv_seq_state){0};
+    return KV_OK;
+}
+
+int32_t kv_seq_length(const kv_cache *c, int32_t seq) {
+    if (!c) return KV_ERR_NULL;
+    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    return c->seqs[seq].len;
+}
+
+int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
+    if (!c || !child) return KV_ERR_NULL;
+    if (!seq_valid(c, parent)) return KV_ERR_SEQ;
+    int32_t id;
+    int rc = kv_seq_new(c, &id);
+    if (rc) return rc;
+    c->seqs[id] = c->seqs[parent];
+    const int32_t *from = kv_table(c, parent);
+    int32_t *to = kv_table(c, id);
+    for (int32_t i = 0; i < blocks_for(c, c->seqs[parent].len); i++) {
+        to[i] = from[i];
+        if (to[i] != KV_NO_PAGE) c->refcount[to[i]]++;
+    }
+    *child = id;
+    return KV_OK;
+}
+
+/* First block a window cache still needs when the earliest query to come sits
+ * at position `pos`: that query sees keys j > pos - W, so every block whose
+ * last position is <= pos - W can go. */
+static int32_t window_first_block(const kv_cache *c, int32_t pos) {
+    if (c->p.window == 0) return 0;
+    int64_t lowest_key = (int64_t)pos - c->p.window + 1;
+    return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
+}
+
+int kv_seq_reserve(kv_cache *c, int32_t seq, int32_t n_new) {
+    if (!c) return KV_ERR_NULL;
+    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    if (n_new < 0) return KV_ERR_SHAPE;
+    kv_seq_state *s = &c->seqs[seq];
+    if (n_new > c->p.max_seq_len - s->len) return KV_ERR_CAPACITY;
+    if (n_new == 0) return KV_OK;
+    int32_t *t = kv_table(c, seq);
+    int32_t P = c->p.page_size;
+
+    /* Plan: count what this needs and what eviction gives back, change nothing. */
+    int32_t old_blocks = blocks_for(c, s->len), new_blocks = blocks_for(c, s->len + n_new);
+    int32_t first = window_first_block(c, s->len);
+    if (first < s->first_block) first = s->first_block;
+    int32_t evict_end = first < old_blocks ? first : old_blocks;
+    int32_t freed = 0;
+    for (int32_t i = s->first_block; i < evict_end; i++)
+        if (t[i] != KV_NO_PAGE && c->refcount[t[i]] == 1) freed++;
+    /* the partly filled last page is written next: copy it first if shared */
+    bool cow = s->len % P != 0 && old_blocks - 1 >= evict_end && c->refcount[t[old_blocks - 1]] > 1;
+    int32_t needed = new_blocks - old_blocks + (cow ? 1 : 0);
+    if (needed > c->n_free + freed) return KV_ERR_OUT_OF_PAGES;
+
+    /* Apply. */
+    for (int32_t i = s->first_block; i < evict_end; i++) {
+        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+        t[i] = KV_NO_PAGE;
+    }
+    s->first_block = first;
+    if (cow) {
+        int32_t shared = t[old_blocks - 1], copy = page_take(c);
+        memcpy(c->pool + (size_t)copy * c->page_bytes, c->pool + (size_t)shared * c->page_bytes,
+               c->page_bytes);
+        c->refcount[shared]--; /* still > 0: another sequence holds it */
+        t[old_blocks - 1] = copy;
+    }
+    for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = page_take(c);
+    s->len += n_new;
+    return KV_OK;
+}
+
+int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
+    if (!c) return KV_ERR_NULL;
+    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    kv_seq_state *s = &c->seqs[seq];
+    if (new_len < 0 || new_len > s->len) return KV_ERR_LENGTH;
+    /* the next query sits at new_len; the keys it sees must still be here */
+    if (new_len > 0 && new_len < s->len && window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
+    int32_t *t = kv_table(c, seq);
+    for (int32_t i = blocks_for(c, new_len); i < blocks_for(c, s->len); i++) {
+        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+        t[i] = KV_NO_PAGE;
+    }
+    s->len = new_len;
+    if (new_len == 0) s->first_block = 0;
+    return KV_OK;
+}
+
+/* ------------------------------------------------------------------ batches */
+
+int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
+    if (!c || !b) return KV_ERR_NULL;
+    if (b->n_seqs < 0) return KV_ERR_SHAPE;
+    *rows = 0;
+    if (b->n_seqs == 0) return KV_OK;
+    if (!b->seqs || !b->row_start) return KV_ERR_NULL;
+    if (b->row_start[0] != 0) return KV_ERR_SHAPE;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i];
+        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+        for (int32_t j = 0; j < i; j++)
+            if (b->seqs[j] == seq) return KV_ERR_SEQ;
+        int32_t T = b->row_start[i + 1] - b->row_start[i];
+        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
+        const kv_seq_state *s = &c->seqs[seq];
+        if (T > s->len) return KV_ERR_LENGTH;
+        if (T > 0 && window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
+    }
+    *rows = b->row_start[b->n_seqs];
+    return KV_OK;
+}
+
+static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void *k, const void *v,
+                       bool f64) {
+    if (!c || !b) return KV_ERR_NULL;
+    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (layer < 0 || layer >= c->p.n_layers) return KV_ERR_SHAPE;
+    int32_t rows;
+    int rc = kv_batch_check(c, b, &rows);
+    if (rc) return rc;
+    if (rows == 0) return KV_OK;
+    if (!k || !v) return KV_ERR_NULL;
+    const int32_t P = c->p.page_size, Hkv = c->p.n_kv_heads, d = c->p.head_dim;
+    /* all checks before the first write: a refused call changes nothing */
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const kv_seq_state *s = &c->seqs[b->seqs[i]];
+        const int32_t *t = kv_table(c, b->seqs[i]);
+        int32_t T = b->row_start[i + 1] - b->row_start[i];
+        for (int32_t blk = (s->len - T) / P; T > 0 && blk <= (s->len - 1) / P; blk++)
+            if (c->refcount[t[blk]] > 1) return KV_ERR_SHARED;
+    }
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const kv_seq_state *s = &c->seqs[b->seqs[i]];
+        const int32_t *t = kv_table(c, b->seqs[i]);
+        int32_t T = b->row_start[i + 1] - b->row_start[i];
+        for (int32_t r = 0; r < T; r++) {
+            int32_t pos = s->len - T + r, page = t[pos / P], slot = pos % P;
+            size_t row = (size_t)(b->row_start[i] + r) * (size_t)Hkv * (size_t)d;
+            for (int32_t h = 0; h < Hkv; h++) {
+                for (int kv = 0; kv < 2; kv++) {
+                    unsigned char *dst = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->elem;
+                    const void *src = kv == 0 ? k : v;
+                    if (f64) {
+                        memcpy(dst, (const double *)src + row + (size_t)h * d, (size_t)d * sizeof(double));
+                    } else {
+                        float *scale = c->p.dtype == KV_Q8 ? kv_page_scales(c, page, layer, kv, h) + slot : NULL;
+                        kv_store_row(c->p.dtype, dst, scale, (const float *)src + row + (size_t)h * d, d);
+                    }
+                }
+            }
+        }
+    }
+    return KV_OK;
+}
+
+int kv_append_f64(kv_cache *c, int32_t layer, const kv_batch *b, const double *k, const double *v) {
+    return append_rows(c, layer, b, k, v, true);
+}
+
+int kv_append_f32(kv_cache *c, int32_t layer, const kv_batch *b, const float *k, const float *v) {
+    return append_rows(c, layer, b, k, v, false);
+}
+
+static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos, int32_t n, void *k,
+                     void *v, bool f64) {
+    if (!c) return KV_ERR_NULL;
+    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (layer < 0 || layer >= c->p.n_layers || n < 0) return KV_ERR_SHAPE;
+    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    const kv_seq_state *s = &c->seqs[seq];
+    const int32_t P = c->p.page_size, Hkv = c->p.n_kv_heads, d = c->p.head_dim;
+    if (pos < 0 || pos > s->len - n) return KV_ERR_LENGTH;
+    if (n > 0 && pos / P < s->first_block) return KV_ERR_WINDOW;
+    if (n > 0 && (!k || !v)) return KV_ERR_NULL;
+    const int32_t *t = kv_table(c, seq);
+    for (int32_t r = 0; r < n; r++) {
+        int32_t page = t[(pos + r) / P], slot = (pos + r) % P;
+        for (int32_t h = 0; h < Hkv; h++) {
+            for (int kv = 0; kv < 2; kv++) {
+                const unsigned char *src = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->elem;
+                size_t off = ((size_t)r * Hkv + (size_t)h) * (size_t)d;
+                void *dst = kv == 0 ? k : v;
+                if (f64) {
+                    memcpy((double *)dst + off, src, (size_t)d * sizeof(double));
+                } else {
+                    float scale = c->p.dtype == KV_Q8 ? kv_page_scales(c, page, layer, kv, h)[slot] : 1.0f;
+                    kv_load_row(c->p.dtype, src, scale, (float *)dst + off, d);
+                }
+            }
+        }
+    }
+    return KV_OK;
+}
+
+int kv_read_f64(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos, int32_t n, double *k, double *v) {
+    return read_rows(c, layer, seq, pos, n, k, v, true);
+}
+
+int kv_read_f32(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos, int32_t n, float *k, float *v) {
+    return read_rows(c, layer, seq, pos, n, k, v, false);
+}

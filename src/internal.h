@@ -1,0 +1,122 @@
+/* src/internal.h - what the library's files share and callers never see:
+ * the cache struct, its page layout, and element conversions. */
+#ifndef KV_INTERNAL_H
+#define KV_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kvcache.h"
+
+#define KV_NO_PAGE (-1)
+
+typedef struct {
+    bool live;
+    int32_t len;          /* S: positions reserved */
+    int32_t first_block;  /* blocks below this were evicted by the window */
+} kv_seq_state;
+
+/* Page layout. A page is n_layers layer-slices of layer_bytes each; a slice is
+ *     K [Hkv][P][d] | V [Hkv][P][d] | (KV_Q8 only) Kscale [Hkv][P] f32 | Vscale [Hkv][P] f32
+ * so the q-heads of one GQA group stream one contiguous run of P keys. */
+struct kv_cache {
+    kv_cache_params p;
+    size_t elem;          /* bytes per K/V element */
+    size_t head_bytes;    /* P * d * elem: one head's K (or V) in one page slice */
+    size_t layer_bytes;   /* one layer's slice of a page */
+    size_t page_bytes;    /* n_layers * layer_bytes, rounded up to 64 */
+    unsigned char *pool;  /* [n_pages][page_bytes], 64-byte aligned */
+    int32_t *refcount;    /* [n_pages] sequences referencing the page; 0 = free */
+    int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
+    int32_t n_free;
+    int32_t max_blocks;   /* ceil(max_seq_len / P): block-table width */
+    kv_seq_state *seqs;   /* [max_seqs] */
+    int32_t *tables;      /* [max_seqs][max_blocks] page ids, KV_NO_PAGE when none */
+};
+
+static inline int32_t *kv_table(const kv_cache *c, int32_t seq) {
+    return c->tables + (size_t)seq * (size_t)c->max_blocks;
+}
+
+/* Base of K (kv = 0) or V (kv = 1) of `head` in `layer` of `page`. */
+static inline unsigned char *kv_page_head(const kv_cache *c, int32_t page, int32_t layer, int kv,
+                                          int32_t head) {
+    return c->pool + (size_t)page * c->page_bytes + (size_t)layer * c->layer_bytes +
+           ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * c->head_bytes;
+}
+
+/* Q8 scales of `head` in `layer` of `page`: [P] floats. */
+static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t layer, int kv,
+                                    int32_t head) {
+    unsigned char *s = c->pool + (size_t)page * c->page_bytes + (size_t)layer * c->layer_bytes +
+                       2 * (size_t)c->p.n_kv_heads * c->head_bytes;
+    return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
+}
+
+/* Validates a batch against the cache: ids live and distinct, rows well formed,
+ * T_b <= S_b, and the window's keys still present. *rows receives the total. */
+int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows);
+
+/* ------------------------------------------------------------------ elements */
+
+static inline float kv_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);          /* inf, NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign;
+    } else {                                              /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even; overflow to inf, NaN stays NaN. */
+static inline uint16_t kv_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds past 65504 */
+    if (ax < 0x38800000u) {                                  /* below 2^-14: subnormal */
+        if (ax < 0x33000000u) return (uint16_t)sign;         /* below half the least subnormal */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e;           /* value / 2^-24 = m * 2^(e - 126) */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ax + 0xfff + ((ax >> 13) & 1) - 0x38000000u; /* rebias, round to even */
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float kv_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t kv_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* Stores n floats as `dtype` at dst (KV_Q8: int8 with the scale in *scale). */
+void kv_store_row(kv_dtype dtype, void *dst, float *scale, const float *src, int32_t n);
+/* Loads n elements of `dtype` as floats. */
+void kv_load_row(kv_dtype dtype, const void *src, float scale, float *dst, int32_t n);
+
+#endif

@@ -1,0 +1,61 @@
+/* tests/helpers.h - small drivers the library tests share. */
+#ifndef KV_TEST_HELPERS_H
+#define KV_TEST_HELPERS_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "kvcache.h"
+#include "ref.h"
+#include "test.h"
+
+/* n random normals (times scale) */
+static inline double *rand_normal(test_rng *r, size_t n, double scale) {
+    double *a = malloc(sizeof(double) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) a[i] = test_rng_normal(r) * scale;
+    return a;
+}
+
+static inline float *to_f32(const double *a, size_t n) {
+    float *f = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) f[i] = (float)a[i];
+    return f;
+}
+
+/* a, rounded through f32 (so the oracle sees exactly what an f32 call sees) */
+static inline void round_f32(double *a, size_t n) {
+    for (size_t i = 0; i < n; i++) a[i] = (float)a[i];
+}
+
+static inline kv_batch one_seq(const int32_t *seq, int32_t *rows2, int32_t t) {
+    rows2[0] = 0;
+    rows2[1] = t;
+    return (kv_batch){.n_seqs = 1, .seqs = seq, .row_start = rows2};
+}
+
+/* Reserve t positions of seq, then one kv_step over x [t, D] -> out [t, H*d]. */
+static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
+                               const double *x, double *out) {
+    int rc = kv_seq_reserve(c, seq, t);
+    if (rc) return rc;
+    int32_t rows[2];
+    kv_batch b = one_seq(&seq, rows, t);
+    double *scratch = malloc(sizeof(double) * (kv_step_scratch(c, L, t) + 1));
+    rc = kv_step_f64(c, L, &b, x, out, scratch);
+    free(scratch);
+    return rc;
+}
+
+static inline int step_seq_f32(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
+                               const float *x, float *out) {
+    int rc = kv_seq_reserve(c, seq, t);
+    if (rc) return rc;
+    int32_t rows[2];
+    kv_batch b = one_seq(&seq, rows, t);
+    float *scratch = malloc(sizeof(float) * (kv_step_scratch(c, L, t) + 1));
+    rc = kv_step_f32(c, L, &b, x, out, scratch);
+    free(scratch);
+    return rc;
+}
+
+#endif
