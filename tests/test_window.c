@@ -1,0 +1,76 @@
+/* tests/test_window.c - sliding-window caches: equal to the oracle under the
+ * window mask, and their memory stays bounded however long the sequence. */
+#include "helpers.h"
+
+TEST(window_layer_equals_oracle_with_window_mask) {
+    test_rng r = {20};
+    const int windows[] = {1, 2, 5, 8, 16, 40};
+    for (int wi = 0; wi < 6; wi++) {
+        for (int page = 1; page <= 16; page *= 4) {
+            enum { H = 6, Hkv = 3, d = 16, D = 12, N = 37 };
+            int W = windows[wi];
+            double *wq = rand_normal(&r, D * H * d, 0.3), *wk = rand_normal(&r, D * Hkv * d, 0.3);
+            double *wv = rand_normal(&r, D * Hkv * d, 0.3), *x = rand_normal(&r, N * D, 1);
+            double out[N * H * d], oracle[N * H * d];
+            kv_cache_params p = kv_cache_default_params();
+            p.n_kv_heads = Hkv, p.head_dim = d, p.dtype = KV_F64, p.page_size = page, p.window = W;
+            kv_cache *c;
+            int32_t s;
+            CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+            CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+            kv_layer L = {.dim = D, .n_heads = H, .wq = wq, .wk = wk, .wv = wv};
+            for (int t0 = 0; t0 < N;) {
+                int t = test_rng_int(&r, 1, 6);
+                if (t > N - t0) t = N - t0;
+                CHECK_EQ_INT(step_seq_f64(c, s, &L, t, x + t0 * D, out + t0 * H * d), KV_OK);
+                t0 += t;
+            }
+            ref_forward(N, D, H, Hkv, d, x, wq, wk, wv, NULL, W, oracle, NULL, NULL, NULL);
+            CHECK(ref_max_diff(out, oracle, N * H * d) < 1e-12);
+            kv_cache_free(c);
+            free(wq), free(wk), free(wv), free(x);
+        }
+    }
+}
+
+TEST(window_memory_stays_bounded_while_sequence_grows_to_10W) {
+    enum { W = 32, P = 8, CHUNK = 8, H = 2, Hkv = 1, d = 16, D = 8, N = 10 * W };
+    test_rng r = {21};
+    double *wq = rand_normal(&r, D * H * d, 0.3), *wk = rand_normal(&r, D * Hkv * d, 0.3);
+    double *wv = rand_normal(&r, D * Hkv * d, 0.3), *x = rand_normal(&r, N * D, 1);
+    double *out = malloc(sizeof(double) * N * H * d), *oracle = malloc(sizeof(double) * N * H * d);
+    /* what one step can need: W - 1 older keys plus the chunk, over at most one
+     * more page than they fill */
+    const int bound_pages = (W - 1 + CHUNK + P - 1) / P + 1;
+    kv_cache_params p = kv_cache_default_params();
+    p.n_kv_heads = Hkv, p.head_dim = d, p.dtype = KV_F64, p.page_size = P, p.window = W;
+    p.n_pages = bound_pages, p.max_seq_len = N; /* a pool far smaller than the sequence */
+    kv_cache *c;
+    int32_t s;
+    CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    kv_layer L = {.dim = D, .n_heads = H, .wq = wq, .wk = wk, .wv = wv};
+    int peak = 0;
+    for (int t0 = 0; t0 < N;) {
+        int t = test_rng_int(&r, 0, 1) ? 1 : test_rng_int(&r, 1, CHUNK);
+        if (t > N - t0) t = N - t0;
+        CHECK_EQ_INT(step_seq_f64(c, s, &L, t, x + t0 * D, out + t0 * H * d), KV_OK);
+        int used = kv_cache_get_stats(c).pages_used;
+        peak = used > peak ? used : peak;
+        t0 += t;
+    }
+    CHECK(peak <= bound_pages);
+    CHECK_EQ_INT(kv_seq_length(c, s), N);
+    ref_forward(N, D, H, Hkv, d, x, wq, wk, wv, NULL, W, oracle, NULL, NULL, NULL);
+    CHECK(ref_max_diff(out, oracle, N * H * d) < 1e-12);
+    /* the evicted keys are gone: reading them or rolling back to them is refused */
+    double k[d], v[d];
+    CHECK_EQ_INT(kv_read_f64(c, 0, s, 0, 1, k, v), KV_ERR_WINDOW);
+    CHECK_EQ_INT(kv_seq_truncate(c, s, W), KV_ERR_WINDOW);
+    CHECK_EQ_INT(kv_seq_length(c, s), N);
+    CHECK_EQ_INT(kv_seq_truncate(c, s, N - 1), KV_OK); /* a step back within the window is fine */
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(kv_cache_get_stats(c).pages_free, bound_pages);
+    kv_cache_free(c);
+    free(wq), free(wk), free(wv), free(x), free(out), free(oracle);
+}
