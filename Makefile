@@ -85,6 +85,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 examples: $(EXAMPLES)
+	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
