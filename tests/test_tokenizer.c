@@ -9,10 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/chat.h"
 #include "../engine/tokenizer.h"
 #include "test.h"
 
+#ifndef SMOLLM2_PATH
 #define SMOLLM2_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#endif
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -247,7 +250,8 @@ TEST(tok_bpe_long_word_merges_fully) {
     for (int k = 0; k < 10; k++) {
         vocab_merge(&v, a, a);
         size_t n = strlen(a);
-        memcpy(a + n, a, n + 1);
+        memcpy(a + n, a, n);
+        a[2 * n] = 0;
     }
     llm_tokenizer *t = vocab_build(&v, "gpt2", NULL, 0, 0);
     size_t n = 20000;
@@ -776,6 +780,33 @@ TEST(tok_smollm2_matches_hf_tokenizers) {
     CHECK(n_cases >= 300);
     CHECK_EQ_INT(bad, 0);
     CHECK_EQ_INT(bad_trip, 0);
+    llm_tokenizer_free(t);
+    gguf_vocab_free(&v);
+}
+
+/* The GGUF's own template selects ChatML with SmolLM2's default system
+ * message, and the rendered prompt tokenizes into its markers. */
+TEST(tok_smollm2_chat_prompt_from_its_template) {
+    gguf_vocab v;
+    llm_tokenizer *t = smollm2_tokenizer(&v);
+    if (!t) return gguf_vocab_free(&v);
+    llm_chat_format f;
+    CHECK_EQ_INT(llm_chat_format_from_template(v.chat_template, NULL, NULL, &f), 0);
+    CHECK_EQ_INT(f.kind, LLM_CHAT_CHATML);
+    CHECK(strcmp(f.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face") == 0);
+    llm_chat_msg m[] = {{"user", "What is the capital of France?"}};
+    char text[512];
+    int32_t n = llm_chat_render(&f, m, 1, 1, text, sizeof text);
+    CHECK(n > 0);
+    int32_t ids[256];
+    int32_t k = llm_tokenize(t, text, (size_t)n, 1, 1, ids, 256);
+    CHECK(k > 10);
+    int starts = 0, ends = 0;
+    for (int32_t i = 0; i < k; i++) starts += ids[i] == 1, ends += ids[i] == 2;
+    CHECK(ids[0] == 1 && starts == 3 && ends == 2); /* system, user, assistant headers */
+    char back[512];
+    CHECK_EQ_INT(llm_detokenize(t, ids, k, LLM_DETOK_SPECIAL, back, sizeof back), n);
+    CHECK(strcmp(back, text) == 0);
     llm_tokenizer_free(t);
     gguf_vocab_free(&v);
 }

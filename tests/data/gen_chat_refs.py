@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Reference renderings for tests/test_chat.c, made by running the models' own
+Jinja chat templates with jinja2 the way HF transformers does (trim_blocks,
+lstrip_blocks).
+
+    pip install jinja2
+    python3 tests/data/gen_chat_refs.py      # writes tests/data/chat_cases.txt
+
+The templates below are the `chat_template` strings the models ship (SmolLM2's
+as its GGUF stores it). Lines of chat_cases.txt, all text hex-encoded UTF-8:
+
+  T <name> <template>                 a template
+  M <conversation> <role> <content>   the messages of each conversation, in order
+  R <name> <conversation> <k> <gen> <rendering of the first k messages>
+
+A rendering never starts with BOS: our renderer leaves the first BOS to the
+tokenizer, so the templates run with bos_token "" except Llama 2, which writes
+BOS before every user turn; its leading "<s>" is removed instead.
+"""
+import os
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+           "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+           "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+           "{% endif %}")
+# Qwen2-Instruct, with its escapes written "\\n" as tokenizer_config.json has them.
+QWEN2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+         "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+         "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+          "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim"
+          " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+          "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+          "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+          "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+          "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+          "'Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + "
+          "system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}"
+          "{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+          "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == "
+          "'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+TINYLLAMA = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+             "{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
+             "{{ '<|system|>\n' + message['content'] + eos_token }}\n"
+             "{% elif message['role'] == 'assistant' %}\n"
+             "{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+             "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+             "{% endfor %}")
+
+TEMPLATES = [("smollm2", SMOLLM2), ("qwen2", QWEN2), ("chatml", CHATML), ("llama3", LLAMA3),
+             ("llama2", LLAMA2), ("tinyllama", TINYLLAMA)]
+
+CONVERSATIONS = [
+    [("user", "Hello!")],
+    [("system", "You are terse."), ("user", "What is 2+2?")],
+    [("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", "Tell me a joke.")],
+    [("system", "  Be kind.  "), ("user", "  padded question \n"), ("assistant", " padded answer\n\n"),
+     ("user", "Ünïcödé 你好 😀"), ("assistant", "Sure.")],
+    [("user", "line one\nline two\n"), ("assistant", "ok"), ("user", "   ")],
+]
+
+
+def hexs(s):
+    return s.encode("utf-8").hex() or "-"
+
+
+def main():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env.globals["raise_exception"] = raise_exception
+    with open(os.path.join(HERE, "chat_cases.txt"), "w") as f:
+        f.write("# generated by gen_chat_refs.py; fields are hex-encoded UTF-8\n")
+        for name, tmpl in TEMPLATES:
+            f.write("T %s %s\n" % (name, hexs(tmpl)))
+        for ci, conv in enumerate(CONVERSATIONS):
+            for role, content in conv:
+                f.write("M %d %s %s\n" % (ci, hexs(role), hexs(content)))
+        for name, tmpl in TEMPLATES:
+            t = env.from_string(tmpl)
+            for ci, conv in enumerate(CONVERSATIONS):
+                for k in range(len(conv) + 1):
+                    for gen in (0, 1):
+                        msgs = [{"role": r, "content": c} for r, c in conv[:k]]
+                        if name == "llama2" and (k == 0 or (k == 1 and conv[0][0] == "system")):
+                            continue  # the template reads messages[0]
+                        bos = "<s>" if name == "llama2" else ""
+                        out = t.render(messages=msgs, add_generation_prompt=bool(gen),
+                                       bos_token=bos, eos_token="</s>")
+                        if name == "llama2" and out.startswith("<s>"):
+                            out = out[3:]
+                        f.write("R %s %d %d %d %s\n" % (name, ci, k, gen, hexs(out)))
+
+
+if __name__ == "__main__":
+    main()
