@@ -1,0 +1,395 @@
+/* engine/quant.c - weight block formats: the type table, half/bfloat
+ * conversions, the scalar decoders (always compiled: the reference for the
+ * SIMD ones in quant_avx2.c and the whole path of a portable build), the Q8_0
+ * quantizer, and the blocked matrix-product driver. */
+#include "quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ type table */
+
+typedef struct {
+    int64_t elems;   /* elements per block; 0 = not decodable here */
+    int64_t bytes;   /* bytes per block */
+} type_size;
+
+static type_size type_size_of(int type) {
+    switch (type) {
+    case LLM_TYPE_F32:  return (type_size){1, 4};
+    case LLM_TYPE_F16:  return (type_size){1, 2};
+    case LLM_TYPE_BF16: return (type_size){1, 2};
+    case LLM_TYPE_Q4_0: return (type_size){LLM_QK, sizeof(llm_block_q4_0)};
+    case LLM_TYPE_Q4_1: return (type_size){LLM_QK, sizeof(llm_block_q4_1)};
+    case LLM_TYPE_Q8_0: return (type_size){LLM_QK, sizeof(llm_block_q8_0)};
+    case LLM_TYPE_Q4_K: return (type_size){LLM_QK_K, sizeof(llm_block_q4_k)};
+    case LLM_TYPE_Q5_K: return (type_size){LLM_QK_K, sizeof(llm_block_q5_k)};
+    case LLM_TYPE_Q6_K: return (type_size){LLM_QK_K, sizeof(llm_block_q6_k)};
+    default:            return (type_size){0, 0};
+    }
+}
+
+_Static_assert(sizeof(llm_block_q4_0) == 18, "Q4_0 block is 18 bytes");
+_Static_assert(sizeof(llm_block_q4_1) == 20, "Q4_1 block is 20 bytes");
+_Static_assert(sizeof(llm_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+_Static_assert(sizeof(llm_block_q4_k) == 144, "Q4_K block is 144 bytes");
+_Static_assert(sizeof(llm_block_q5_k) == 176, "Q5_K block is 176 bytes");
+_Static_assert(sizeof(llm_block_q6_k) == 210, "Q6_K block is 210 bytes");
+
+const char *llm_type_name(int type) {
+    /* ggml's numbering; gaps are formats ggml has retired. Names of formats
+     * we cannot decode still help an error message say what the file holds. */
+    static const char *const names[] = {
+        "F32", "F16", "Q4_0", "Q4_1", NULL, NULL, "Q5_0", "Q5_1", "Q8_0", "Q8_1",
+        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",
+        "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
+        "I32", "I64", "F64", "IQ1_M", "BF16", NULL, NULL, NULL, "TQ1_0", "TQ2_0",
+        NULL, NULL, NULL, "MXFP4",
+    };
+    if (type < 0 || type >= (int)(sizeof names / sizeof names[0])) return NULL;
+    return names[type];
+}
+
+int llm_type_supported(int type) { return type_size_of(type).elems > 0; }
+int64_t llm_type_block_elems(int type) { return type_size_of(type).elems; }
+int64_t llm_type_block_bytes(int type) { return type_size_of(type).bytes; }
+
+int64_t llm_row_bytes(int type, int64_t n) {
+    type_size ts = type_size_of(type);
+    if (ts.elems == 0 || n < 0 || n % ts.elems != 0) return -1;
+    int64_t blocks = n / ts.elems;
+    if (blocks > INT64_MAX / ts.bytes) return -1;
+    return blocks * ts.bytes;
+}
+
+/* ------------------------------------------------------------ conversions */
+
+static float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+float llm_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0) {                       /* zero or subnormal: man * 2^-24 */
+        float mag = (float)man * 0x1p-24f;
+        return bits_to_f32(f32_to_bits(mag) | sign);
+    }
+    if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (man << 13));
+    /* rebias: half exponent bias 15, float bias 127 */
+    return bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t llm_f32_to_f16(float f) {
+    uint32_t x = f32_to_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00;             /* NaN stays NaN */
+    if (ax >= 0x477ff000u) return sign | 0x7c00;           /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                  /* below 2^-14: subnormal */
+        uint32_t e = ax >> 23;
+        if (e < 102) return sign;                            /* < 2^-25 rounds to 0 */
+        uint32_t m = (ax & 0x7fffff) | 0x800000;            /* value = m * 2^(e-150) */
+        uint32_t shift = 126 - e;                            /* value / 2^-24 = m >> shift */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;   /* a carry moves the exponent up */
+    return (uint16_t)(sign | h);
+}
+
+float llm_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+uint16_t llm_f32_to_bf16(float f) {
+    uint32_t x = f32_to_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);                           /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+static float half_at(const uint8_t *p) { return llm_f16_to_f32(rd16(p)); }
+
+/* ------------------------------------------------------------ scalar decoders */
+
+void llm_k_scale_min(const uint8_t s[12], int j, uint8_t *sc, uint8_t *mn) {
+    /* Bytes 0-3: low 6 bits = scales 0-3, top 2 bits = high bits of scales 4-7.
+     * Bytes 4-7: low 6 bits = mins 0-3, top 2 bits = high bits of mins 4-7.
+     * Bytes 8-11: low nibble = low 4 bits of scales 4-7, high nibble = of mins 4-7. */
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q4_0), y += LLM_QK) {
+        float d = half_at(b + offsetof(llm_block_q4_0, d));
+        const uint8_t *qs = b + offsetof(llm_block_q4_0, qs);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((qs[j] & 15) - 8);
+            y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q4_1), y += LLM_QK) {
+        float d = half_at(b + offsetof(llm_block_q4_1, d));
+        float m = half_at(b + offsetof(llm_block_q4_1, m));
+        const uint8_t *qs = b + offsetof(llm_block_q4_1, qs);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)(qs[j] & 15) + m;
+            y[j + 16] = d * (float)(qs[j] >> 4) + m;
+        }
+    }
+}
+
+static void deq_q8_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q8_0), y += LLM_QK) {
+        float d = half_at(b + offsetof(llm_block_q8_0, d));
+        const int8_t *qs = (const int8_t *)(b + offsetof(llm_block_q8_0, qs));
+        for (int j = 0; j < LLM_QK; j++) y[j] = d * (float)qs[j];
+    }
+}
+
+/* Q4_K and Q5_K share everything but the fifth bit; qh == NULL means Q4_K. */
+static void deq_k45(const uint8_t *b, float *y, int64_t nb, int five) {
+    size_t bsz = five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+    for (int64_t i = 0; i < nb; i++, b += bsz, y += LLM_QK_K) {
+        float d = half_at(b + offsetof(llm_block_q4_k, d));
+        float dmin = half_at(b + offsetof(llm_block_q4_k, dmin));
+        const uint8_t *sc = b + offsetof(llm_block_q4_k, scales);
+        const uint8_t *qh = five ? b + offsetof(llm_block_q5_k, qh) : NULL;
+        const uint8_t *qs = b + (five ? offsetof(llm_block_q5_k, qs) : offsetof(llm_block_q4_k, qs));
+        for (int g = 0; g < 4; g++) {
+            uint8_t s1, m1, s2, m2;
+            llm_k_scale_min(sc, 2 * g, &s1, &m1);
+            llm_k_scale_min(sc, 2 * g + 1, &s2, &m2);
+            float d1 = d * s1, o1 = dmin * m1, d2 = d * s2, o2 = dmin * m2;
+            const uint8_t *q = qs + 32 * g;
+            for (int l = 0; l < 32; l++) {
+                int lo = q[l] & 15, hi = q[l] >> 4;
+                if (qh) {
+                    lo |= ((qh[l] >> (2 * g)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
+                }
+                y[64 * g + l] = d1 * (float)lo - o1;
+                y[64 * g + 32 + l] = d2 * (float)hi - o2;
+            }
+        }
+    }
+}
+
+/* Q6_K element order, half h (elements 128h..128h+127), l in 0..31:
+ *   128h+l    : low nibble of ql[64h+l],     bits 0-1 of qh[32h+l]
+ *   128h+32+l : low nibble of ql[64h+32+l],  bits 2-3 of qh[32h+l]
+ *   128h+64+l : high nibble of ql[64h+l],    bits 4-5 of qh[32h+l]
+ *   128h+96+l : high nibble of ql[64h+32+l], bits 6-7 of qh[32h+l]
+ * and element e uses scale scales[e / 16]. */
+static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q6_k), y += LLM_QK_K) {
+        float d = half_at(b + offsetof(llm_block_q6_k, d));
+        const int8_t *sc = (const int8_t *)(b + offsetof(llm_block_q6_k, scales));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + offsetof(llm_block_q6_k, ql) + 64 * h;
+            const uint8_t *qh = b + offsetof(llm_block_q6_k, qh) + 32 * h;
+            float *yh = y + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                int q0 = (ql[l] & 15) | ((qh[l] & 3) << 4);
+                int q1 = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+                int q2 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                int q3 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                int q[4] = {q0, q1, q2, q3};
+                for (int s = 0; s < 4; s++) {
+                    int e = 32 * s + l;
+                    yh[e] = d * (float)sc[8 * h + e / 16] * (float)(q[s] - 32);
+                }
+            }
+        }
+    }
+}
+
+/* Scalar decode of n elements (a whole number of blocks; checked by callers). */
+static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) {
+    int64_t nb = n / type_size_of(type).elems;
+    switch (type) {
+    case LLM_TYPE_F32:  memcpy(dst, src, (size_t)n * 4); break;
+    case LLM_TYPE_F16:  for (int64_t i = 0; i < n; i++) dst[i] = half_at(src + 2 * i); break;
+    case LLM_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = llm_bf16_to_f32(rd16(src + 2 * i)); break;
+    case LLM_TYPE_Q4_0: deq_q4_0(src, dst, nb); break;
+    case LLM_TYPE_Q4_1: deq_q4_1(src, dst, nb); break;
+    case LLM_TYPE_Q8_0: deq_q8_0(src, dst, nb); break;
+    case LLM_TYPE_Q4_K: deq_k45(src, dst, nb, 0); break;
+    case LLM_TYPE_Q5_K: deq_k45(src, dst, nb, 1); break;
+    case LLM_TYPE_Q6_K: deq_q6_k(src, dst, nb); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------ kernel choice */
+
+/* Tests flip this between runs; relaxed atomics keep concurrent readers defined. */
+static atomic_int force_scalar_flag;
+
+void llm_quant_force_scalar(int on) {
+    atomic_store_explicit(&force_scalar_flag, on != 0, memory_order_relaxed);
+}
+
+static int use_simd(void) {
+    return !atomic_load_explicit(&force_scalar_flag, memory_order_relaxed) && llm_simd_level() > 0;
+}
+
+const char *llm_quant_kernels(void) {
+    if (!use_simd()) return "scalar";
+    return llm_simd_level() == 2 ? "avx512" : "avx2";
+}
+
+static void dequant_any(int type, const uint8_t *src, float *dst, int64_t n, int simd) {
+    if (simd && llm_simd_dequant(type, src, dst, n) == 0) return;
+    dequant_scalar(type, src, dst, n);
+}
+
+int llm_dequant_row(int type, const void *src, float *dst, int64_t n) {
+    if (llm_row_bytes(type, n) < 0) return -1;
+    dequant_any(type, src, dst, n, use_simd());
+    return 0;
+}
+
+/* One accumulator per (r, t), summed in k order: the same arithmetic for
+ * every tile shape, which keeps results independent of how rows are split. */
+static void scalar_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
+                            int64_t n, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < n; k++) acc += w[r][k] * x[t][k];
+            out[r * nt + t] = acc;
+        }
+}
+
+/* ------------------------------------------------------------ matrix product */
+
+enum {
+    CHUNK = 1024,  /* most row elements decoded at once: 4 rows x 4 KiB stay in L1 */
+    JBLOCK = 64,   /* X rows kept hot in L2 while all weight rows pass over them */
+    XT = 4,        /* X rows per tile: each decoded weight vector feeds 4 FMAs */
+};
+
+static void dot_tile(const float *const *w, int nr, const float *const *x, int nt, int64_t n,
+                     float *out, int simd) {
+    if (simd) llm_simd_dot_tile(w, nr, x, nt, n, out);
+    else scalar_dot_tile(w, nr, x, nt, n, out);
+}
+
+/* Y[j*ldy + r0 + r] = out[r*nt + t] on the first chunk of k, += after it. */
+static void store_tile(float *Y, int64_t ldy, int64_t j, int64_t r0, const float *out,
+                       int nr_real, int nt_real, int nt, int first) {
+    for (int r = 0; r < nr_real; r++)
+        for (int t = 0; t < nt_real; t++) {
+            float *y = &Y[(j + t) * ldy + r0 + r];
+            *y = first ? out[r * nt + t] : *y + out[r * nt + t];
+        }
+}
+
+void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1,
+                     const float *X, int64_t m, float *Y, int64_t ldy) {
+    if (row0 < 0 || row1 <= row0 || m <= 0) return;
+    int64_t rb = llm_row_bytes(type, n_in);
+    if (rb < 0 || n_in == 0) {
+        float v = rb < 0 ? NAN : 0.0f;
+        for (int64_t j = 0; j < m; j++)
+            for (int64_t r = row0; r < row1; r++) Y[j * ldy + r] = v;
+        return;
+    }
+    int simd = use_simd();
+    _Alignas(64) float buf[8][CHUNK];        /* decoded chunks of up to 8 weight rows */
+    const uint8_t *Wb = W;
+    int64_t elems = type_size_of(type).elems, bbytes = type_size_of(type).bytes;
+    /* Equal chunks, whole super-blocks each: a short last chunk (576 = 512 + 64)
+     * would pay a tile's setup and reduction for little work. */
+    int64_t nch = (n_in + CHUNK - 1) / CHUNK;
+    int64_t chunk = ((n_in + nch - 1) / nch + LLM_QK_K - 1) / LLM_QK_K * LLM_QK_K;
+    if (chunk > CHUNK) chunk = CHUNK;
+
+    for (int64_t jb = 0; jb < m; jb += JBLOCK) {
+        int64_t je = m - jb < JBLOCK ? m : jb + JBLOCK;
+        /* One X row (decode) is bound by weight decoding, so 8 weight rows
+         * share each x vector; with more X rows each decoded 4-row chunk is
+         * reused by tiles of XT X rows. */
+        int decode = (je - jb == 1);
+        int R = decode ? 8 : 4;
+        for (int64_t r0 = row0; r0 < row1; r0 += R) {
+            int nr = (int)(row1 - r0 < R ? row1 - r0 : R);
+            for (int64_t k0 = 0; k0 < n_in; k0 += chunk) {
+                int64_t kc = n_in - k0 < chunk ? n_in - k0 : chunk;
+                int first = (k0 == 0);
+                const float *wp[8];
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *src = Wb + (r0 + i) * rb + k0 / elems * bbytes;
+                    if (type == LLM_TYPE_F32 && ((uintptr_t)src & 3) == 0) {
+                        wp[i] = (const float *)(const void *)src;   /* no copy needed */
+                    } else {
+                        dequant_any(type, src, buf[i], kc, simd);
+                        wp[i] = buf[i];
+                    }
+                }
+                float out[8 * XT];
+                if (decode) {
+                    const float *xp = X + jb * n_in + k0;
+                    if (nr == 8) {
+                        dot_tile(wp, 8, &xp, 1, kc, out, simd);
+                        store_tile(Y, ldy, jb, r0, out, 8, 1, 1, first);
+                    } else {                 /* the last few rows, one at a time */
+                        for (int i = 0; i < nr; i++) {
+                            dot_tile(&wp[i], 1, &xp, 1, kc, out, simd);
+                            store_tile(Y, ldy, jb, r0 + i, out, 1, 1, 1, first);
+                        }
+                    }
+                    continue;
+                }
+                /* A short group or tile repeats its last row; the extra
+                 * results are computed and dropped, so one kernel shape serves. */
+                for (int i = nr; i < 4; i++) wp[i] = wp[nr - 1];
+                for (int64_t j = jb; j < je; j += XT) {
+                    int nt = (int)(je - j < XT ? je - j : XT);
+                    const float *xp[XT];
+                    for (int t = 0; t < XT; t++) xp[t] = X + (j + (t < nt ? t : nt - 1)) * n_in + k0;
+                    dot_tile(wp, 4, xp, XT, kc, out, simd);
+                    store_tile(Y, ldy, j, r0, out, nr, nt, XT, first);
+                }
+            }
+        }
+    }
+}
+
+float llm_vec_dot(int type, const void *row, const float *x, int64_t n) {
+    float y;
+    llm_matmul_rows(type, row, n, 0, 1, x, 1, &y, 1);
+    return y;
+}
+
+/* ------------------------------------------------------------ quantizer */
+
+int llm_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
+    if (n < 0 || n % LLM_QK != 0) return -1;
+    uint8_t *b = dst;
+    for (int64_t i = 0; i < n / LLM_QK; i++, src += LLM_QK, b += sizeof(llm_block_q8_0)) {
+        float amax = 0.0f;
+        for (int j = 0; j < LLM_QK; j++) amax = fmaxf(amax, fabsf(src[j]));
+        uint16_t dh = llm_f32_to_f16(amax / 127.0f);
+        float d = llm_f16_to_f32(dh);      /* quantize against the scale the reader sees */
+        memcpy(b + offsetof(llm_block_q8_0, d), &dh, 2);
+        int8_t *qs = (int8_t *)(b + offsetof(llm_block_q8_0, qs));
+        for (int j = 0; j < LLM_QK; j++) {
+            float v = d > 0.0f ? rintf(src[j] / d) : 0.0f;
+            qs[j] = (int8_t)(v > 127.0f ? 127 : v < -128.0f ? -128 : v);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,291 @@
+/* engine/quant_avx2.c - SIMD decoders (AVX2 + F16C) and dot-product tiles
+ * (AVX-512 where the build targets it, else AVX2) behind the internal hooks
+ * declared at the end of quant.h. Compiled for whatever -march the build
+ * uses; without AVX2 every hook reports "no SIMD" and quant.c runs its
+ * scalar code.
+ *
+ * Decoders write floats equal to the scalar decoders' up to one rounding
+ * (Q4_1 and the K-quants use a fused multiply-add here, two roundings there). */
+#include "quant.h"
+
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#define UNROLL _Pragma("GCC unroll 8")
+
+static float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ------------------------------------------------------------ decoders */
+
+/* 8 bytes (low half of v) to 8 floats, signed or unsigned */
+static inline __m256 i8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+static inline __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+/* y[0..16) = d * (signed bytes of v) */
+static inline void put16_i8(float *y, __m128i v, __m256 d) {
+    _mm256_storeu_ps(y, _mm256_mul_ps(i8_ps(v), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8_ps(_mm_srli_si128(v, 8)), d));
+}
+
+/* y[0..16) = d * (unsigned bytes of v) + o */
+static inline void put16_u8(float *y, __m128i v, __m256 d, __m256 o) {
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(u8_ps(v), d, o));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(u8_ps(_mm_srli_si128(v, 8)), d, o));
+}
+
+/* y[0..32) = d * (unsigned bytes of v) + o */
+static inline void put32_u8(float *y, __m256i v, __m256 d, __m256 o) {
+    put16_u8(y, _mm256_castsi256_si128(v), d, o);
+    put16_u8(y + 16, _mm256_extracti128_si256(v, 1), d, o);
+}
+
+static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
+    const __m128i m4 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q4_0), y += LLM_QK) {
+        __m256 d = _mm256_set1_ps(half_at(b + offsetof(llm_block_q4_0, d)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(b + offsetof(llm_block_q4_0, qs)));
+        /* q - 8 in the integers keeps the product exact up to one rounding, like the scalar code */
+        put16_i8(y, _mm_sub_epi8(_mm_and_si128(q, m4), eight), d);
+        put16_i8(y + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight), d);
+    }
+}
+
+static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q4_1), y += LLM_QK) {
+        __m256 d = _mm256_set1_ps(half_at(b + offsetof(llm_block_q4_1, d)));
+        __m256 m = _mm256_set1_ps(half_at(b + offsetof(llm_block_q4_1, m)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(b + offsetof(llm_block_q4_1, qs)));
+        put16_u8(y, _mm_and_si128(q, m4), d, m);
+        put16_u8(y + 16, _mm_and_si128(_mm_srli_epi16(q, 4), m4), d, m);
+    }
+}
+
+static void deq_q8_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q8_0), y += LLM_QK) {
+        __m256 d = _mm256_set1_ps(half_at(b + offsetof(llm_block_q8_0, d)));
+        const uint8_t *qs = b + offsetof(llm_block_q8_0, qs);
+        put16_i8(y, _mm_loadu_si128((const __m128i *)qs), d);
+        put16_i8(y + 16, _mm_loadu_si128((const __m128i *)(qs + 16)), d);
+    }
+}
+
+/* Q4_K (five == 0) and Q5_K: see the element order in quant.h */
+static void deq_k45(const uint8_t *b, float *y, int64_t nb, int five) {
+    const __m256i m4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+    size_t bsz = five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+    size_t qs_at = five ? offsetof(llm_block_q5_k, qs) : offsetof(llm_block_q4_k, qs);
+    for (int64_t i = 0; i < nb; i++, b += bsz, y += LLM_QK_K) {
+        float d = half_at(b + offsetof(llm_block_q4_k, d));
+        float dmin = half_at(b + offsetof(llm_block_q4_k, dmin));
+        const uint8_t *sc = b + offsetof(llm_block_q4_k, scales);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + offsetof(llm_block_q5_k, qh)))
+                          : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            uint8_t s1, m1, s2, m2;
+            llm_k_scale_min(sc, 2 * g, &s1, &m1);
+            llm_k_scale_min(sc, 2 * g + 1, &s2, &m2);
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs_at + 32 * g));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) {   /* bit 2g of qh[l] is the fifth bit of the low half, 2g+1 of the high */
+                __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * g)));
+                __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * g + 1)));
+                lo = _mm256_or_si256(lo, _mm256_and_si256(
+                         _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(
+                         _mm256_cmpeq_epi8(_mm256_and_si256(qh, b2), b2), sixteen));
+            }
+            put32_u8(y + 64 * g, lo, _mm256_set1_ps(d * s1), _mm256_set1_ps(-dmin * m1));
+            put32_u8(y + 64 * g + 32, hi, _mm256_set1_ps(d * s2), _mm256_set1_ps(-dmin * m2));
+        }
+    }
+}
+
+static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(0x30);
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q6_k), y += LLM_QK_K) {
+        float d = half_at(b + offsetof(llm_block_q6_k, d));
+        const int8_t *sc = (const int8_t *)(b + offsetof(llm_block_q6_k, scales));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + offsetof(llm_block_q6_k, ql) + 64 * h;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(b + offsetof(llm_block_q6_k, qh) + 32 * h));
+            /* 16-bit shifts move bits across the byte boundary; the masks drop them */
+            __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m3)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3)),
+            };
+            for (int s = 0; s < 4; s++) {
+                __m256i v = _mm256_sub_epi8(q[s], off);
+                int si = 8 * h + 2 * s;               /* scale of elements 32s..32s+15 */
+                float *ys = y + 128 * h + 32 * s;
+                put16_i8(ys, _mm256_castsi256_si128(v), _mm256_set1_ps(d * (float)sc[si]));
+                put16_i8(ys + 16, _mm256_extracti128_si256(v, 1), _mm256_set1_ps(d * (float)sc[si + 1]));
+            }
+        }
+    }
+}
+
+static void deq_f16(const uint8_t *src, float *y, int64_t n) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * k))));
+    for (; k < n; k++) y[k] = half_at(src + 2 * k);
+}
+
+static void deq_bf16(const uint8_t *src, float *y, int64_t n) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 2 * k)));
+        _mm256_storeu_ps(y + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; k < n; k++) {
+        uint32_t u = (uint32_t)(src[2 * k] | (src[2 * k + 1] << 8)) << 16;
+        memcpy(&y[k], &u, 4);
+    }
+}
+
+int llm_simd_dequant(int type, const void *src, float *dst, int64_t n) {
+    const uint8_t *b = src;
+    switch (type) {
+    case LLM_TYPE_F16:  deq_f16(b, dst, n); return 0;
+    case LLM_TYPE_BF16: deq_bf16(b, dst, n); return 0;
+    case LLM_TYPE_Q4_0: deq_q4_0(b, dst, n / LLM_QK); return 0;
+    case LLM_TYPE_Q4_1: deq_q4_1(b, dst, n / LLM_QK); return 0;
+    case LLM_TYPE_Q8_0: deq_q8_0(b, dst, n / LLM_QK); return 0;
+    case LLM_TYPE_Q4_K: deq_k45(b, dst, n / LLM_QK_K, 0); return 0;
+    case LLM_TYPE_Q5_K: deq_k45(b, dst, n / LLM_QK_K, 1); return 0;
+    case LLM_TYPE_Q6_K: deq_q6_k(b, dst, n / LLM_QK_K); return 0;
+    default: return -1;
+    }
+}
+
+/* ------------------------------------------------------------ dot tiles */
+
+/* Every (r, t) pair has one vector accumulator fed in k order, and lanes are
+ * folded the same way in every shape, so a result does not depend on which
+ * tile computed it. R and T are constants at each call site; after inlining
+ * the loops unroll and the accumulators live in registers. */
+#ifdef __AVX512F__
+
+static inline __attribute__((always_inline)) void
+tile_v(const float *const *w, const float *const *x, int64_t n, float *out, const int R, const int T) {
+    __m512 acc[8][4];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 xv[4];
+        UNROLL for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x[t] + k);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 wv = _mm512_loadu_ps(w[r] + k);
+            UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (k < n) {   /* masked lanes read nothing and add zeros */
+        __mmask16 mk = (__mmask16)((1u << (n - k)) - 1);
+        __m512 xv[4];
+        UNROLL for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, x[t] + k);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 wv = _mm512_maskz_loadu_ps(mk, w[r] + k);
+            UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int t = 0; t < T; t++) out[r * T + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+int llm_simd_level(void) { return 2; }
+
+#else
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void
+tile_v(const float *const *w, const float *const *x, int64_t n, float *out, const int R, const int T) {
+    __m256 acc[8][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 xv[2];
+        UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x[t] + k);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_loadu_ps(w[r] + k);
+            UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (k < n) {
+        __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - k)),
+                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 xv[2];
+        UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(x[t] + k, mk);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_maskload_ps(w[r] + k, mk);
+            UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int t = 0; t < T; t++) out[r * T + t] = hsum256(acc[r][t]);
+}
+
+int llm_simd_level(void) { return 1; }
+
+#endif
+
+void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
+                       int64_t n, float *out) {
+    if (nr == 8 && nt == 1) {
+        tile_v(w, x, n, out, 8, 1);
+    } else if (nr == 4 && nt == 4) {
+#ifdef __AVX512F__
+        tile_v(w, x, n, out, 4, 4);
+#else
+        /* 16 ymm registers hold a 4x2 tile; two passes make 4x4 */
+        float o[8];
+        tile_v(w, x, n, o, 4, 2);
+        for (int r = 0; r < 4; r++) { out[r * 4] = o[r * 2]; out[r * 4 + 1] = o[r * 2 + 1]; }
+        tile_v(w, x + 2, n, o, 4, 2);
+        for (int r = 0; r < 4; r++) { out[r * 4 + 2] = o[r * 2]; out[r * 4 + 3] = o[r * 2 + 1]; }
+#endif
+    } else {
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++) tile_v(&w[r], &x[t], n, &out[r * nt + t], 1, 1);
+    }
+}
+
+#else /* no AVX2: quant.c uses its scalar code */
+
+int llm_simd_dequant(int type, const void *src, float *dst, int64_t n) {
+    (void)type; (void)src; (void)dst; (void)n;
+    return -1;
+}
+
+void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
+                       int64_t n, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < n; k++) acc += w[r][k] * x[t][k];
+            out[r * nt + t] = acc;
+        }
+}
+
+int llm_simd_level(void) { return 0; }
+
+#endif
