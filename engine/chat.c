@@ -129,6 +129,8 @@ static void render_llama2(const llm_chat_format *f, const llm_chat_msg *m, int32
 
 static void render_zephyr(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, int gen, sink *s) {
     for (int32_t i = 0; i < n; i++) {
+        /* the template has a branch for these three roles only */
+        if (!is_role(&m[i], "user") && !is_role(&m[i], "system") && !is_role(&m[i], "assistant")) continue;
         puts_(s, "<|");
         puts_(s, m[i].role);
         puts_(s, "|>\n");

@@ -42,8 +42,8 @@ typedef enum {
 
 /* One message of a conversation. */
 typedef struct {
-    const char *role;    /* "system", "user", "assistant" (ChatML, Llama 3, Zephyr write any
-                          * role name; Llama 2 renders only these three) */
+    const char *role;    /* "system", "user", "assistant"; ChatML and Llama 3 write any role
+                          * name, Llama 2 and Zephyr skip other roles as their templates do */
     const char *content; /* NUL-terminated text */
 } llm_chat_msg;
 

@@ -136,7 +136,8 @@ TEST(chat_templates_are_recognised_by_their_markers) {
     /* Mistral's [INST] without <<SYS>> is another format */
     CHECK_EQ_INT(llm_chat_format_from_template("{{ '[INST] ' + m + ' [/INST]' }}", NULL, NULL, &f), -1);
     /* a system header built from a variable is not a default message */
-    CHECK_EQ_INT(llm_chat_format_from_template("{{ '<|im_start|>system\\n' + sys + '<|im_end|>' }}", NULL, NULL, &f), 0);
+    const char *built = "{{ '<|im_start|>system\\n' + sys + '<|im_end|>' }}";
+    CHECK_EQ_INT(llm_chat_format_from_template(built, NULL, NULL, &f), 0);
     CHECK(f.default_system[0] == 0);
 }
 

@@ -97,7 +97,8 @@ static void bytelevel_base(vocab *v, int skip_byte) {
         char s[8] = {0};
         put_utf8(gpt2_cp(b), s);
         /* a skipped byte keeps its id but gets an unreachable text */
-        vocab_add(v, (int)b == skip_byte ? "<skipped>" : s, (int)b == skip_byte ? LLM_TOKEN_UNUSED : LLM_TOKEN_NORMAL, 0);
+        int skip = (int)b == skip_byte;
+        vocab_add(v, skip ? "<skipped>" : s, skip ? LLM_TOKEN_UNUSED : LLM_TOKEN_NORMAL, 0);
     }
     vocab_add(v, "<|endoftext|>", LLM_TOKEN_CONTROL, 0);
     vocab_add(v, "<|im_start|>", LLM_TOKEN_CONTROL, 0);
