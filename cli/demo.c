@@ -74,7 +74,7 @@ int cmd_demo(int argc, char **argv) {
         int32_t t = step == 0 ? (int32_t)prompt : 1;
         double t0 = cli_now();
         rows[1] = t;
-        rc = kv_seq_reserve(cache, seq, t);
+        rc = kv_seq_reserve(cache, seq, t, NULL);
         for (int l = 0; l < n_layers && !rc; l++) {
             rc = kv_step_f32(cache, &layers[l], &batch, x, out, scratch);
             for (int64_t i = 0; i < (int64_t)t * D; i++) x[i] = tanhf(x[i] + out[i]); /* residual */

@@ -18,7 +18,7 @@ int main(void) {  /* one layer, 8 query heads over 2 KV heads, head_dim 16 */
     kv_batch batch = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
     for (int step = 0; step <= STEPS; step++) {   /* step 0: prefill; then decode */
         rows[1] = step == 0 ? PROMPT : 1;          /* new tokens only */
-        int rc = kv_seq_reserve(cache, seq, rows[1]);
+        int rc = kv_seq_reserve(cache, seq, rows[1], NULL);
         if (!rc) rc = kv_step_f32(cache, &layer, &batch, x, out, scratch);
         if (rc) { fprintf(stderr, "kvcache: %s\n", kv_status_str(rc)); return 1; }
         for (int i = 0; i < D; i++) x[i] = out[(rows[1] - 1) * H * HD + i];  /* feed back */

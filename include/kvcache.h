@@ -18,7 +18,7 @@
  * attention indexes the group of a query head instead of repeating KV heads.
  *
  * A step:
- *     kv_seq_reserve(c, seq, t)                 room for t new positions (all or nothing)
+ *     kv_seq_reserve(c, seq, t, tokens)         room for t new positions (all or nothing)
  *     for each layer l:
  *         kv_step_f32(c, &layer_l, &batch, x, out)   project, RoPE, append, attend
  *       or, when the caller projects itself:
@@ -62,6 +62,7 @@ typedef enum {
     KV_ERR_IO = -12,           /* a file could not be read or written */
     KV_ERR_FORMAT = -13,       /* a saved file is corrupt or was made for another configuration */
     KV_ERR_SHARED = -14,       /* a write would change a page another sequence shares */
+    KV_ERR_MISMATCH = -15,     /* a saved file was made by a cache of another configuration */
 } kv_status;
 
 /* A static, human-readable description of a status code. */
@@ -174,10 +175,12 @@ void kv_cache_free(kv_cache *cache);
 kv_cache_params kv_cache_get_params(const kv_cache *cache);
 
 typedef struct {
-    int32_t pages_total;
+    int32_t pages_total;       /* = used + free + cached */
     int32_t pages_used;        /* referenced by at least one sequence */
-    int32_t pages_free;
+    int32_t pages_free;        /* hold nothing */
+    int32_t pages_cached;      /* unreferenced but kept for the prefix cache (reclaimable) */
     int32_t pages_shared;      /* referenced by two or more sequences */
+    int32_t pages_named;       /* full pages the prefix cache can find (used or cached) */
     int32_t seqs;              /* live sequences */
     uint64_t bytes_per_token;  /* kv_price_per_token of this configuration */
     uint64_t bytes_per_page;
@@ -195,12 +198,18 @@ int kv_seq_new(kv_cache *cache, int32_t *seq);
 int kv_seq_remove(kv_cache *cache, int32_t seq);
 /* Length S of the sequence (positions reserved so far), or a negative status. */
 int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
-/* Makes room for n_new positions after the current length: allocates pages,
- * evicts pages a window no longer needs, and advances the length. All or
- * nothing: KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing. The K/V of
- * the new positions must then be written (kv_append_* or kv_step_*) in every
- * layer before they are attended. */
-int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new);
+/* Makes room for n_new positions after the current length: allocates pages
+ * (reclaiming least-recently-used cached pages when no free one is left),
+ * copies a shared page about to be written, evicts pages a window no longer
+ * needs, and advances the length. tokens [n_new] are the ids of the new
+ * positions, which name full pages for the prefix cache; NULL when unknown.
+ * All or nothing: KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing.
+ *
+ * Contract: the K/V of the new positions must then be written (kv_append_*
+ * or kv_step_*) in every layer before they are attended, and before the next
+ * reserve or remove of this sequence, which is when its full pages become
+ * visible to kv_seq_prefix_match. */
+int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
 /* Creates *child sharing every page of parent (copy-on-write: the first write
  * into a shared page copies that page only). */
 int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
@@ -208,6 +217,26 @@ int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
  * editing); pages no longer needed return to the pool. In a window cache,
  * KV_ERR_WINDOW when the keys the next query would see were evicted. */
 int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
+
+/* Prefix cache. On an empty sequence, reuses the cached pages whose tokens
+ * equal the longest page-aligned prefix of tokens [n]: full pages are named by
+ * a hash of their tokens chained with the hash of the page before, and a hit is
+ * confirmed by comparing the tokens and the page before, so a hash collision
+ * never returns wrong K/V. *n_matched (a multiple of page_size) positions are
+ * then cached and need no prefill; pass n - 1 to keep at least one token to
+ * prefill for its logits. Window caches never match. */
+int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n,
+                        int32_t *n_matched);
+
+/* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
+ * stored, for every layer), under a header naming the cache configuration and
+ * a checksum. kv_seq_restore reads such a file into a new sequence (*seq):
+ * KV_ERR_IO when the file cannot be read, KV_ERR_FORMAT when it is corrupt or
+ * truncated, KV_ERR_MISMATCH when it was made for another configuration,
+ * KV_ERR_OUT_OF_PAGES; on any failure the cache is unchanged. A restored
+ * sequence continues exactly as if it had never left. */
+int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
+int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
 
 /* ------------------------------------------------------------------ batches */
 
@@ -221,6 +250,12 @@ typedef struct {
     const int32_t *seqs;       /* [n_seqs] sequence ids */
     const int32_t *row_start;  /* [n_seqs + 1], row_start[0] = 0, non-decreasing */
 } kv_batch;
+
+/* kv_seq_reserve for every sequence of the batch at once: T_b new positions
+ * each (tokens [rows] or NULL). All or nothing across the batch: on
+ * KV_ERR_OUT_OF_PAGES no sequence changed, so a caller can preempt one and
+ * retry. */
+int kv_batch_reserve(kv_cache *cache, const kv_batch *batch, const int32_t *tokens);
 
 /* Writes the K and V of the T_b newest positions of every sequence of the
  * batch into `layer`: k and v are [rows, Hkv, d] (rows = row_start[n_seqs]),

@@ -3,16 +3,21 @@
  * storage, f64 arithmetic) and REAL = float (FP32 accumulation over any
  * storage type). Define REAL and KFN(name) before including. */
 
-/* Loads rows [j0, j0 + n) of a key block as REAL: [n][d]. */
-static void KFN(load_rows)(const key_source *src, const unsigned char *base, const float *scales,
-                           int32_t n, REAL *dst) {
-    for (int32_t j = 0; j < n; j++) {
-        const unsigned char *row = base + (size_t)j * src->stride;
+/* Loads K and V of positions [j0, j0 + n) as REAL [n][d], across blocks. */
+static void KFN(load_keys)(const key_source *src, int32_t j0, int32_t n, REAL *k, REAL *v) {
+    for (int32_t j = 0; j < n;) {
+        const int32_t blk = (j0 + j) / src->block, in_blk = (j0 + j) - blk * src->block;
+        const key_block kb = source_block(src, blk);
+        for (int32_t r = in_blk; r < src->block && j < n; r++, j++) {
+            const size_t off = (size_t)r * src->stride;
 #if KV_TMPL_F64
-        memcpy(dst + (size_t)j * src->d, row, (size_t)src->d * sizeof(double));
+            memcpy(k + (size_t)j * src->d, kb.k + off, (size_t)src->d * sizeof(double));
+            memcpy(v + (size_t)j * src->d, kb.v + off, (size_t)src->d * sizeof(double));
 #else
-        kv_load_row(src->dtype, row, scales ? scales[j] : 1.0f, dst + (size_t)j * src->d, src->d);
+            kv_load_row(src->dtype, kb.k + off, kb.kscale ? kb.kscale[r] : 1.0f, k + (size_t)j * src->d, src->d);
+            kv_load_row(src->dtype, kb.v + off, kb.vscale ? kb.vscale[r] : 1.0f, v + (size_t)j * src->d, src->d);
 #endif
+        }
     }
 }
 
@@ -45,13 +50,12 @@ static void KFN(attend_group)(const key_source *src, const REAL *q, REAL *out, s
         const int32_t first_pos = pos0 + v0 / G, last_pos = pos0 + (v1 - 1) / G;
         const int32_t lo = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0;
         for (int32_t j0 = lo; j0 <= last_pos;) {
-            const int32_t blk = j0 / src->block, in_blk = j0 - blk * src->block;
-            int32_t n = src->block - in_blk;
-            if (n > kmax) n = kmax;
+            /* chunks end at multiples of kmax in absolute position, so the
+             * order of the softmax updates, hence every rounding, is the same
+             * whatever the page size or the layout of the keys */
+            int32_t n = kmax - j0 % kmax;
             if (n > last_pos - j0 + 1) n = last_pos - j0 + 1;
-            key_block kb = source_block(src, blk);
-            KFN(load_rows)(src, kb.k + (size_t)in_blk * src->stride, kb.kscale ? kb.kscale + in_blk : NULL, n, kbuf);
-            KFN(load_rows)(src, kb.v + (size_t)in_blk * src->stride, kb.vscale ? kb.vscale + in_blk : NULL, n, vbuf);
+            KFN(load_keys)(src, j0, n, kbuf, vbuf);
 
             for (int32_t vi = v0; vi < v1; vi++) {
                 const int32_t r = vi / G, h = vi % G, pos = pos0 + r;

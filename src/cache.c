@@ -59,7 +59,20 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     c->free_pages = malloc((size_t)p.n_pages * sizeof *c->free_pages);
     c->seqs = calloc((size_t)p.max_seqs, sizeof *c->seqs);
     c->tables = malloc((size_t)p.max_seqs * (size_t)max_blocks * sizeof *c->tables);
-    if (!c->pool || !c->refcount || !c->free_pages || !c->seqs || !c->tables) {
+    c->hash_cap = 16;
+    while (c->hash_cap < 2 * (uint32_t)p.n_pages) c->hash_cap *= 2;
+    c->page_tokens = malloc((size_t)p.n_pages * (size_t)p.page_size * sizeof *c->page_tokens);
+    c->page_hash = calloc((size_t)p.n_pages, sizeof *c->page_hash);
+    c->page_parent = calloc((size_t)p.n_pages, sizeof *c->page_parent);
+    c->page_gen = calloc((size_t)p.n_pages, sizeof *c->page_gen);
+    c->parent_gen = calloc((size_t)p.n_pages, sizeof *c->parent_gen);
+    c->page_named = calloc((size_t)p.n_pages, sizeof *c->page_named);
+    c->lru_prev = malloc((size_t)p.n_pages * sizeof *c->lru_prev);
+    c->lru_next = malloc((size_t)p.n_pages * sizeof *c->lru_next);
+    c->hash_slots = malloc(c->hash_cap * sizeof *c->hash_slots);
+    if (!c->pool || !c->refcount || !c->free_pages || !c->seqs || !c->tables || !c->page_tokens ||
+        !c->page_hash || !c->page_parent || !c->page_gen || !c->parent_gen || !c->page_named ||
+        !c->lru_prev || !c->lru_next || !c->hash_slots) {
         kv_cache_free(c);
         return KV_ERR_NOMEM;
     }
@@ -67,6 +80,10 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     for (int32_t i = 0; i < p.n_pages; i++) c->free_pages[i] = p.n_pages - 1 - i;
     c->n_free = p.n_pages;
     for (size_t i = 0; i < (size_t)p.max_seqs * (size_t)max_blocks; i++) c->tables[i] = KV_NO_PAGE;
+    for (size_t i = 0; i < (size_t)p.n_pages * (size_t)p.page_size; i++) c->page_tokens[i] = -1;
+    for (uint32_t i = 0; i < c->hash_cap; i++) c->hash_slots[i] = KV_NO_PAGE;
+    c->lru_head = c->lru_tail = KV_NO_PAGE;
+    c->hash_mask = UINT64_MAX;
     *out = c;
     return KV_OK;
 }
@@ -78,6 +95,15 @@ void kv_cache_free(kv_cache *c) {
     free(c->free_pages);
     free(c->seqs);
     free(c->tables);
+    free(c->page_tokens);
+    free(c->page_hash);
+    free(c->page_parent);
+    free(c->page_gen);
+    free(c->parent_gen);
+    free(c->page_named);
+    free(c->lru_prev);
+    free(c->lru_next);
+    free(c->hash_slots);
     free(c);
 }
 
@@ -90,9 +116,11 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
     if (!c) return s;
     s.pages_total = c->p.n_pages;
     s.pages_free = c->n_free;
+    s.pages_cached = c->n_cached;
     for (int32_t i = 0; i < c->p.n_pages; i++) {
         if (c->refcount[i] > 0) s.pages_used++;
         if (c->refcount[i] > 1) s.pages_shared++;
+        if (c->page_named[i]) s.pages_named++;
     }
     for (int32_t i = 0; i < c->p.max_seqs; i++) s.seqs += c->seqs[i].live;
     s.bytes_per_token = kv_price_per_token(c->p.n_layers, c->p.n_kv_heads, c->p.head_dim, c->p.dtype);
@@ -104,14 +132,25 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
 
 /* ------------------------------------------------------------------ pages */
 
-static int32_t page_take(kv_cache *c) {
-    int32_t page = c->free_pages[--c->n_free];
+int32_t kv_page_take(kv_cache *c) {
+    int32_t page;
+    if (c->n_free > 0) {
+        page = c->free_pages[--c->n_free];
+    } else { /* reclaim the least recently used cached page */
+        page = c->lru_head;
+        kv_lru_remove(c, page);
+        kv_prefix_unname(c, page);
+    }
     c->refcount[page] = 1;
     return page;
 }
 
-static void page_release(kv_cache *c, int32_t page) {
-    if (--c->refcount[page] == 0) c->free_pages[c->n_free++] = page;
+void kv_page_release(kv_cache *c, int32_t page) {
+    if (--c->refcount[page] > 0) return;
+    if (c->page_named[page])
+        kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
+    else
+        c->free_pages[c->n_free++] = page;
 }
 
 /* ------------------------------------------------------------------ sequences */
@@ -139,9 +178,10 @@ int kv_seq_new(kv_cache *c, int32_t *seq) {
 int kv_seq_remove(kv_cache *c, int32_t seq) {
     if (!c) return KV_ERR_NULL;
     if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size);
     int32_t *t = kv_table(c, seq);
     for (int32_t i = 0; i < blocks_for(c, c->seqs[seq].len); i++) {
-        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
         t[i] = KV_NO_PAGE;
     }
     c->seqs[seq] = (kv_seq_state){0};
@@ -180,45 +220,101 @@ static int32_t window_first_block(const kv_cache *c, int32_t pos) {
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
 }
 
-int kv_seq_reserve(kv_cache *c, int32_t seq, int32_t n_new) {
-    if (!c) return KV_ERR_NULL;
-    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-    if (n_new < 0) return KV_ERR_SHAPE;
-    kv_seq_state *s = &c->seqs[seq];
-    if (n_new > c->p.max_seq_len - s->len) return KV_ERR_CAPACITY;
-    if (n_new == 0) return KV_OK;
-    int32_t *t = kv_table(c, seq);
-    int32_t P = c->p.page_size;
+/* What reserving n_new positions of one sequence takes, decided before
+ * anything changes. */
+typedef struct {
+    int32_t first_block; /* the window's first needed block after the reserve */
+    int32_t evict_end;   /* blocks [old first_block, evict_end) go back to the pool */
+    bool cow;            /* the partly filled last page is shared: copy it first */
+    int32_t needed;      /* pages to take */
+    int32_t freed;       /* pages the eviction frees (referenced by this sequence only) */
+} reserve_plan;
 
-    /* Plan: count what this needs and what eviction gives back, change nothing. */
+static reserve_plan plan_reserve(const kv_cache *c, int32_t seq, int32_t n_new) {
+    const kv_seq_state *s = &c->seqs[seq];
+    const int32_t *t = kv_table(c, seq);
+    reserve_plan pl = {0};
     int32_t old_blocks = blocks_for(c, s->len), new_blocks = blocks_for(c, s->len + n_new);
-    int32_t first = window_first_block(c, s->len);
-    if (first < s->first_block) first = s->first_block;
-    int32_t evict_end = first < old_blocks ? first : old_blocks;
-    int32_t freed = 0;
-    for (int32_t i = s->first_block; i < evict_end; i++)
-        if (t[i] != KV_NO_PAGE && c->refcount[t[i]] == 1) freed++;
-    /* the partly filled last page is written next: copy it first if shared */
-    bool cow = s->len % P != 0 && old_blocks - 1 >= evict_end && c->refcount[t[old_blocks - 1]] > 1;
-    int32_t needed = new_blocks - old_blocks + (cow ? 1 : 0);
-    if (needed > c->n_free + freed) return KV_ERR_OUT_OF_PAGES;
+    pl.first_block = window_first_block(c, s->len);
+    if (pl.first_block < s->first_block) pl.first_block = s->first_block;
+    pl.evict_end = pl.first_block < old_blocks ? pl.first_block : old_blocks;
+    for (int32_t i = s->first_block; i < pl.evict_end; i++)
+        if (t[i] != KV_NO_PAGE && c->refcount[t[i]] == 1) pl.freed++;
+    pl.cow = s->len % c->p.page_size != 0 && old_blocks - 1 >= pl.evict_end &&
+             c->refcount[t[old_blocks - 1]] > 1;
+    pl.needed = new_blocks - old_blocks + (pl.cow ? 1 : 0);
+    return pl;
+}
 
-    /* Apply. */
-    for (int32_t i = s->first_block; i < evict_end; i++) {
-        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens,
+                          const reserve_plan *pl) {
+    kv_seq_state *s = &c->seqs[seq];
+    int32_t *t = kv_table(c, seq);
+    const int32_t P = c->p.page_size, old_len = s->len;
+    const int32_t old_blocks = blocks_for(c, old_len), new_blocks = blocks_for(c, old_len + n_new);
+    for (int32_t i = s->first_block; i < pl->evict_end; i++) {
+        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
         t[i] = KV_NO_PAGE;
     }
-    s->first_block = first;
-    if (cow) {
-        int32_t shared = t[old_blocks - 1], copy = page_take(c);
-        memcpy(c->pool + (size_t)copy * c->page_bytes, c->pool + (size_t)shared * c->page_bytes,
-               c->page_bytes);
-        c->refcount[shared]--; /* still > 0: another sequence holds it */
-        t[old_blocks - 1] = copy;
+    s->first_block = pl->first_block;
+    if (old_len % P != 0) { /* the last page is about to change */
+        int32_t last = t[old_blocks - 1];
+        if (c->refcount[last] > 1) {
+            int32_t copy = kv_page_take(c);
+            memcpy(c->pool + (size_t)copy * c->page_bytes, c->pool + (size_t)last * c->page_bytes,
+                   c->page_bytes);
+            memcpy(c->page_tokens + (size_t)copy * P, c->page_tokens + (size_t)last * P,
+                   sizeof(int32_t) * (size_t)P);
+            c->refcount[last]--; /* still > 0: another sequence holds it */
+            t[old_blocks - 1] = copy;
+        } else if (c->page_named[last]) {
+            kv_prefix_unname(c, last); /* its content will no longer match its name */
+        }
     }
-    for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = page_take(c);
+    for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = kv_page_take(c);
+    for (int32_t r = 0; r < n_new; r++) {
+        int32_t pos = old_len + r;
+        c->page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
+    }
     s->len += n_new;
+    /* by contract everything before this reserve has been written */
+    kv_prefix_publish(c, seq, old_len / P);
+}
+
+int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+    if (!c || !b) return KV_ERR_NULL;
+    if (b->n_seqs < 0) return KV_ERR_SHAPE;
+    if (b->n_seqs == 0) return KV_OK;
+    if (!b->seqs || !b->row_start) return KV_ERR_NULL;
+    if (b->row_start[0] != 0) return KV_ERR_SHAPE;
+    int64_t needed = 0, available = (int64_t)c->n_free + c->n_cached;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
+        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+        for (int32_t j = 0; j < i; j++)
+            if (b->seqs[j] == seq) return KV_ERR_SEQ;
+        if (n_new < 0) return KV_ERR_SHAPE;
+        if (n_new > c->p.max_seq_len - c->seqs[seq].len) return KV_ERR_CAPACITY;
+        if (n_new == 0) continue;
+        reserve_plan pl = plan_reserve(c, seq, n_new);
+        needed += pl.needed;
+        available += pl.freed;
+    }
+    if (needed > available) return KV_ERR_OUT_OF_PAGES;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
+        if (n_new == 0) continue;
+        /* planned again: an earlier sequence's copy may have unshared a page */
+        reserve_plan pl = plan_reserve(c, seq, n_new);
+        apply_reserve(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, &pl);
+    }
     return KV_OK;
+}
+
+int kv_seq_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens) {
+    int32_t rows[2] = {0, n_new};
+    kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
+    return kv_batch_reserve(c, &b, tokens);
 }
 
 int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
@@ -230,10 +326,11 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
     if (new_len > 0 && new_len < s->len && window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
     int32_t *t = kv_table(c, seq);
     for (int32_t i = blocks_for(c, new_len); i < blocks_for(c, s->len); i++) {
-        if (t[i] != KV_NO_PAGE) page_release(c, t[i]);
+        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
         t[i] = KV_NO_PAGE;
     }
     s->len = new_len;
+    if (s->named_blocks > new_len / c->p.page_size) s->named_blocks = new_len / c->p.page_size;
     if (new_len == 0) s->first_block = 0;
     return KV_OK;
 }
@@ -279,7 +376,7 @@ static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void
         const int32_t *t = kv_table(c, b->seqs[i]);
         int32_t T = b->row_start[i + 1] - b->row_start[i];
         for (int32_t blk = (s->len - T) / P; T > 0 && blk <= (s->len - 1) / P; blk++)
-            if (c->refcount[t[blk]] > 1) return KV_ERR_SHARED;
+            if (c->refcount[t[blk]] > 1 || c->page_named[t[blk]]) return KV_ERR_SHARED;
     }
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const kv_seq_state *s = &c->seqs[b->seqs[i]];

@@ -50,7 +50,8 @@ const char *kv_status_str(int status) {
     case KV_ERR_ROPE: return "invalid RoPE parameters";
     case KV_ERR_IO: return "file could not be read or written";
     case KV_ERR_FORMAT: return "file is corrupt or made for another configuration";
-    case KV_ERR_SHARED: return "write into a page shared with another sequence";
+    case KV_ERR_SHARED: return "write into a page shared with another sequence or the prefix cache";
+    case KV_ERR_MISMATCH: return "file was saved from a cache of another configuration";
     default: return "unknown status";
     }
 }

@@ -15,11 +15,16 @@ typedef struct {
     bool live;
     int32_t len;          /* S: positions reserved */
     int32_t first_block;  /* blocks below this were evicted by the window */
+    int32_t named_blocks; /* blocks below this were offered to the prefix cache */
 } kv_seq_state;
 
 /* Page layout. A page is n_layers layer-slices of layer_bytes each; a slice is
  *     K [Hkv][P][d] | V [Hkv][P][d] | (KV_Q8 only) Kscale [Hkv][P] f32 | Vscale [Hkv][P] f32
- * so the q-heads of one GQA group stream one contiguous run of P keys. */
+ * so the q-heads of one GQA group stream one contiguous run of P keys.
+ *
+ * Page states: free (refcount 0, on the free stack), used (refcount > 0), or
+ * cached (refcount 0, named, on the LRU list: its K/V kept for the prefix
+ * cache until the pool needs the page). */
 struct kv_cache {
     kv_cache_params p;
     size_t elem;          /* bytes per K/V element */
@@ -27,12 +32,26 @@ struct kv_cache {
     size_t layer_bytes;   /* one layer's slice of a page */
     size_t page_bytes;    /* n_layers * layer_bytes, rounded up to 64 */
     unsigned char *pool;  /* [n_pages][page_bytes], 64-byte aligned */
-    int32_t *refcount;    /* [n_pages] sequences referencing the page; 0 = free */
+    int32_t *refcount;    /* [n_pages] sequences referencing the page */
     int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
     int32_t n_free;
     int32_t max_blocks;   /* ceil(max_seq_len / P): block-table width */
     kv_seq_state *seqs;   /* [max_seqs] */
     int32_t *tables;      /* [max_seqs][max_blocks] page ids, KV_NO_PAGE when none */
+
+    /* prefix cache (src/prefix.c) */
+    int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
+    uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
+    int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
+    uint32_t *page_gen;   /* [n_pages] bumped each time the page is named: a reused page is new */
+    uint32_t *parent_gen; /* [n_pages] page_gen of the parent when this page was named */
+    bool *page_named;     /* [n_pages] findable through the hash table */
+    int32_t *lru_prev;    /* [n_pages] cached pages, a list from least to most recently used */
+    int32_t *lru_next;    /* [n_pages] */
+    int32_t lru_head, lru_tail, n_cached;
+    int32_t *hash_slots;  /* [hash_cap] open addressing, page ids or KV_NO_PAGE */
+    uint32_t hash_cap;    /* power of two >= 2 n_pages */
+    uint64_t hash_mask;   /* hash bits that count (all; tests narrow it to force collisions) */
 };
 
 static inline int32_t *kv_table(const kv_cache *c, int32_t seq) {
@@ -53,6 +72,15 @@ static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t lay
                        2 * (size_t)c->p.n_kv_heads * c->head_bytes;
     return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
 }
+
+/* Pages (src/cache.c, src/prefix.c). */
+int32_t kv_page_take(kv_cache *c);                 /* a free page, else the LRU cached one */
+void kv_page_release(kv_cache *c, int32_t page);   /* drop one reference */
+void kv_prefix_unname(kv_cache *c, int32_t page);  /* forget a page's name */
+void kv_lru_remove(kv_cache *c, int32_t page);
+void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
+/* Names the full, written blocks of seq below `upto` that are not yet named. */
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto);
 
 /* Validates a batch against the cache: ids live and distinct, rows well formed,
  * T_b <= S_b, and the window's keys still present. *rows receives the total. */

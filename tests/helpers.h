@@ -36,7 +36,7 @@ static inline kv_batch one_seq(const int32_t *seq, int32_t *rows2, int32_t t) {
 /* Reserve t positions of seq, then one kv_step over x [t, D] -> out [t, H*d]. */
 static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
                                const double *x, double *out) {
-    int rc = kv_seq_reserve(c, seq, t);
+    int rc = kv_seq_reserve(c, seq, t, NULL);
     if (rc) return rc;
     int32_t rows[2];
     kv_batch b = one_seq(&seq, rows, t);
@@ -48,7 +48,7 @@ static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int3
 
 static inline int step_seq_f32(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
                                const float *x, float *out) {
-    int rc = kv_seq_reserve(c, seq, t);
+    int rc = kv_seq_reserve(c, seq, t, NULL);
     if (rc) return rc;
     int32_t rows[2];
     kv_batch b = one_seq(&seq, rows, t);

@@ -87,10 +87,10 @@ TEST(offset_mask_T3_S7_matches_oracle_and_top_left_mask_differs) {
     CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
     CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
     kv_batch b = one_seq(&s, rows, 4);
-    CHECK_EQ_INT(kv_seq_reserve(c, s, 4), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 4, NULL), KV_OK);
     CHECK_EQ_INT(kv_append_f64(c, 0, &b, k, v), KV_OK);
     b = one_seq(&s, rows, 3);
-    CHECK_EQ_INT(kv_seq_reserve(c, s, 3), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 3, NULL), KV_OK);
     CHECK_EQ_INT(kv_append_f64(c, 0, &b, k + 4 * Hkv * d, v + 4 * Hkv * d), KV_OK);
     CHECK_EQ_INT(kv_attend_f64(c, 0, &b, H, q, out, 0), KV_OK);
     CHECK(ref_max_diff(out, oracle, T * H * d) < 1e-13);

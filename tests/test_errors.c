@@ -2,54 +2,8 @@
  * call leaves the cache exactly as it was (compared byte for byte). */
 #include <string.h>
 
-#include "../src/internal.h"
 #include "helpers.h"
-
-/* A deep copy of everything a cache holds, to compare before and after. */
-typedef struct {
-    unsigned char *pool;
-    int32_t *refcount, *free_pages, *tables, n_free;
-    kv_seq_state *seqs;
-} snapshot;
-
-static snapshot snap(const kv_cache *c) {
-    snapshot s;
-    size_t pool = (size_t)c->p.n_pages * c->page_bytes, tables = (size_t)c->p.max_seqs * c->max_blocks;
-    s.pool = malloc(pool);
-    memcpy(s.pool, c->pool, pool);
-    s.refcount = malloc(sizeof(int32_t) * c->p.n_pages);
-    memcpy(s.refcount, c->refcount, sizeof(int32_t) * c->p.n_pages);
-    s.free_pages = malloc(sizeof(int32_t) * c->p.n_pages);
-    memcpy(s.free_pages, c->free_pages, sizeof(int32_t) * c->p.n_pages);
-    s.tables = malloc(sizeof(int32_t) * tables);
-    memcpy(s.tables, c->tables, sizeof(int32_t) * tables);
-    s.seqs = malloc(sizeof(kv_seq_state) * c->p.max_seqs);
-    memcpy(s.seqs, c->seqs, sizeof(kv_seq_state) * c->p.max_seqs);
-    s.n_free = c->n_free;
-    return s;
-}
-
-static bool snap_equal(const kv_cache *c, const snapshot *s) {
-    size_t pool = (size_t)c->p.n_pages * c->page_bytes, tables = (size_t)c->p.max_seqs * c->max_blocks;
-    return s->n_free == c->n_free && !memcmp(s->pool, c->pool, pool) &&
-           !memcmp(s->refcount, c->refcount, sizeof(int32_t) * c->p.n_pages) &&
-           !memcmp(s->free_pages, c->free_pages, sizeof(int32_t) * c->n_free) &&
-           !memcmp(s->tables, c->tables, sizeof(int32_t) * tables) &&
-           !memcmp(s->seqs, c->seqs, sizeof(kv_seq_state) * c->p.max_seqs);
-}
-
-static void snap_free(snapshot *s) {
-    free(s->pool), free(s->refcount), free(s->free_pages), free(s->tables), free(s->seqs);
-}
-
-/* Expects `call` to return `code` and to leave cache `c` unchanged. */
-#define CHECK_REFUSED(c, call, code)                                                           \
-    do {                                                                                       \
-        snapshot s_ = snap(c);                                                                 \
-        CHECK_EQ_INT((call), (code));                                                          \
-        if (!snap_equal((c), &s_)) test_fail(__FILE__, __LINE__, "cache changed by %s", #call); \
-        snap_free(&s_);                                                                        \
-    } while (0)
+#include "snapshot.h"
 
 enum { H = 4, Hkv = 2, d = 8, D = 6 };
 
@@ -125,7 +79,7 @@ TEST(errors_failed_calls_leave_the_cache_unchanged) {
     /* shapes */
     CHECK_REFUSED(c, kv_attend_f64(c, 1, &b, H, big, out, 0), KV_ERR_SHAPE); /* no layer 1 */
     CHECK_REFUSED(c, kv_append_f64(c, -1, &b, big, big), KV_ERR_SHAPE);
-    CHECK_REFUSED(c, kv_seq_reserve(c, s, -1), KV_ERR_SHAPE);
+    CHECK_REFUSED(c, kv_seq_reserve(c, s, -1, NULL), KV_ERR_SHAPE);
     int32_t backwards[2] = {0, -1};
     kv_batch bb = {.n_seqs = 1, .seqs = &s, .row_start = backwards};
     CHECK_REFUSED(c, kv_attend_f64(c, 0, &bb, H, big, out, 0), KV_ERR_SHAPE);
@@ -142,11 +96,11 @@ TEST(errors_failed_calls_leave_the_cache_unchanged) {
     double k1[Hkv * d], v1[Hkv * d];
     CHECK_REFUSED(c, kv_read_f64(c, 0, s, 5, 1, k1, v1), KV_ERR_LENGTH);
     /* capacity: max_seq_len 20 */
-    CHECK_REFUSED(c, kv_seq_reserve(c, s, 16), KV_ERR_CAPACITY);
+    CHECK_REFUSED(c, kv_seq_reserve(c, s, 16, NULL), KV_ERR_CAPACITY);
     /* sequences */
     kv_batch bo = one_seq(&other, rows, 1);
     CHECK_REFUSED(c, kv_attend_f64(c, 0, &bo, H, big, out, 0), KV_ERR_SEQ);
-    CHECK_REFUSED(c, kv_seq_reserve(c, bad, 1), KV_ERR_SEQ);
+    CHECK_REFUSED(c, kv_seq_reserve(c, bad, 1, NULL), KV_ERR_SEQ);
     CHECK_REFUSED(c, kv_seq_remove(c, -1), KV_ERR_SEQ);
     int32_t twice[2] = {s, s}, rows3[3] = {0, 1, 2};
     kv_batch bt = {.n_seqs = 2, .seqs = twice, .row_start = rows3};
@@ -171,11 +125,11 @@ TEST(errors_failed_calls_leave_the_cache_unchanged) {
     kv_batch bc = one_seq(&child, rows, 1);
     CHECK_REFUSED(c, kv_append_f64(c, 0, &bc, big, big), KV_ERR_SHARED);
     /* the child's first write copies its shared last page: 3 pages stay free */
-    CHECK_EQ_INT(kv_seq_reserve(c, child, 3), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, child, 3, NULL), KV_OK);
     CHECK_EQ_INT(kv_cache_get_stats(c).pages_free, 3);
-    CHECK_EQ_INT(kv_seq_reserve(c, child, 1), KV_OK); /* position 8 opens a third page */
+    CHECK_EQ_INT(kv_seq_reserve(c, child, 1, NULL), KV_OK); /* position 8 opens a third page */
     /* seq 0 needs 3 new pages for positions 5..19; 2 are free */
-    CHECK_REFUSED(c, kv_seq_reserve(c, s, 15), KV_ERR_OUT_OF_PAGES);
+    CHECK_REFUSED(c, kv_seq_reserve(c, s, 15, NULL), KV_ERR_OUT_OF_PAGES);
     /* one more sequence than slots */
     int32_t third;
     CHECK_REFUSED(c, kv_seq_new(c, &third), KV_ERR_SEQ);
@@ -197,9 +151,9 @@ TEST(errors_out_of_pages_in_a_quantized_cache_changes_nothing) {
     for (int i = 0; i < 8 * H * d; i++) q[i] = 0.1f * (float)(i % 5);
     int32_t rows[2];
     kv_batch b = one_seq(&s, rows, 8);
-    CHECK_EQ_INT(kv_seq_reserve(c, s, 8), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 8, NULL), KV_OK);
     CHECK_EQ_INT(kv_append_f32(c, 0, &b, k, k), KV_OK);
-    CHECK_REFUSED(c, kv_seq_reserve(c, s, 1), KV_ERR_CAPACITY); /* max_seq_len = 2 pages x 4 */
+    CHECK_REFUSED(c, kv_seq_reserve(c, s, 1, NULL), KV_ERR_CAPACITY); /* max_seq_len = 2 pages x 4 */
     CHECK_REFUSED(c, kv_attend_f64(c, 0, &b, H, (double *)q, (double *)out, 0), KV_ERR_DTYPE);
     CHECK_EQ_INT(kv_attend_f32(c, 0, &b, H, q, out, 0), KV_OK);
     kv_cache_free(c);
@@ -226,7 +180,7 @@ TEST(price_llama31_8b_bf16_is_128_KiB_per_token_and_1_GiB_at_8k) {
     CHECK_EQ_INT(st.bytes_in_use, 0);
     int32_t s;
     kv_seq_new(c, &s);
-    kv_seq_reserve(c, s, 17);
+    kv_seq_reserve(c, s, 17, NULL);
     st = kv_cache_get_stats(c);
     CHECK_EQ_INT(st.pages_used, 2);
     CHECK_EQ_INT(st.bytes_in_use, 2 * st.bytes_per_page);

@@ -1,0 +1,138 @@
+/* src/prefix.c - the prefix cache: full pages named by a hash of their
+ * tokens chained with the hash of the page before, an open-addressing table
+ * from names to pages, and the LRU list of cached (unreferenced) pages that
+ * the pool reclaims only when it runs out of free ones.
+ *
+ * A name alone is never trusted: a hit must also have the same tokens and the
+ * same parent page (in the same generation, since a reclaimed page is reused
+ * for other content), so a hash collision costs a miss, never wrong K/V. */
+#include "internal.h"
+
+/* ------------------------------------------------------------------ hashing */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t chain_hash(const kv_cache *c, uint64_t prev, const int32_t *tokens) {
+    uint64_t h = mix64(prev + 0x9E3779B97F4A7C15ull);
+    for (int32_t i = 0; i < c->p.page_size; i++) h = mix64(h ^ (uint32_t)tokens[i]);
+    return h & c->hash_mask;
+}
+
+static uint32_t home_slot(const kv_cache *c, uint64_t h) {
+    return (uint32_t)(h ^ (h >> 32)) & (c->hash_cap - 1);
+}
+
+static const int32_t *tokens_of(const kv_cache *c, int32_t page) {
+    return c->page_tokens + (size_t)page * (size_t)c->p.page_size;
+}
+
+/* The named page with this hash, parent and tokens, or KV_NO_PAGE. */
+static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t *tokens) {
+    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->hash_cap - 1)) {
+        int32_t p = c->hash_slots[i];
+        if (p == KV_NO_PAGE) return KV_NO_PAGE;
+        if (c->page_hash[p] == h && c->page_parent[p] == parent &&
+            (parent == KV_NO_PAGE || c->parent_gen[p] == c->page_gen[parent]) &&
+            memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
+            return p;
+    }
+}
+
+static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
+    c->page_hash[page] = h;
+    c->page_parent[page] = parent;
+    c->parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->page_gen[parent];
+    c->page_gen[page]++;
+    c->page_named[page] = true;
+    uint32_t i = home_slot(c, h);
+    while (c->hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->hash_cap - 1);
+    c->hash_slots[i] = page;
+}
+
+void kv_prefix_unname(kv_cache *c, int32_t page) {
+    if (!c->page_named[page]) return;
+    const uint32_t mask = c->hash_cap - 1;
+    uint32_t i = home_slot(c, c->page_hash[page]);
+    while (c->hash_slots[i] != page) i = (i + 1) & mask;
+    /* backward-shift deletion: pull later entries of the run into the hole
+     * unless their home slot lies cyclically in (hole, entry] */
+    for (uint32_t j = (i + 1) & mask; c->hash_slots[j] != KV_NO_PAGE; j = (j + 1) & mask) {
+        uint32_t home = home_slot(c, c->page_hash[c->hash_slots[j]]);
+        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            c->hash_slots[i] = c->hash_slots[j];
+            i = j;
+        }
+    }
+    c->hash_slots[i] = KV_NO_PAGE;
+    c->page_named[page] = false;
+}
+
+/* ------------------------------------------------------------------ LRU */
+
+void kv_lru_remove(kv_cache *c, int32_t page) {
+    int32_t prev = c->lru_prev[page], next = c->lru_next[page];
+    if (prev != KV_NO_PAGE) c->lru_next[prev] = next; else c->lru_head = next;
+    if (next != KV_NO_PAGE) c->lru_prev[next] = prev; else c->lru_tail = prev;
+    c->n_cached--;
+}
+
+void kv_lru_push(kv_cache *c, int32_t page) {
+    c->lru_prev[page] = c->lru_tail;
+    c->lru_next[page] = KV_NO_PAGE;
+    if (c->lru_tail != KV_NO_PAGE) c->lru_next[c->lru_tail] = page; else c->lru_head = page;
+    c->lru_tail = page;
+    c->n_cached++;
+}
+
+/* ------------------------------------------------------------------ naming */
+
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
+    kv_seq_state *s = &c->seqs[seq];
+    if (c->p.window > 0 || upto <= s->named_blocks) return; /* windows evict: no prefixes */
+    const int32_t *t = kv_table(c, seq);
+    for (int32_t i = s->named_blocks; i < upto; i++) {
+        int32_t page = t[i], parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
+        if (c->page_named[page]) continue; /* shared from a fork or a prefix hit */
+        if (parent != KV_NO_PAGE && !c->page_named[parent]) continue; /* the chain is broken */
+        const int32_t *tok = tokens_of(c, page);
+        bool known = true;
+        for (int32_t j = 0; j < c->p.page_size; j++) known &= tok[j] >= 0;
+        if (!known) continue;
+        uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->page_hash[parent], tok);
+        if (find(c, h, parent, tok) != KV_NO_PAGE) continue; /* a twin is named already */
+        name_page(c, page, h, parent);
+    }
+    s->named_blocks = upto;
+}
+
+int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
+    if (!c || !n_matched) return KV_ERR_NULL;
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    if (n < 0) return KV_ERR_SHAPE;
+    if (n > 0 && !tokens) return KV_ERR_NULL;
+    kv_seq_state *s = &c->seqs[seq];
+    if (s->len != 0) return KV_ERR_LENGTH;
+    *n_matched = 0;
+    if (c->p.window > 0) return KV_OK;
+    const int32_t P = c->p.page_size;
+    int32_t *t = kv_table(c, seq);
+    int32_t i = 0;
+    for (; (int64_t)(i + 1) * P <= n && (int64_t)(i + 1) * P <= c->p.max_seq_len; i++) {
+        int32_t parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
+        const int32_t *tok = tokens + (size_t)i * P;
+        int32_t page = find(c, chain_hash(c, parent == KV_NO_PAGE ? 0 : c->page_hash[parent], tok), parent, tok);
+        if (page == KV_NO_PAGE) break;
+        if (c->refcount[page] == 0) kv_lru_remove(c, page);
+        c->refcount[page]++;
+        t[i] = page;
+    }
+    s->len = i * P;
+    s->named_blocks = i;
+    *n_matched = i * P;
+    return KV_OK;
+}
