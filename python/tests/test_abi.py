@@ -1,0 +1,79 @@
+"""The binding against include/kvcache.h itself: every struct ctypes mirrors
+has the C compiler's size and field offsets, every status code matches, and
+every function the header declares is bound with its number of arguments.
+A header change that the binding misses fails here, not as corrupt memory."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kvcache import Status, _ffi
+from conftest import ROOT
+
+HEADER = os.path.join(ROOT, "include", "kvcache.h")
+pytestmark = pytest.mark.skipif(not os.path.exists(HEADER), reason="no source tree (include/kvcache.h)")
+
+
+def declared_functions():
+    """{name: n_args} of every function kvcache.h declares."""
+    text = re.sub(r"/\*.*?\*/", "", open(HEADER).read(), flags=re.S)
+    out = {}
+    for m in re.finditer(r"^[A-Za-z_][\w \*]*?\b(kv_\w+)\s*\(([^)]*)\)\s*;", text, flags=re.M):
+        args = " ".join(m.group(2).split())
+        out[m.group(1)] = 0 if args in ("", "void") else args.count(",") + 1
+    return out
+
+
+def test_every_declared_function_is_bound_with_its_arity():
+    decl = declared_functions()
+    assert len(decl) > 30
+    unbound = sorted(set(decl) - set(_ffi.PROTOTYPES))
+    assert not unbound, f"functions in kvcache.h the binding does not declare: {unbound}"
+    stale = sorted(set(_ffi.PROTOTYPES) - set(decl))
+    assert not stale, f"binding declares functions kvcache.h no longer has: {stale}"
+    for name, n in decl.items():
+        assert len(_ffi.PROTOTYPES[name][1]) == n, f"{name}: {n} arguments in C"
+    assert not _ffi.missing, f"declared in kvcache.h but not in {_ffi.lib_path}: {_ffi.missing}"
+
+
+def test_status_codes_match_the_header():
+    text = open(HEADER).read()
+    codes = {m.group(1): int(m.group(2)) for m in re.finditer(r"\bKV_(OK|ERR_\w+)\s*=\s*(-?\d+)", text)}
+    assert codes == {s.name: s.value for s in Status}
+
+
+@pytest.mark.skipif(not shutil.which(os.environ.get("CC", "cc")), reason="no C compiler")
+def test_struct_layouts_match_the_c_compiler(tmp_path):
+    lines = []
+    for cname, st in _ffi.STRUCTS.items():
+        lines.append(f'printf("{cname} %zu\\n", sizeof({cname}));')
+        for field, _ in st._fields_:
+            lines.append(f'printf("{cname}.{field} %zu\\n", offsetof({cname}, {field}));')
+    src = tmp_path / "abi.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\n#include \"kvcache.h\"\nint main(void) {\n"
+                   + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "abi"
+    subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-I", os.path.dirname(HEADER), str(src), "-o", str(exe)],
+                   check=True, capture_output=True)
+    got = dict(line.split() for line in subprocess.run([str(exe)], check=True, capture_output=True,
+                                                       text=True).stdout.splitlines())
+    import ctypes
+    for cname, st in _ffi.STRUCTS.items():
+        assert int(got[cname]) == ctypes.sizeof(st), f"sizeof({cname})"
+        for field, _ in st._fields_:
+            assert int(got[f"{cname}.{field}"]) == getattr(st, field).offset, f"{cname}.{field}"
+
+
+def test_by_value_structs_and_dtype_names_agree_with_the_library():
+    import kvcache
+    p = _ffi.fn("kv_cache_default_params")()
+    assert (p.n_layers, p.n_kv_heads, p.head_dim, p.dtype, p.page_size, p.n_pages, p.max_seqs,
+            p.max_seq_len, p.window) == (1, 1, 64, kvcache.DTYPES["f32"], 16, 256, 1, 0, 0)
+    r = _ffi.fn("kv_rope_default_params")(96)
+    assert (r.head_dim, r.rot_dim, r.layout, r.theta, r.scaling) == (96, 96, 0, 10000.0, 0)
+    for name, code in kvcache.DTYPES.items():
+        out = _ffi.c_int()
+        assert _ffi.fn("kv_dtype_parse")(name.encode(), out) == 0 and out.value == code
+        assert _ffi.fn("kv_dtype_name")(code).decode() == name
