@@ -36,7 +36,8 @@ TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
-.PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples
+.PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples \
+        test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
@@ -66,7 +67,7 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 test-c: $(BUILD)/run_tests $(BUILD)/kvcache
 	$(BUILD)/run_tests
 
-test: test-c examples
+test: test-c examples test-install
 	@if [ -d python/tests ] && $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
 	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) -m pytest -q python/tests; \
 	elif [ -d python/tests ]; then echo "python tests need numpy and pytest (pip install numpy pytest)"; exit 1; fi
@@ -84,9 +85,14 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
-examples: $(EXAMPLES)
+PY_EXAMPLES := $(wildcard examples/*.py)
+examples: $(EXAMPLES) $(BUILD)/libkvcache.so
 	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
+	@if [ -n "$(PY_EXAMPLES)" ] && ! $(PYTHON) -c 'import numpy' 2>/dev/null; then \
+	    echo "the Python examples need numpy (pip install numpy)"; exit 1; fi
+	@for e in $(PY_EXAMPLES); do echo "== $$e"; \
+	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -101,18 +107,50 @@ bench: all
 	$(BUILD)/kvcache bench attention
 
 # ---------------------------------------------------------------- install
+# PREFIX/include/kvcache.h, PREFIX/lib/libkvcache.{a,so}, PREFIX/lib/pkgconfig/kvcache.pc,
+# PREFIX/bin/kvcache, PREFIX/share/man/man1/kvcache.1; DESTDIR stages them elsewhere.
+VERSION ?= 0.1.0
+INSTALLED := include/kvcache.h lib/libkvcache.a lib/libkvcache.so lib/pkgconfig/kvcache.pc \
+             bin/kvcache share/man/man1/kvcache.1
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -d $(addprefix $(DESTDIR)$(PREFIX)/,include lib/pkgconfig bin share/man/man1)
 	install -m 644 include/kvcache.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/libkvcache.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(BUILD)/libkvcache.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(BUILD)/kvcache $(DESTDIR)$(PREFIX)/bin/
-	sed 's|@PREFIX@|$(PREFIX)|' kvcache.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
+	install -m 644 docs/kvcache.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	sed -e 's|@PREFIX@|$(abspath $(PREFIX))|' -e 's|@VERSION@|$(VERSION)|' kvcache.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
+	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/include/kvcache.h $(DESTDIR)$(PREFIX)/lib/libkvcache.a \
-	      $(DESTDIR)$(PREFIX)/lib/libkvcache.so $(DESTDIR)$(PREFIX)/bin/kvcache \
-	      $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(INSTALLED))
+
+# Installs into a temporary prefix, compiles examples/readme_decode.c against it
+# with pkg-config's flags, shared (run with LD_LIBRARY_PATH) and static, runs
+# both, and checks that uninstall leaves no file behind.
+test-install: all
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(MAKE) --no-print-directory -s install PREFIX=$$tmp/usr > /dev/null; \
+	export PKG_CONFIG_PATH=$$tmp/usr/lib/pkgconfig; \
+	flags=$$(pkg-config --cflags --libs kvcache); \
+	echo "test-install: pkg-config --cflags --libs kvcache: $$flags"; \
+	$(CC) -std=c11 -o $$tmp/shared examples/readme_decode.c $$flags; \
+	LD_LIBRARY_PATH=$$tmp/usr/lib ldd $$tmp/shared | grep -q "$$tmp/usr/lib/libkvcache.so"; \
+	out=$$(LD_LIBRARY_PATH=$$tmp/usr/lib $$tmp/shared); echo "test-install: shared: $$out"; \
+	$(CC) -std=c11 -o $$tmp/static examples/readme_decode.c $$(pkg-config --cflags kvcache) \
+	    $$(pkg-config --static --libs kvcache | sed 's/-lkvcache/-l:libkvcache.a/'); \
+	if ldd $$tmp/static | grep -q libkvcache; then echo "test-install: static build loads libkvcache.so"; exit 1; fi; \
+	out=$$($$tmp/static); echo "test-install: static: $$out"; \
+	$$tmp/usr/bin/kvcache --help > /dev/null; \
+	$(MAKE) --no-print-directory -s uninstall PREFIX=$$tmp/usr; \
+	left=$$(find $$tmp/usr -type f); \
+	if [ -n "$$left" ]; then echo "test-install: uninstall left $$left"; exit 1; fi; \
+	echo "test-install: install, pkg-config, shared and static builds, uninstall: ok"
+
+# The Python package into the current environment (see python/README.md).
+install-python: lib
+	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so $(PYTHON) -m pip install ./python
 
 clean:
 	rm -rf build build-asan build-portable
