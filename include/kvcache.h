@@ -63,6 +63,7 @@ typedef enum {
     KV_ERR_FORMAT = -13,       /* a saved file is corrupt or was made for another configuration */
     KV_ERR_SHARED = -14,       /* a write would change a page another sequence shares */
     KV_ERR_MISMATCH = -15,     /* a saved file was made by a cache of another configuration */
+    KV_ERR_UNSUPPORTED = -16,  /* not available on this CPU or in this build */
 } kv_status;
 
 /* A static, human-readable description of a status code. */
@@ -149,6 +150,33 @@ int kv_attention_f64(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, co
 int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const float *q,
                      const float *k, const float *v, float *out, int32_t window, float scale);
 
+/* ------------------------------------------------------------------ threads */
+
+/* A small pool of worker threads. A job is n_tasks calls fn(ctx, task,
+ * thread), task in [0, n_tasks), thread in [0, n_threads), spread over the
+ * workers and the calling thread, which returns when all are done. Work is
+ * cut into tasks independently of the thread count, so results never depend
+ * on it. kv_pool_run may be called from several threads; jobs run one at a
+ * time. A NULL pool runs every task on the calling thread. */
+typedef struct kv_pool kv_pool;
+typedef void (*kv_task_fn)(void *ctx, int32_t task, int32_t thread);
+
+/* n_threads counts the caller: 1 starts no worker. 0 means one per core. */
+int kv_pool_create(int32_t n_threads, kv_pool **out);
+void kv_pool_free(kv_pool *pool);
+int32_t kv_pool_threads(const kv_pool *pool); /* 1 for NULL */
+int kv_pool_run(kv_pool *pool, int32_t n_tasks, kv_task_fn fn, void *ctx);
+
+/* ------------------------------------------------------------------ SIMD */
+
+/* The FP32 kernels' instruction set: "scalar", "avx2" or "avx512", chosen at
+ * first use as the best this CPU supports, or by the environment variable
+ * KVCACHE_SIMD. kv_simd_select changes it process-wide ("auto" for the best);
+ * KV_ERR_UNSUPPORTED when this CPU or build lacks it. Not thread-safe: call it
+ * before starting work. */
+const char *kv_simd_name(void);
+int kv_simd_select(const char *name);
+
 /* ------------------------------------------------------------------ the cache */
 
 typedef struct kv_cache kv_cache;
@@ -173,6 +201,9 @@ kv_cache_params kv_cache_default_params(void);
 int kv_cache_create(const kv_cache_params *params, kv_cache **out);
 void kv_cache_free(kv_cache *cache);
 kv_cache_params kv_cache_get_params(const kv_cache *cache);
+/* Attention on this cache runs its work on `pool` (NULL: the calling thread
+ * only). The pool is borrowed, not owned: free it after the cache. */
+void kv_cache_set_pool(kv_cache *cache, kv_pool *pool);
 
 typedef struct {
     int32_t pages_total;       /* = used + free + cached */

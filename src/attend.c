@@ -1,151 +1,316 @@
 /* src/attend.c - attention over the cache (paged) and over plain arrays
- * (dense): argument checks, where each block of keys lies, and the kernel
- * instantiated for f64 (reference) and f32 (FP32 accumulation). */
+ * (dense): argument checks, the cutting of a call into work items spread over
+ * the thread pool, the FP32 kernel built on the SIMD primitives, and the
+ * log-sum-exp combination of split results. The float64 path runs the
+ * reference kernel (attend_ref.c). */
 #include <math.h>
 
-#include "internal.h"
+#include "attend.h"
+#include "simd.h"
 
-/* Stack budget of one kernel call, in elements: accumulators for up to
- * ATT_ACC_ELEMS / d query vectors and chunks of ATT_CHUNK_ELEMS / d keys. */
-enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096 };
-
-/* Where the keys of one (sequence, KV head) lie: in pages named by a block
- * table, or in a dense [S, Hkv, d] array viewed as blocks of `block` rows. */
+/* Everything one call's work items share. */
 typedef struct {
-    kv_dtype dtype;
-    int32_t d;                  /* head_dim */
-    int32_t block;              /* positions per block (page size when paged) */
-    size_t stride;              /* bytes from one key row to the next within a block */
-    const kv_cache *cache;      /* paged: the cache, else NULL */
-    const int32_t *table;       /* paged: [blocks] page ids */
-    int32_t layer, head;        /* paged: which slice */
-    const unsigned char *k, *v; /* dense: row 0 of this head */
-} key_source;
+    const kv_cache *cache;      /* paged, or NULL for dense */
+    const kv_batch *batch;      /* paged */
+    const kv_simd *simd;
+    int32_t layer, H, G, d;
+    float scale;
+    int32_t window;
+    const float *q;             /* [rows, H, d] */
+    float *out;                 /* [rows, H, d] */
+    const kv_work_item *items;
+    float *partials;
+    /* dense only */
+    int32_t T, S, Hkv;
+    const float *k, *v;
+} attend_job;
 
-typedef struct {
-    const unsigned char *k, *v;   /* row 0 of the block */
-    const float *kscale, *vscale; /* KV_Q8: [block] scales, else NULL */
-} key_block;
-
-static key_block source_block(const key_source *s, int32_t blk) {
-    key_block b = {0};
-    if (!s->cache) {
-        size_t off = (size_t)blk * (size_t)s->block * s->stride;
-        b.k = s->k + off;
-        b.v = s->v + off;
-        return b;
+/* Where one item's sequence lies: row 0 of the batch rows, its T and S. */
+static void item_seq(const attend_job *j, const kv_work_item *it, int32_t *row0, int32_t *T, int32_t *S) {
+    if (!j->cache) {
+        *row0 = 0, *T = j->T, *S = j->S;
+        return;
     }
-    int32_t page = s->table[blk];
-    b.k = kv_page_head(s->cache, page, s->layer, 0, s->head);
-    b.v = kv_page_head(s->cache, page, s->layer, 1, s->head);
-    if (s->dtype == KV_Q8) {
-        b.kscale = kv_page_scales(s->cache, page, s->layer, 0, s->head);
-        b.vscale = kv_page_scales(s->cache, page, s->layer, 1, s->head);
-    }
-    return b;
+    *row0 = j->batch->row_start[it->b];
+    *T = j->batch->row_start[it->b + 1] - *row0;
+    *S = j->cache->seqs[j->batch->seqs[it->b]].len;
 }
 
-#define KV_TMPL_F64 1
-#define REAL double
-#define KFN(name) name##_f64
-static double exp_f64(double x) { return exp(x); }
-#include "attend_tmpl.h"
-#undef KV_TMPL_F64
-#undef REAL
-#undef KFN
+static key_source item_source(const attend_job *j, const kv_work_item *it) {
+    if (!j->cache)
+        return (key_source){.dtype = KV_F32, .d = j->d, .block = j->S > 0 ? j->S : 1,
+                            .stride = (size_t)j->Hkv * (size_t)j->d * sizeof(float),
+                            .k = (const unsigned char *)(j->k + (size_t)it->head * j->d),
+                            .v = (const unsigned char *)(j->v + (size_t)it->head * j->d)};
+    const kv_cache *c = j->cache;
+    return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
+                        .stride = (size_t)j->d * c->elem, .cache = c,
+                        .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = it->head};
+}
 
-#define KV_TMPL_F64 0
-#define REAL float
-#define KFN(name) name##_f32
-static float exp_f32(float x) { return expf(x); }
-#include "attend_tmpl.h"
-#undef KV_TMPL_F64
-#undef REAL
-#undef KFN
+/* K and V of positions [j0, j0 + n) as f32 [n][d]: straight from the page
+ * when it already is f32 and contiguous, else converted into kbuf/vbuf. */
+static void load_chunk(const kv_simd *simd, const key_source *src, int32_t j0, int32_t n, float *kbuf,
+                       float *vbuf, const float **k, const float **v) {
+    const int32_t blk = j0 / src->block, in_blk = j0 - blk * src->block;
+    if (src->dtype == KV_F32 && in_blk + n <= src->block && src->stride == (size_t)src->d * sizeof(float)) {
+        key_block kb = source_block(src, blk);
+        *k = (const float *)(kb.k + (size_t)in_blk * src->stride);
+        *v = (const float *)(kb.v + (size_t)in_blk * src->stride);
+        return;
+    }
+    for (int32_t j = 0; j < n;) {
+        const int32_t b = (j0 + j) / src->block, r = (j0 + j) - b * src->block;
+        int32_t m = src->block - r < n - j ? src->block - r : n - j;
+        key_block kb = source_block(src, b);
+        simd->load_rows(src->dtype, kb.k + (size_t)r * src->stride, src->stride, kb.kscale ? kb.kscale + r : NULL,
+                        m, src->d, kbuf + (size_t)j * src->d);
+        simd->load_rows(src->dtype, kb.v + (size_t)r * src->stride, src->stride, kb.vscale ? kb.vscale + r : NULL,
+                        m, src->d, vbuf + (size_t)j * src->d);
+        j += m;
+    }
+    *k = kbuf;
+    *v = vbuf;
+}
 
-/* One (sequence, KV head) group in the call's precision. q and out point at
- * the group's first query head; offsets are in elements. */
-static void attend_group(bool f64, const key_source *src, const void *q, void *out, size_t q_stride,
-                         int32_t rows, int32_t G, int32_t pos0, int32_t window, double scale) {
-    if (f64)
-        attend_group_f64(src, q, out, q_stride, rows, G, pos0, window, scale);
-    else
-        attend_group_f32(src, q, out, q_stride, rows, G, pos0, window, (float)scale);
+/* One work item: the online softmax of its query vectors over its keys. */
+static void run_item(void *ctx, int32_t index, int32_t thread) {
+    const attend_job *j = ctx;
+    const kv_work_item *it = &j->items[index];
+    const kv_simd *simd = j->simd;
+    const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0, kmax = att_chunk(d);
+    int32_t row0, T, S;
+    item_seq(j, it, &row0, &T, &S);
+    const int32_t pos0 = S - T;
+    key_source src = item_source(j, it);
+
+    float qbuf[ATT_ACC_ELEMS], acc[ATT_ACC_ELEMS], m[ATT_ACC_ELEMS], l[ATT_ACC_ELEMS];
+    float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS], s[ATT_ACC_ELEMS];
+    /* the scale goes into q once: s = (scale q) . k */
+    for (int32_t i = 0; i < nv; i++) {
+        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
+        const float *qv = j->q + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
+        for (int32_t e = 0; e < d; e++) qbuf[(size_t)i * d + e] = qv[e] * j->scale;
+        m[i] = -INFINITY, l[i] = 0;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)nv * d);
+    /* scores of the tile against one chunk: nv x kmax must fit s */
+    const int32_t lds = kmax;
+    for (int32_t j0 = it->klo; j0 <= it->khi;) {
+        int32_t n = kmax - j0 % kmax;
+        if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+        const float *kc, *vc;
+        load_chunk(simd, &src, j0, n, kbuf, vbuf, &kc, &vc);
+        for (int32_t i0 = 0; i0 < nv; i0 += ATT_ACC_ELEMS / lds) {
+            int32_t ni = nv - i0 < ATT_ACC_ELEMS / lds ? nv - i0 : ATT_ACC_ELEMS / lds;
+            simd->dot_rows(qbuf + (size_t)i0 * d, ni, kc, n, d, s, lds);
+            for (int32_t i = i0; i < i0 + ni; i++) {
+                const int32_t pos = pos0 + (it->v0 + i) / G;
+                int32_t jlo = j0, jhi = j0 + n - 1; /* visible: pos - window < key <= pos */
+                if (j->window > 0 && jlo < pos - j->window + 1) jlo = pos - j->window + 1;
+                if (jhi > pos) jhi = pos;
+                if (jlo > jhi) continue;
+                float *si = s + (size_t)(i - i0) * lds + (jlo - j0);
+                const int32_t len = jhi - jlo + 1;
+                float mx = m[i];
+                for (int32_t e = 0; e < len; e++) mx = si[e] > mx ? si[e] : mx;
+                const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                l[i] = l[i] * corr + simd->exp_sum(si, len, mx);
+                simd->axpy_rows(si, vc + (size_t)(jlo - j0) * d, len, d, corr, acc + (size_t)i * d);
+                m[i] = mx;
+            }
+        }
+        j0 += n;
+    }
+    if (it->partial >= 0) { /* a split: keep (m, l, acc) for the combination */
+        float *p = j->partials + it->partial;
+        memcpy(p, m, sizeof(float) * (size_t)nv);
+        memcpy(p + nv, l, sizeof(float) * (size_t)nv);
+        memcpy(p + 2 * nv, acc, sizeof(float) * (size_t)nv * d);
+        return;
+    }
+    for (int32_t i = 0; i < nv; i++) {
+        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
+        float *o = j->out + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
+        const float inv = 1.0f / l[i];
+        for (int32_t e = 0; e < d; e++) o[e] = acc[(size_t)i * d + e] * inv;
+    }
+    (void)thread;
+}
+
+/* out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s, for
+ * the n consecutive split items starting at `first`, in split order. */
+static void combine(const attend_job *j, int32_t first, int32_t n) {
+    const kv_work_item *it = &j->items[first];
+    const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
+    int32_t row0, T, S;
+    item_seq(j, it, &row0, &T, &S);
+    for (int32_t i = 0; i < nv; i++) {
+        float M = -INFINITY, L = 0;
+        for (int32_t k = 0; k < n; k++) {
+            const float mk = j->partials[j->items[first + k].partial + i];
+            M = mk > M ? mk : M;
+        }
+        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
+        float *o = j->out + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
+        memset(o, 0, sizeof(float) * (size_t)d);
+        for (int32_t k = 0; k < n; k++) {
+            const float *p = j->partials + j->items[first + k].partial;
+            if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
+            const float w = expf(p[i] - M);
+            L += p[nv + i] * w;
+            const float *a = p + 2 * nv + (size_t)i * d;
+            for (int32_t e = 0; e < d; e++) o[e] += a[e] * w;
+        }
+        for (int32_t e = 0; e < d; e++) o[e] /= L;
+    }
+}
+
+/* The groups of a call in a fixed order: (sequence, KV head, tile of up to
+ * att_tile(d) query vectors). Each becomes one item, or one per split. Waves
+ * are cut where the items or the split workspace run out. */
+typedef struct {
+    int32_t b, head, v0; /* the next group to emit */
+} cursor;
+
+static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *items, int32_t item_cap,
+                    float *partials, size_t partial_cap) {
+    const int32_t G = j->G, tile = att_tile(j->d);
+    cursor at = {0, 0, 0};
+    for (;;) {
+        int32_t n_items = 0;
+        size_t used = 0;
+        while (at.b < n_seqs && n_items < item_cap) {
+            kv_work_item probe = {.b = at.b};
+            int32_t row0, T, S;
+            item_seq(j, &probe, &row0, &T, &S);
+            if (T == 0 || at.head == j->Hkv) {
+                at = (cursor){at.b + 1, 0, 0};
+                continue;
+            }
+            const int32_t v1 = at.v0 + tile < T * G ? at.v0 + tile : T * G;
+            const int32_t first = S - T + at.v0 / G, last = S - T + (v1 - 1) / G;
+            const int32_t lo = j->window > 0 && first - j->window + 1 > 0 ? first - j->window + 1 : 0;
+            kv_work_item it = {.b = at.b, .head = at.head, .v0 = at.v0, .v1 = v1, .klo = lo, .khi = last, .partial = -1};
+            int32_t splits = T <= KV_SPLIT_ROWS && partials ? last / KV_SPLIT - lo / KV_SPLIT + 1 : 1;
+            size_t need = (size_t)splits * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
+            if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */
+            if (splits > 1 && (used + need > partial_cap || n_items + splits > item_cap)) break; /* next wave */
+            if (splits == 1) {
+                items[n_items++] = it;
+            } else {
+                for (int32_t k = 0; k < splits; k++) {
+                    kv_work_item sp = it;
+                    sp.klo = k == 0 ? lo : (lo / KV_SPLIT + k) * KV_SPLIT;
+                    sp.khi = k == splits - 1 ? last : (lo / KV_SPLIT + k + 1) * KV_SPLIT - 1;
+                    sp.partial = (int32_t)(used + (size_t)k * (size_t)(v1 - at.v0) * (size_t)(j->d + 2));
+                    items[n_items++] = sp;
+                }
+                used += need;
+            }
+            /* advance: next tile, next head, next sequence */
+            at.v0 = v1;
+            if (at.v0 >= T * G) at.v0 = 0, at.head++;
+        }
+        if (n_items == 0) return;
+        j->items = items;
+        j->partials = partials;
+        kv_pool_run(pool, n_items, run_item, j);
+        for (int32_t i = 0; i < n_items;) { /* combine each split group, in order */
+            int32_t n = 1;
+            if (items[i].partial >= 0)
+                while (i + n < n_items && items[i + n].partial >= 0 && items[i + n].b == items[i].b &&
+                       items[i + n].head == items[i].head && items[i + n].v0 == items[i].v0)
+                    n++;
+            if (items[i].partial >= 0) combine(j, i, n);
+            i += n;
+        }
+    }
 }
 
 static double default_scale(double scale, int32_t d) { return scale != 0 ? scale : 1.0 / sqrt(d); }
 
 /* ------------------------------------------------------------------ dense */
 
-static int attention_dense(bool f64, int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d,
-                           const void *q, const void *k, const void *v, void *out, int32_t window,
-                           double scale) {
+static int dense_check(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const void *q,
+                       const void *k, const void *v, const void *out, int32_t window) {
     if (T < 0 || S < 0 || H <= 0 || Hkv <= 0 || d <= 0 || d > KV_MAX_HEAD_DIM) return KV_ERR_SHAPE;
     if (H % Hkv) return KV_ERR_HEADS;
     if (T > S) return KV_ERR_LENGTH;
     if (window < 0) return KV_ERR_WINDOW;
-    if (T == 0) return KV_OK;
-    if (!q || !k || !v || !out) return KV_ERR_NULL;
-    const size_t esz = f64 ? sizeof(double) : sizeof(float);
-    const int32_t G = H / Hkv;
-    for (int32_t g = 0; g < Hkv; g++) {
-        key_source src = {.dtype = f64 ? KV_F64 : KV_F32, .d = d, .block = 64,
-                          .stride = (size_t)Hkv * (size_t)d * esz,
-                          .k = (const unsigned char *)k + (size_t)g * d * esz,
-                          .v = (const unsigned char *)v + (size_t)g * d * esz};
-        size_t off = (size_t)g * G * d * esz;
-        attend_group(f64, &src, (const char *)q + off, (char *)out + off, (size_t)H * d, T, G,
-                     S - T, window, default_scale(scale, d));
-    }
+    if (T > 0 && (!q || !k || !v || !out)) return KV_ERR_NULL;
     return KV_OK;
 }
 
 int kv_attention_f64(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const double *q,
                      const double *k, const double *v, double *out, int32_t window, double scale) {
-    return attention_dense(true, T, S, H, Hkv, d, q, k, v, out, window, scale);
+    int rc = dense_check(T, S, H, Hkv, d, q, k, v, out, window);
+    if (rc || T == 0) return rc;
+    const int32_t G = H / Hkv;
+    for (int32_t g = 0; g < Hkv; g++) {
+        key_source src = {.dtype = KV_F64, .d = d, .block = S, .stride = (size_t)Hkv * d * sizeof(double),
+                          .k = (const unsigned char *)(k + (size_t)g * d),
+                          .v = (const unsigned char *)(v + (size_t)g * d)};
+        kv_attend_group_f64(&src, q + (size_t)g * G * d, out + (size_t)g * G * d, (size_t)H * d, T, G,
+                            S - T, window, default_scale(scale, d));
+    }
+    return KV_OK;
 }
 
 int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const float *q,
                      const float *k, const float *v, float *out, int32_t window, float scale) {
-    return attention_dense(false, T, S, H, Hkv, d, q, k, v, out, window, scale);
+    int rc = dense_check(T, S, H, Hkv, d, q, k, v, out, window);
+    if (rc || T == 0) return rc;
+    attend_job j = {.simd = kv_simd_active(), .H = H, .G = H / Hkv, .d = d, .window = window,
+                    .scale = (float)default_scale(scale, d), .q = q, .out = out, .T = T, .S = S, .Hkv = Hkv,
+                    .k = k, .v = v};
+    kv_work_item items[64];
+    run_f32(&j, NULL, 1, items, 64, NULL, 0); /* no workspace: never split */
+    return KV_OK;
 }
 
 /* ------------------------------------------------------------------ paged */
 
-static int attend_paged(bool f64, const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H,
-                        const void *q, void *out, double scale) {
+static int attend_check(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H, bool f64,
+                        const void *q, const void *out, int32_t *rows) {
     if (!c || !b) return KV_ERR_NULL;
     if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers || H <= 0) return KV_ERR_SHAPE;
     if (H % c->p.n_kv_heads) return KV_ERR_HEADS;
-    int32_t rows;
-    int rc = kv_batch_check(c, b, &rows);
-    if (rc || rows == 0) return rc;
-    if (!q || !out) return KV_ERR_NULL;
-    const size_t esz = f64 ? sizeof(double) : sizeof(float);
-    const int32_t Hkv = c->p.n_kv_heads, d = c->p.head_dim, G = H / Hkv;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
-        if (T == 0) continue;
-        const int32_t S = c->seqs[seq].len;
-        for (int32_t g = 0; g < Hkv; g++) {
-            key_source src = {.dtype = c->p.dtype, .d = d, .block = c->p.page_size,
-                              .stride = (size_t)d * c->elem, .cache = c, .table = kv_table(c, seq),
-                              .layer = layer, .head = g};
-            size_t off = ((size_t)b->row_start[i] * (size_t)H + (size_t)g * G) * d * esz;
-            attend_group(f64, &src, (const char *)q + off, (char *)out + off, (size_t)H * d, T, G,
-                         S - T, c->p.window, default_scale(scale, d));
-        }
-    }
+    int rc = kv_batch_check(c, b, rows);
+    if (rc) return rc;
+    if (*rows > 0 && (!q || !out)) return KV_ERR_NULL;
     return KV_OK;
 }
 
 int kv_attend_f64(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H, const double *q,
                   double *out, double scale) {
-    return attend_paged(true, c, layer, b, H, q, out, scale);
+    int32_t rows;
+    int rc = attend_check(c, layer, b, H, true, q, out, &rows);
+    if (rc || rows == 0) return rc;
+    const int32_t Hkv = c->p.n_kv_heads, d = c->p.head_dim, G = H / Hkv;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
+        if (T == 0) continue;
+        for (int32_t g = 0; g < Hkv; g++) {
+            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->elem,
+                              .cache = c, .table = kv_table(c, seq), .layer = layer, .head = g};
+            size_t off = ((size_t)b->row_start[i] * H + (size_t)g * G) * d;
+            kv_attend_group_f64(&src, q + off, out + off, (size_t)H * d, T, G, c->seqs[seq].len - T,
+                                c->p.window, default_scale(scale, d));
+        }
+    }
+    return KV_OK;
 }
 
 int kv_attend_f32(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H, const float *q,
                   float *out, float scale) {
-    return attend_paged(false, c, layer, b, H, q, out, scale);
+    int32_t rows;
+    int rc = attend_check(c, layer, b, H, false, q, out, &rows);
+    if (rc || rows == 0) return rc;
+    attend_job j = {.cache = c, .batch = b, .simd = kv_simd_active(), .layer = layer, .H = H,
+                    .G = H / c->p.n_kv_heads, .d = c->p.head_dim, .Hkv = c->p.n_kv_heads,
+                    .scale = (float)default_scale(scale, c->p.head_dim), .window = c->p.window, .q = q, .out = out};
+    run_f32(&j, c->threads, b->n_seqs, c->items, c->item_cap, c->partials, c->partial_cap);
+    return KV_OK;
 }

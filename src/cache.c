@@ -3,7 +3,7 @@
  * writing K/V in place. */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "attend.h"
 
 kv_cache_params kv_cache_default_params(void) {
     return (kv_cache_params){
@@ -70,9 +70,16 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     c->lru_prev = malloc((size_t)p.n_pages * sizeof *c->lru_prev);
     c->lru_next = malloc((size_t)p.n_pages * sizeof *c->lru_next);
     c->hash_slots = malloc(c->hash_cap * sizeof *c->hash_slots);
+    /* room for every split of one longest sequence's group, within 16 MB */
+    size_t splits = (size_t)p.max_seq_len / KV_SPLIT + 2;
+    c->partial_cap = splits * (ATT_ACC_ELEMS + 2 * (size_t)att_tile(p.head_dim));
+    if (c->partial_cap > (4u << 20)) c->partial_cap = 4u << 20;
+    c->item_cap = 8192;
+    c->partials = malloc(c->partial_cap * sizeof *c->partials);
+    c->items = malloc((size_t)c->item_cap * sizeof *c->items);
     if (!c->pool || !c->refcount || !c->free_pages || !c->seqs || !c->tables || !c->page_tokens ||
         !c->page_hash || !c->page_parent || !c->page_gen || !c->parent_gen || !c->page_named ||
-        !c->lru_prev || !c->lru_next || !c->hash_slots) {
+        !c->lru_prev || !c->lru_next || !c->hash_slots || !c->partials || !c->items) {
         kv_cache_free(c);
         return KV_ERR_NOMEM;
     }
@@ -104,7 +111,13 @@ void kv_cache_free(kv_cache *c) {
     free(c->lru_prev);
     free(c->lru_next);
     free(c->hash_slots);
+    free(c->partials);
+    free(c->items);
     free(c);
+}
+
+void kv_cache_set_pool(kv_cache *c, kv_pool *pool) {
+    if (c) c->threads = pool;
 }
 
 kv_cache_params kv_cache_get_params(const kv_cache *c) {

@@ -52,6 +52,7 @@ const char *kv_status_str(int status) {
     case KV_ERR_FORMAT: return "file is corrupt or made for another configuration";
     case KV_ERR_SHARED: return "write into a page shared with another sequence or the prefix cache";
     case KV_ERR_MISMATCH: return "file was saved from a cache of another configuration";
+    case KV_ERR_UNSUPPORTED: return "not supported on this CPU or in this build";
     default: return "unknown status";
     }
 }

@@ -11,6 +11,17 @@
 
 #define KV_NO_PAGE (-1)
 
+/* One piece of an attention call (src/attend.c): the query vectors [v0, v1)
+ * of one (sequence, KV head) group against the keys [klo, khi]. */
+typedef struct {
+    int32_t b;            /* index of the sequence in the batch */
+    int32_t head;         /* KV head */
+    int32_t v0, v1;       /* query vectors, vector = row * G + q-head in group */
+    int32_t klo, khi;     /* keys, absolute positions, inclusive */
+    int32_t partial;      /* offset of this split's m [nv] | l [nv] | acc [nv][d] in the
+                           * workspace, or -1: the item writes the output itself */
+} kv_work_item;
+
 typedef struct {
     bool live;
     int32_t len;          /* S: positions reserved */
@@ -52,6 +63,13 @@ struct kv_cache {
     int32_t *hash_slots;  /* [hash_cap] open addressing, page ids or KV_NO_PAGE */
     uint32_t hash_cap;    /* power of two >= 2 n_pages */
     uint64_t hash_mask;   /* hash bits that count (all; tests narrow it to force collisions) */
+
+    /* attention work (src/attend.c) */
+    kv_pool *threads;     /* borrowed: runs attention tasks, or NULL */
+    kv_work_item *items;  /* [item_cap] the work items of one wave */
+    int32_t item_cap;
+    float *partials;      /* [partial_cap] split results of one wave */
+    size_t partial_cap;
 };
 
 static inline int32_t *kv_table(const kv_cache *c, int32_t seq) {

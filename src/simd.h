@@ -1,0 +1,29 @@
+/* src/simd.h - the few primitives the FP32 attention kernel is built from,
+ * with a portable scalar version and AVX2+FMA and AVX-512 versions picked at
+ * run time by CPU feature (or by KVCACHE_SIMD / kv_simd_select). */
+#ifndef KV_SIMD_H
+#define KV_SIMD_H
+
+#include "internal.h"
+
+typedef struct {
+    const char *name;
+    /* dst [n][d] = n rows of `dtype` starting at src, `stride` bytes apart
+     * (KV_Q8: times scales[j]) */
+    void (*load_rows)(kv_dtype dtype, const unsigned char *src, size_t stride, const float *scales,
+                      int32_t n, int32_t d, float *dst);
+    /* s[i * lds + j] = q[i] . k[j] for i < nv, j < n; q [nv][d], k [n][d] */
+    void (*dot_rows)(const float *q, int32_t nv, const float *k, int32_t n, int32_t d, float *s,
+                     int32_t lds);
+    /* s[j] = exp(s[j] - mx) for j < n; returns their sum */
+    float (*exp_sum)(float *s, int32_t n, float mx);
+    /* acc [d] = acc * corr + sum_j p[j] v[j], v [n][d] */
+    void (*axpy_rows)(const float *p, const float *v, int32_t n, int32_t d, float corr, float *acc);
+} kv_simd;
+
+const kv_simd *kv_simd_active(void);
+extern const kv_simd kv_simd_scalar;
+const kv_simd *kv_simd_avx2(void);   /* NULL when not compiled in */
+const kv_simd *kv_simd_avx512(void);
+
+#endif

@@ -1,0 +1,213 @@
+/* tests/test_kernels.c - the FP32 kernels: every SIMD path against the
+ * float64 oracle (over the K/V as stored, so storage rounding is out of the
+ * comparison), long contexts cut into splits, and results identical for any
+ * thread count and any cutting of a call into waves. */
+#include <string.h>
+
+#include "helpers.h"
+#include "snapshot.h"
+
+typedef struct {
+    int H, Hkv, d, S, T, P, window;
+    kv_dtype dtype;
+} kcase;
+
+/* A cache holding S random positions of one sequence. */
+static kv_cache *filled(test_rng *r, const kcase *k, int32_t *seq) {
+    kv_cache_params p = kv_cache_default_params();
+    p.n_kv_heads = k->Hkv, p.head_dim = k->d, p.dtype = k->dtype, p.page_size = k->P;
+    p.n_pages = k->S / k->P + 2, p.window = k->window;
+    kv_cache *c;
+    CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c, seq), KV_OK);
+    /* written in chunks, as decoding would: a window cache evicts as it goes */
+    for (int t0 = 0; t0 < k->S;) {
+        int t = k->S - t0 < 700 ? k->S - t0 : 700;
+        int32_t rows[2];
+        kv_batch b = one_seq(seq, rows, t);
+        double *kd = rand_normal(r, (size_t)t * k->Hkv * k->d, 1), *vd = rand_normal(r, (size_t)t * k->Hkv * k->d, 1);
+        float *kf = to_f32(kd, (size_t)t * k->Hkv * k->d), *vf = to_f32(vd, (size_t)t * k->Hkv * k->d);
+        CHECK_EQ_INT(kv_seq_reserve(c, *seq, t, NULL), KV_OK);
+        CHECK_EQ_INT(kv_append_f32(c, 0, &b, kf, vf), KV_OK);
+        free(kd), free(vd), free(kf), free(vf);
+        t0 += t;
+    }
+    return c;
+}
+
+/* max |kv_attend_f32 - oracle| / max |oracle| for the last T rows. */
+static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const float *q) {
+    const int S = k->S, T = k->T, H = k->H, Hkv = k->Hkv, d = k->d;
+    int32_t rows[2];
+    kv_batch b = one_seq(&seq, rows, T);
+    float *out = malloc(sizeof(float) * T * H * d);
+    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, H, q, out, 0), KV_OK);
+    /* the oracle sees the K/V as stored; evicted positions are invisible anyway */
+    int from = k->window > 0 ? S - T - k->window + 1 : 0;
+    if (from < 0) from = 0;
+    float *kf = calloc((size_t)S * Hkv * d, sizeof(float)), *vf = calloc((size_t)S * Hkv * d, sizeof(float));
+    CHECK_EQ_INT(kv_read_f32(c, 0, seq, from, S - from, kf + (size_t)from * Hkv * d, vf + (size_t)from * Hkv * d), KV_OK);
+    double *kd = malloc(sizeof(double) * S * Hkv * d), *vd = malloc(sizeof(double) * S * Hkv * d);
+    double *qd = malloc(sizeof(double) * T * H * d), *ref = malloc(sizeof(double) * T * H * d);
+    for (size_t i = 0; i < (size_t)S * Hkv * d; i++) kd[i] = kf[i], vd[i] = vf[i];
+    for (size_t i = 0; i < (size_t)T * H * d; i++) qd[i] = q[i];
+    ref_attention(T, S, H, Hkv, d, qd, kd, vd, ref, k->window, 0, 0);
+    double err = 0, mx = ref_max_abs(ref, T * H * d);
+    for (int i = 0; i < T * H * d; i++) err = fmax(err, fabs(out[i] - ref[i]));
+    if (isnan(out[0])) err = INFINITY;
+    free(out), free(kf), free(vf), free(kd), free(vd), free(qd), free(ref);
+    return err / mx;
+}
+
+static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
+
+TEST(kernels_every_simd_path_matches_the_oracle) {
+    static const int dims[] = {64, 80, 96, 128, 256};
+    int tested = 0;
+    for (int si = 0; si < 3; si++) {
+        if (kv_simd_select(simd_names[si]) != KV_OK) {
+            printf("     %s: not available on this CPU, not tested here\n", simd_names[si]);
+            continue;
+        }
+        tested++;
+        test_rng r = {700};
+        double worst = 0;
+        for (int it = 0; it < 40; it++) {
+            kcase k;
+            k.Hkv = test_rng_int(&r, 1, 8);
+            k.H = k.Hkv * test_rng_int(&r, 1, 8);
+            k.d = dims[it % 5];
+            k.S = test_rng_int(&r, 1, it % 4 == 0 ? 2600 : 200); /* some cut into splits */
+            k.T = test_rng_int(&r, 1, k.S < 12 ? k.S : 12);
+            k.P = test_rng_int(&r, 1, 40);
+            k.window = test_rng_int(&r, 0, 2) == 0 ? test_rng_int(&r, 1, k.S + 3) : 0;
+            k.dtype = (kv_dtype)test_rng_int(&r, KV_F32, KV_Q8);
+            int32_t seq;
+            kv_cache *c = filled(&r, &k, &seq);
+            double *qd = rand_normal(&r, (size_t)k.T * k.H * k.d, 1);
+            float *q = to_f32(qd, (size_t)k.T * k.H * k.d);
+            double err = attend_error(c, seq, &k, q);
+            if (!(err < 2e-5))
+                test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g",
+                          simd_names[si], k.H, k.Hkv, k.d, k.S, k.T, k.P, k.window, kv_dtype_name(k.dtype), err);
+            worst = fmax(worst, err);
+            kv_cache_free(c);
+            free(qd), free(q);
+        }
+        printf("     %s: worst relative error %.2g\n", simd_names[si], worst);
+    }
+    CHECK(tested >= 1);
+    kv_simd_select("auto");
+}
+
+/* The outputs of one decode-like and one prefill-like call under `threads`. */
+static void run_threads(kv_cache *c, int32_t seq, const kcase *k, const float *q, int threads, float *out) {
+    kv_pool *pool = NULL;
+    CHECK_EQ_INT(kv_pool_create(threads, &pool), KV_OK);
+    kv_cache_set_pool(c, pool);
+    int32_t rows[2];
+    kv_batch b = one_seq(&seq, rows, k->T);
+    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, k->H, q, out, 0), KV_OK);
+    kv_cache_set_pool(c, NULL);
+    kv_pool_free(pool);
+}
+
+TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
+    test_rng r = {710};
+    const kcase cases[] = {
+        {.H = 8, .Hkv = 2, .d = 128, .S = 5000, .T = 1, .P = 16, .dtype = KV_F16},  /* 5 splits */
+        {.H = 9, .Hkv = 3, .d = 64, .S = 3001, .T = 4, .P = 7, .dtype = KV_Q8},
+        {.H = 4, .Hkv = 4, .d = 80, .S = 700, .T = 300, .P = 16, .dtype = KV_BF16}, /* prefill tiles */
+        {.H = 6, .Hkv = 1, .d = 96, .S = 2500, .T = 2, .P = 5, .window = 1500, .dtype = KV_F32},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const kcase *k = &cases[ci];
+        int32_t seq;
+        kv_cache *c = filled(&r, k, &seq);
+        size_t n = (size_t)k->T * k->H * k->d;
+        double *qd = rand_normal(&r, n, 1);
+        float *q = to_f32(qd, n), *one = malloc(sizeof(float) * n), *many = malloc(sizeof(float) * n);
+        run_threads(c, seq, k, q, 1, one);
+        CHECK(attend_error(c, seq, k, q) < 2e-5);
+        for (int t = 2; t <= 4; t++) {
+            run_threads(c, seq, k, q, t, many);
+            if (memcmp(one, many, sizeof(float) * n) != 0)
+                test_fail(__FILE__, __LINE__, "case %zu: %d threads differ from 1", ci, t);
+        }
+        /* a tiny workspace cuts the call into many waves: same numbers */
+        int32_t item_cap = c->item_cap;
+        size_t partial_cap = c->partial_cap;
+        c->item_cap = 7;
+        c->partial_cap = 6 * (size_t)k->H / k->Hkv * (k->d + 2) * (size_t)(k->T);
+        run_threads(c, seq, k, q, 3, many);
+        CHECK(memcmp(one, many, sizeof(float) * n) == 0);
+        c->item_cap = item_cap, c->partial_cap = partial_cap;
+        kv_cache_free(c);
+        free(qd), free(q), free(one), free(many);
+    }
+}
+
+TEST(kernels_ragged_batch_on_a_pool_equals_one_sequence_at_a_time) {
+    test_rng r = {720};
+    enum { N = 12, H = 8, Hkv = 2, d = 64 };
+    kv_cache_params p = kv_cache_default_params();
+    p.n_kv_heads = Hkv, p.head_dim = d, p.dtype = KV_F16, p.n_pages = 2048, p.max_seqs = N;
+    kv_cache *c;
+    CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+    kv_pool *pool;
+    CHECK_EQ_INT(kv_pool_create(3, &pool), KV_OK);
+    kv_cache_set_pool(c, pool);
+    int32_t seqs[N], rows[N + 1] = {0};
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(kv_seq_new(c, &seqs[i]), KV_OK);
+        int len = test_rng_int(&r, 1, 1500);
+        rows[i + 1] = rows[i] + (i % 3 == 0 ? test_rng_int(&r, 1, len < 20 ? len : 20) : 1);
+        CHECK_EQ_INT(kv_seq_reserve(c, seqs[i], len, NULL), KV_OK);
+        int32_t r1[2];
+        kv_batch one = one_seq(&seqs[i], r1, len);
+        double *kd = rand_normal(&r, (size_t)len * Hkv * d, 1);
+        float *kf = to_f32(kd, (size_t)len * Hkv * d);
+        CHECK_EQ_INT(kv_append_f32(c, 0, &one, kf, kf), KV_OK);
+        free(kd), free(kf);
+    }
+    size_t n = (size_t)rows[N] * H * d;
+    double *qd = rand_normal(&r, n, 1);
+    float *q = to_f32(qd, n), *all = malloc(sizeof(float) * n), *each = malloc(sizeof(float) * n);
+    kv_batch b = {.n_seqs = N, .seqs = seqs, .row_start = rows};
+    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, H, q, all, 0), KV_OK);
+    for (int i = 0; i < N; i++) {
+        int32_t r1[2];
+        kv_batch one = one_seq(&seqs[i], r1, rows[i + 1] - rows[i]);
+        CHECK_EQ_INT(kv_attend_f32(c, 0, &one, H, q + (size_t)rows[i] * H * d, each + (size_t)rows[i] * H * d, 0), KV_OK);
+    }
+    CHECK(memcmp(all, each, sizeof(float) * n) == 0);
+    kv_cache_free(c);
+    kv_pool_free(pool);
+    free(qd), free(q), free(all), free(each);
+}
+
+static void count(void *c_, int32_t task, int32_t thread) {
+    int *counts = *(int **)c_;
+    __atomic_add_fetch(&counts[task], 1, __ATOMIC_RELAXED);
+    (void)thread;
+}
+
+TEST(kernels_pool_runs_every_task_once) {
+    for (int threads = 1; threads <= 4; threads++) {
+        kv_pool *pool;
+        CHECK_EQ_INT(kv_pool_create(threads, &pool), KV_OK);
+        CHECK_EQ_INT(kv_pool_threads(pool), threads);
+        for (int job = 0; job < 200; job++) {
+            int n = job % 37;
+            int counts[40] = {0};
+            CHECK_EQ_INT(kv_pool_run(pool, n, (kv_task_fn)NULL, NULL), KV_ERR_NULL);
+            struct { int *counts; } ctx = {counts};
+            CHECK_EQ_INT(kv_pool_run(pool, n, count, &ctx), KV_OK);
+            for (int i = 0; i < n; i++) CHECK_EQ_INT(counts[i], 1);
+        }
+        kv_pool_free(pool);
+    }
+    kv_pool *p;
+    CHECK_EQ_INT(kv_pool_create(-1, &p), KV_ERR_SHAPE);
+    CHECK_EQ_INT(kv_simd_select("sse9"), KV_ERR_UNSUPPORTED);
+}
