@@ -329,6 +329,23 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
             for (int64_t k0 = 0; k0 < n_in; k0 += chunk) {
                 int64_t kc = n_in - k0 < chunk ? n_in - k0 : chunk;
                 int first = (k0 == 0);
+                float out[8 * XT];
+                if (decode && simd) {          /* decode in registers where a kernel exists */
+                    const uint8_t *src[8];
+                    for (int i = 0; i < nr; i++) src[i] = Wb + (r0 + i) * rb + k0 / elems * bbytes;
+                    const float *xp = X + jb * n_in + k0;
+                    if (nr == 8 && llm_simd_fused_dot(type, src, 8, xp, kc, out) == 0) {
+                        store_tile(Y, ldy, jb, r0, out, 8, 1, 1, first);
+                        continue;
+                    }
+                    if (nr < 8 && llm_simd_fused_dot(type, src, 1, xp, kc, out) == 0) {
+                        for (int i = 0; i < nr; i++) {
+                            llm_simd_fused_dot(type, &src[i], 1, xp, kc, out);
+                            store_tile(Y, ldy, jb, r0 + i, out, 1, 1, 1, first);
+                        }
+                        continue;
+                    }
+                }
                 const float *wp[8];
                 for (int i = 0; i < nr; i++) {
                     const uint8_t *src = Wb + (r0 + i) * rb + k0 / elems * bbytes;
@@ -339,7 +356,6 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                         wp[i] = buf[i];
                     }
                 }
-                float out[8 * XT];
                 if (decode) {
                     const float *xp = X + jb * n_in + k0;
                     if (nr == 8) {

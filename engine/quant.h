@@ -22,14 +22,18 @@
  * halves. Data is little-endian; the code reads fields with memcpy so blocks
  * need no alignment.
  *
- * Speed: llm_matmul_rows dequantizes a chunk of up to 4 (or 8) weight rows into
- * an L1-resident float buffer once and multiplies it against a tile of up to
- * 4 X rows with AVX-512 or AVX2 FMAs, so at m > 1 every decoded weight is
- * reused by all X rows of the tile. Activations stay in f32 (no 8-bit
- * quantization of X), so the only error is f32 rounding of the sums.
- * Each (row, X row) result is computed by the same sequence of operations
- * whatever the row range, m or tile it falls in, so splitting rows over
- * threads changes no bit of the output. */
+ * Speed: for m > 1 llm_matmul_rows decodes a chunk of 4 weight rows into an
+ * L1-resident float buffer once and multiplies it against tiles of 4 X rows
+ * (16 accumulators), over blocks of 64 X rows kept in L2, so each decoded
+ * weight feeds 64 X rows. For m == 1 (decode) Q4_0/Q4_1/Q8_0 rows are decoded
+ * in registers, 8 rows sharing each x vector. Kernels use 256-bit vectors
+ * (AVX2+FMA+F16C; 32 registers with AVX-512VL): on the Zen 4 host they were
+ * tuned on, 512-bit FMAs gave ~0.6x the FLOP/s of 256-bit ones. Build with
+ * -DLLM_QUANT_ZMM for 512-bit kernels (hosts with two 512-bit FMA units).
+ * Activations stay f32 (no 8-bit quantization of X), so the only error is f32
+ * rounding of the sums. Each (row, X row) result is computed by the same
+ * sequence of operations whatever the row range, m or tile it falls in, so
+ * splitting rows over threads, or prefill against decode, changes no bit. */
 #ifndef LLM_QUANT_H
 #define LLM_QUANT_H
 
@@ -121,7 +125,7 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
 /* on != 0: use the plain C kernels even where SIMD ones are compiled in
  * (tests compare both). Process-wide; set it before starting threads. */
 void llm_quant_force_scalar(int on);
-/* "avx512", "avx2" or "scalar": the kernels that run now. */
+/* "avx512" (-DLLM_QUANT_ZMM builds), "avx2" or "scalar": the kernels that run now. */
 const char *llm_quant_kernels(void);
 
 /* Quantize n floats (n a multiple of 32) to Q8_0 blocks: d = max|x| / 127
@@ -143,10 +147,15 @@ void llm_k_scale_min(const uint8_t scales[12], int s, uint8_t *sc, uint8_t *mn);
  * build has no SIMD decoder (the caller then uses the scalar one). */
 int llm_simd_dequant(int type, const void *src, float *dst, int64_t n);
 /* out[r*nt + t] = sum_k w[r][k] * x[t][k] for r < nr, t < nt over n floats.
- * Shapes (nr, nt) are (8, 1), (4, 4) or (1, 1). */
+ * Shapes (nr, nt) are (8, 1), (4, 4) or (1, 1); any other shape is computed
+ * one (1, 1) pair at a time. */
 void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
                        int64_t n, float *out);
-/* 2 for AVX-512 kernels, 1 for AVX2, 0 if none were compiled in. */
+/* Decode-and-dot without the float buffer for nr (8 or 1) rows of a
+ * Q4_0/Q4_1/Q8_0 chunk: out[r] = dot(w[r][0..n), x). Bit-identical to
+ * llm_simd_dequant + llm_simd_dot_tile; -1 where not compiled in. */
+int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
+/* 2 for the 512-bit kernels, 1 for the 256-bit ones, 0 if none were compiled in. */
 int llm_simd_level(void);
 
 #endif
