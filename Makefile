@@ -7,6 +7,8 @@
 #   make run        build, fetch the default model if missing, run the main job
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
+#   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
+#   make install-python pip install ./python (the ctypes binding, shipping build/libkvcache.so)
 #
 # Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build).
 
