@@ -61,3 +61,19 @@ def test_a_cache_keeps_its_pool_and_close_refuses_while_in_use(rng):
         c.set_pool(2)
     with pytest.raises(ValueError, match="n_threads must be >= 0"):
         kvcache.Pool(-1)
+
+
+def test_python_threads_may_attend_at_once(rng):
+    """ctypes releases the GIL in C calls: dense attention, and attend on one cache
+    that nothing changes meanwhile, from several Python threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
+    c = kvcache.KVCache(2, 32, dtype="f16", page_size=16)
+    c.append(rng.standard_normal((2, 500, 32)), rng.standard_normal((2, 500, 32)))
+    qs = [rng.standard_normal((8, 4, 32)).astype(np.float32) for _ in range(16)]
+    k, v = c.read()
+    serial = [(c.attend(q), kvcache.attention(q, k, v)) for q in qs]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda q: (c.attend(q), kvcache.attention(q, k, v)), qs))
+    for (a, b), (x, y) in zip(serial, together):
+        np.testing.assert_array_equal(a, x)
+        np.testing.assert_array_equal(b, y)
