@@ -112,6 +112,7 @@ class KVCache:
         handle = ctypes.c_void_p()
         check(_ffi.fn("kv_cache_create")(ctypes.byref(p), ctypes.byref(handle)), "kv_cache_create")
         self._c = handle
+        self._params = self._read_params()  # fixed for the cache's life
         self._default = None
         self.dtype = dtype
         # the precision of every data call: *_f64 for an f64 cache, *_f32 otherwise
@@ -160,22 +161,26 @@ class KVCache:
 
     # ---------------------------------------------------------------- configuration
 
-    @property
-    def params(self):
-        """kv_cache_get_params as a dict (max_seq_len resolved, dtype by name)."""
+    def _read_params(self):
         p = _ffi.fn("kv_cache_get_params")(self._h())
         d = {f: getattr(p, f) for f, _ in _ffi.CacheParams._fields_}
         d["dtype"] = {v: k for k, v in DTYPES.items()}[d["dtype"]]
         return d
 
-    n_layers = property(lambda self: self.params["n_layers"])
-    n_kv_heads = property(lambda self: self.params["n_kv_heads"])
-    head_dim = property(lambda self: self.params["head_dim"])
-    page_size = property(lambda self: self.params["page_size"])
-    n_pages = property(lambda self: self.params["n_pages"])
-    max_seqs = property(lambda self: self.params["max_seqs"])
-    max_seq_len = property(lambda self: self.params["max_seq_len"])
-    window = property(lambda self: self.params["window"])
+    @property
+    def params(self):
+        """kv_cache_get_params as a dict (max_seq_len resolved, dtype by name)."""
+        self._h()
+        return dict(self._params)
+
+    n_layers = property(lambda self: self._params["n_layers"])
+    n_kv_heads = property(lambda self: self._params["n_kv_heads"])
+    head_dim = property(lambda self: self._params["head_dim"])
+    page_size = property(lambda self: self._params["page_size"])
+    n_pages = property(lambda self: self._params["n_pages"])
+    max_seqs = property(lambda self: self._params["max_seqs"])
+    max_seq_len = property(lambda self: self._params["max_seq_len"])
+    window = property(lambda self: self._params["window"])
 
     def stats(self):
         """kv_cache_get_stats as a Stats named tuple (pages_used, bytes_per_token, ...)."""
