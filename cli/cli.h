@@ -1,13 +1,26 @@
 /* cli/cli.h - the `kvcache` command: one entry point per subcommand, and the
- * small helpers they share for options and timing. */
+ * small helpers they share for options, timing, loading a model and showing
+ * progress. */
 #ifndef KV_CLI_H
 #define KV_CLI_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Each subcommand gets argv after its own name; returns the exit status. */
+#include "kvcache.h"
+
+/* Each subcommand gets argv after its own name; returns the exit status
+ * (0 ok, 1 failure at run time, 2 bad usage). */
 int cmd_demo(int argc, char **argv);
+int cmd_generate(int argc, char **argv);     /* cli/generate.c */
+int cmd_chat(int argc, char **argv);         /* cli/chat.c */
+int cmd_perplexity(int argc, char **argv);   /* cli/perplexity.c */
+int cmd_bench(int argc, char **argv);        /* cli/bench_model.c: `bench model|attention` */
+int cmd_bench_model(int argc, char **argv);  /* cli/bench_model.c */
+int cmd_bench_attention(int argc, char **argv); /* cli/bench_attention.c */
+int cmd_verify(int argc, char **argv);       /* cli/verify.c */
+int cmd_price(int argc, char **argv);        /* cli/price.c */
+int cmd_info(int argc, char **argv);         /* cli/price.c */
 
 /* Seconds on a monotonic clock. */
 double cli_now(void);
@@ -19,5 +32,50 @@ bool cli_opt_str(int argc, char **argv, int *i, const char *s, const char *l, co
 bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, int64_t *out);
 bool cli_opt_f64(int argc, char **argv, int *i, const char *s, const char *l, double *out);
 bool cli_is_help(const char *arg);
+
+/* ---- running a model (cli/common.c) ---- */
+
+struct llm_model;
+struct llm_context;
+
+/* The options every model subcommand takes. */
+typedef struct {
+    const char *model;    /* -m PATH; default $KVCACHE_MODEL or CLI_DEFAULT_MODEL */
+    int64_t threads;      /* -t N; 0: one per online core */
+    int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
+    int64_t batch;        /* -b/--batch N: prefill chunk rows */
+    const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
+} cli_model_opts;
+
+#define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+/* One help paragraph describing the options above. */
+#define CLI_MODEL_HELP                                                                            \
+    "  -m, --model PATH   GGUF model (default $KVCACHE_MODEL or " CLI_DEFAULT_MODEL ")\n"          \
+    "  -t, --threads N    threads (default: one per core)\n"                                     \
+    "  -c, --ctx N        context: positions the cache holds per sequence\n"                     \
+    "  -b, --batch N      prompt rows per forward pass (default 256)\n"                          \
+    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"
+
+cli_model_opts cli_model_opts_default(void);
+/* Matches one of the options above at argv[*i]. */
+bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
+/* Loads the model and makes a context for n_seqs sequences (ctx 0: the
+ * model's training context capped at 4096). Prints a clear message (and how
+ * to get the default model when it is missing) and returns nonzero on
+ * failure: 2 for bad options, 1 for an unreadable model. */
+int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default,
+             struct llm_model **m, struct llm_context **c);
+/* Threads -t resolves to. */
+int32_t cli_threads(const cli_model_opts *o);
+/* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:
+ * the label (a C string). Call with done == total to end the line. */
+void cli_progress(void *user, int64_t done, int64_t total);
+/* Tokenizes text (special tokens recognised; BOS/EOS as the model says when
+ * add_special) into a malloc'ed array of *n_out ids; NULL on failure. */
+int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int32_t *n_out);
+/* Writes token id's bytes to stdout and flushes (control tokens: nothing). */
+void cli_emit(const struct llm_model *m, int32_t id);
+/* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */
+char *cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -12,6 +12,13 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"generate", cmd_generate, "generate text from a GGUF model, streaming; speed and KV bytes on stderr"},
+    {"chat", cmd_chat, "an interactive chat that keeps its cache across turns"},
+    {"perplexity", cmd_perplexity, "perplexity of a text (llama.cpp's method); KL divergence between K/V types"},
+    {"bench", cmd_bench, "bench model: prefill/decode tokens/s; bench attention: the kernels"},
+    {"verify", cmd_verify, "cached decoding against full recomputation, step by step: pass/fail"},
+    {"price", cmd_price, "KV bytes per token and per sequence, and the bandwidth-bound decode floor"},
+    {"info", cmd_info, "a GGUF file's metadata, tensors and model shape"},
     {"demo", cmd_demo, "a synthetic multi-layer decode loop on the cache: tokens/s and KV bytes"},
 };
 

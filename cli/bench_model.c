@@ -1,0 +1,161 @@
+/* cli/bench_model.c - `kvcache bench`: dispatches `bench model` (here) and
+ * `bench attention` (cli/bench_attention.c). `bench model` measures, like
+ * llama-bench, prefill (one batched pass over -p tokens) and decode (-n
+ * tokens one at a time) in tokens/s, with --depth D tokens already in the
+ * cache: the depth is prefilled once, untimed, and every timed run starts
+ * from it again (kv_seq_truncate back to D). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "../engine/model.h"
+#include "../engine/quant.h"
+#include "../engine/sampler.h"
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: kvcache bench model|attention [options]   (kvcache bench model --help)\n"
+               "  model       prefill and decode tokens/s of a GGUF model on the cache\n"
+               "  attention   the attention kernels against this machine's limits\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (argc < 1 || cli_is_help(argv[0])) {
+        bench_usage(argc < 1 ? stderr : stdout);
+        return argc < 1 ? 2 : 0;
+    }
+    if (!strcmp(argv[0], "model")) return cmd_bench_model(argc - 1, argv + 1);
+    if (!strcmp(argv[0], "attention")) return cmd_bench_attention(argc - 1, argv + 1);
+    fprintf(stderr, "kvcache bench: unknown benchmark '%s'\n", argv[0]);
+    bench_usage(stderr);
+    return 2;
+}
+
+static void usage(void) {
+    printf("usage: kvcache bench model [-m MODEL.gguf] [-p 512] [-n 128] [--depth D] [-r REPS] [-t N]\n"
+           "                           [--kv-type T] [--json]\n"
+           "Prefill and decode speed in tokens/s, like llama-bench: -p random tokens in one batched\n"
+           "pass, then -n tokens decoded one at a time, each run after D tokens already cached.\n\n"
+           "  -p, --prompt N     prefill tokens (default 512; 0 skips)\n"
+           "  -n, --tokens N     decode tokens (default 128; 0 skips)\n"
+           "  --depth D          tokens in the cache before each run (default 0)\n"
+           "  -r, --reps N       runs of each test, reported as mean and stdev (default 3)\n"
+           "  --json             one JSON object on stdout: prefill_tps, decode_tps, threads, depth, ...\n"
+           CLI_MODEL_HELP);
+}
+
+/* mean and sample standard deviation of x[0..n) */
+static void stats(const double *x, int n, double *mean, double *sd) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = n ? s / n : 0;
+    for (int i = 0; i < n; i++) s2 += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(s2 / (n - 1)) : 0;
+}
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') printf("\\%c", ch);
+        else if (ch < 0x20) printf("\\u%04x", ch);
+        else putchar(ch);
+    }
+    putchar('"');
+}
+
+int cmd_bench_model(int argc, char **argv) {
+    cli_model_opts mo = cli_model_opts_default();
+    int64_t n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (cli_is_help(argv[i])) { usage(); return 0; }
+        if (cli_model_opt(argc, argv, &i, &mo)) continue;
+        if (cli_opt_int(argc, argv, &i, "-p", "--prompt", &n_prompt)) continue;
+        if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &n_gen)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--depth", &depth)) continue;
+        if (cli_opt_int(argc, argv, &i, "-r", "--reps", &reps)) continue;
+        if (!strcmp(argv[i], "--json")) { json = 1; continue; }
+        fprintf(stderr, "kvcache bench model: unknown option '%s' (see --help)\n", argv[i]);
+        return 2;
+    }
+    if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || reps > 100 || n_prompt + n_gen + depth > (1 << 24) ||
+        (n_prompt == 0 && n_gen == 0)) {
+        fprintf(stderr, "kvcache bench model: need -p, -n, --depth >= 0 (not -p and -n both 0), 1 <= -r <= 100\n");
+        return 2;
+    }
+    int64_t need = depth + (n_prompt > n_gen ? n_prompt : n_gen);
+    llm_model *m;
+    llm_context *c;
+    int rc = cli_load("bench model", &mo, 1, need, &m, &c);
+    if (rc) return rc;
+    if (llm_context_get_params(c).n_ctx < need) {
+        fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens = %lld\n",
+                (int)llm_context_get_params(c).n_ctx, (long long)need);
+        llm_context_free(c), llm_model_free(m);
+        return 2;
+    }
+    const int32_t V = m->hp.n_vocab;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)need);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
+    uint64_t rng = 42;
+    for (int64_t i = 0; toks && i < need; i++) { /* random ids, as llama-bench feeds */
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((rng >> 33) % (uint64_t)V);
+    }
+    kv_cache *cache = llm_context_cache(c);
+    int32_t seq;
+    kv_seq_new(cache, &seq);
+    int st = toks && logits && pp && tg ? KV_OK : KV_ERR_NOMEM;
+    if (st == KV_OK && depth > 0)
+        st = llm_eval(c, seq, toks, (int32_t)depth, 0, NULL, depth > 1024 ? cli_progress : NULL, "depth");
+    for (int64_t r = 0; r < reps && st == KV_OK; r++) {
+        if (n_prompt > 0) {
+            double t0 = cli_now();
+            st = llm_eval(c, seq, toks + depth, (int32_t)n_prompt, 0, logits, NULL, NULL);
+            pp[r] = (double)n_prompt / (cli_now() - t0);
+            kv_seq_truncate(cache, seq, (int32_t)depth);
+        }
+        if (n_gen > 0 && st == KV_OK) {
+            int32_t next = toks[depth];
+            double t0 = cli_now();
+            for (int64_t i = 0; i < n_gen && st == KV_OK; i++) {
+                st = llm_eval(c, seq, &next, 1, 0, logits, NULL, NULL);
+                next = llm_argmax(logits, V);
+            }
+            tg[r] = (double)n_gen / (cli_now() - t0);
+            kv_seq_truncate(cache, seq, (int32_t)depth);
+        }
+    }
+    if (st != KV_OK) {
+        fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
+        rc = 1;
+    } else {
+        double ppm, pps, tgm, tgs;
+        stats(pp, (int)reps, &ppm, &pps);
+        stats(tg, (int)reps, &tgm, &tgs);
+        int32_t threads = llm_context_get_params(c).n_threads;
+        const char *kvt = kv_dtype_name(llm_context_get_params(c).kv_type);
+        if (json) {
+            printf("{\"model\": ");
+            json_str(m->name);
+            printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
+                   "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
+                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\"}\n",
+                   (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
+                   ppm, pps, tgm, tgs, llm_quant_kernels());
+        } else {
+            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", m->name,
+                   (double)m->weight_bytes / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
+            printf("  %-20s %12s\n", "test", "tokens/s");
+            if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
+            if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);
+        }
+    }
+    free(toks), free(logits), free(pp), free(tg);
+    llm_context_free(c);
+    llm_model_free(m);
+    return rc;
+}

@@ -1,0 +1,132 @@
+/* cli/common.c - what the model subcommands share: the -m/-t/--ctx/--kv-type
+ * options, loading a model with a message that says how to get one, a
+ * progress bar, reading a file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "../engine/model.h"
+
+cli_model_opts cli_model_opts_default(void) {
+    const char *env = getenv("KVCACHE_MODEL");
+    return (cli_model_opts){.model = env && *env ? env : CLI_DEFAULT_MODEL, .threads = 0, .ctx = 0,
+                            .batch = 256, .kv_type = "f16"};
+}
+
+bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
+    return cli_opt_str(argc, argv, i, "-m", "--model", &o->model) ||
+           cli_opt_int(argc, argv, i, "-t", "--threads", &o->threads) ||
+           cli_opt_int(argc, argv, i, "-c", "--ctx", &o->ctx) ||
+           cli_opt_int(argc, argv, i, "-b", "--batch", &o->batch) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-type", &o->kv_type);
+}
+
+int32_t cli_threads(const cli_model_opts *o) {
+    if (o->threads > 0) return (int32_t)(o->threads > 256 ? 256 : o->threads);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
+}
+
+int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default, llm_model **m,
+             llm_context **c) {
+    *m = NULL, *c = NULL;
+    llm_context_params p = llm_context_default_params();
+    if (kv_dtype_parse(o->kv_type, &p.kv_type) != KV_OK || p.kv_type == KV_F64) {
+        fprintf(stderr, "kvcache %s: --kv-type must be f32, f16, bf16 or q8 (not '%s')\n", cmd, o->kv_type);
+        return 2;
+    }
+    int64_t ctx = o->ctx ? o->ctx : ctx_default;
+    if (o->threads < 0 || ctx < 0 || ctx > (1 << 24) || o->batch < 1 || o->batch > 8192) {
+        fprintf(stderr, "kvcache %s: need -t >= 0, 0 <= --ctx <= 16777216, 1 <= --batch <= 8192\n", cmd);
+        return 2;
+    }
+    if (access(o->model, R_OK) != 0) {
+        fprintf(stderr,
+                "kvcache %s: cannot read model '%s': %s\n"
+                "  Get the default model (SmolLM2-135M-Instruct, Q4_1, 98 MB) with `make model`,\n"
+                "  or pass -m PATH to a Llama-architecture GGUF file.\n",
+                cmd, o->model, strerror(errno));
+        return 1;
+    }
+    char err[512];
+    if (llm_model_load(o->model, m, err, sizeof err) != 0) {
+        fprintf(stderr, "kvcache %s: cannot load model '%s': %s\n", cmd, o->model, err);
+        return 1;
+    }
+    p.n_ctx = (int32_t)ctx;
+    p.n_seqs = n_seqs;
+    p.n_batch = (int32_t)o->batch;
+    p.n_threads = cli_threads(o);
+    if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
+        fprintf(stderr, "kvcache %s: %s\n", cmd, err);
+        llm_model_free(*m);
+        *m = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+void cli_progress(void *user, int64_t done, int64_t total) {
+    static int tty = -1;
+    if (tty < 0) tty = isatty(2);
+    if (!tty || total <= 0) return;
+    enum { WIDTH = 40 };
+    int fill = (int)(WIDTH * done / total);
+    fprintf(stderr, "\r%s [%.*s%*s] %lld/%lld", user ? (const char *)user : "",
+            fill, "========================================", WIDTH - fill, "", (long long)done, (long long)total);
+    if (done >= total) fprintf(stderr, "\r\033[K");  /* clear the bar: the results follow */
+    fflush(stderr);
+}
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (n + 1 < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* Tokenizes text (special tokens recognised, BOS as the model says) into a
+ * malloc'ed array; NULL on failure. */
+int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int32_t *n_out) {
+    size_t len = strlen(text);
+    int32_t need = llm_tokenize(m->tok, text, len, add_special, 1, NULL, 0);
+    if (need == LLM_TOK_ERR) return NULL;
+    int32_t cap = need < 0 ? -need : need;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
+    if (!ids) return NULL;
+    *n_out = cap ? llm_tokenize(m->tok, text, len, add_special, 1, ids, cap) : 0;
+    if (*n_out < 0) {
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+/* Writes a token's bytes as they come; a piece may end inside a UTF-8
+ * character, and the terminal joins the bytes. */
+void cli_emit(const llm_model *m, int32_t id) {
+    char buf[256];
+    int32_t n = llm_token_to_piece(m->tok, id, 0, buf, sizeof buf);
+    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+    fflush(stdout);
+}
