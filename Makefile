@@ -102,8 +102,11 @@ model: $(MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
 
-run: all
-	$(BUILD)/kvcache demo
+# The main job: a chat-formatted prompt answered by the default model, greedy,
+# streamed; speed and KV bytes on stderr. `kvcache demo` is the synthetic loop.
+PROMPT ?= Explain in three sentences why a language model keeps a cache of keys and values.
+run: all $(MODEL)
+	$(BUILD)/kvcache generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --temp 0
 
 bench: all
 	$(BUILD)/kvcache bench attention

@@ -129,6 +129,7 @@ int cmd_generate(int argc, char **argv) {
     }
     t_decode = cli_now() - t0;
     printf("\n");
+    fflush(stdout); /* the text ends before the stats begin */
     if (st != KV_OK) {
         fprintf(stderr, "kvcache generate: %s\n", llm_status_str(st));
         goto done_sampler;
