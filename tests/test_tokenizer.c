@@ -423,6 +423,9 @@ TEST(tok_create_rejects_bad_descriptions) {
     d.merges = merges;
     d.n_merges = 1;
     CHECK(llm_tokenizer_create(&d, &t, err, sizeof err) == -1 && strstr(err, "merge 0"));
+    const char *no_merge[] = {NULL};
+    d.merges = no_merge;
+    CHECK(llm_tokenizer_create(&d, &t, err, sizeof err) == -1 && strstr(err, "merge 0"));
     d.n_merges = 0;
     CHECK(llm_tokenizer_create(&d, &t, NULL, 0) == 0 && t != NULL);
     llm_tokenizer_free(t);
