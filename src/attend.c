@@ -73,34 +73,25 @@ static void load_chunk(const kv_simd *simd, const key_source *src, int32_t j0, i
     *v = vbuf;
 }
 
-/* One work item: the online softmax of its query vectors over its keys. */
-static void run_item(void *ctx, int32_t index, int32_t thread) {
-    const attend_job *j = ctx;
-    const kv_work_item *it = &j->items[index];
-    const kv_simd *simd = j->simd;
-    const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0, kmax = att_chunk(d);
-    int32_t row0, T, S;
-    item_seq(j, it, &row0, &T, &S);
-    const int32_t pos0 = S - T;
-    key_source src = item_source(j, it);
+/* Decode-like tiles take the fused path when the CPU has one. */
+static bool decode_shaped(const attend_job *j, int32_t nv) {
+    return j->simd->decode_block && nv <= KV_DECODE_VECS && j->d % 16 == 0;
+}
 
-    float qbuf[ATT_ACC_ELEMS], acc[ATT_ACC_ELEMS], m[ATT_ACC_ELEMS], l[ATT_ACC_ELEMS];
+/* The general path: chunks of kmax keys converted to f32, scores for the
+ * whole tile, then per vector the online-softmax update. */
+static void attend_chunks(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
+                          int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
+    const kv_simd *simd = j->simd;
+    const int32_t d = j->d, G = j->G, kmax = att_chunk(d);
     float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS], s[ATT_ACC_ELEMS];
-    /* the scale goes into q once: s = (scale q) . k */
-    for (int32_t i = 0; i < nv; i++) {
-        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
-        const float *qv = j->q + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
-        for (int32_t e = 0; e < d; e++) qbuf[(size_t)i * d + e] = qv[e] * j->scale;
-        m[i] = -INFINITY, l[i] = 0;
-    }
-    memset(acc, 0, sizeof(float) * (size_t)nv * d);
     /* scores of the tile against one chunk: nv x kmax must fit s */
     const int32_t lds = kmax;
     for (int32_t j0 = it->klo; j0 <= it->khi;) {
         int32_t n = kmax - j0 % kmax;
         if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
         const float *kc, *vc;
-        load_chunk(simd, &src, j0, n, kbuf, vbuf, &kc, &vc);
+        load_chunk(simd, src, j0, n, kbuf, vbuf, &kc, &vc);
         for (int32_t i0 = 0; i0 < nv; i0 += ATT_ACC_ELEMS / lds) {
             int32_t ni = nv - i0 < ATT_ACC_ELEMS / lds ? nv - i0 : ATT_ACC_ELEMS / lds;
             simd->dot_rows(qbuf + (size_t)i0 * d, ni, kc, n, d, s, lds);
@@ -122,19 +113,100 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
         }
         j0 += n;
     }
-    if (it->partial >= 0) { /* a split: keep (m, l, acc) for the combination */
-        float *p = j->partials + it->partial;
-        memcpy(p, m, sizeof(float) * (size_t)nv);
-        memcpy(p + nv, l, sizeof(float) * (size_t)nv);
-        memcpy(p + 2 * nv, acc, sizeof(float) * (size_t)nv * d);
+}
+
+/* The decode path: blocks of up to 16 keys (never across a page), and for
+ * each block every KV head of the item in turn, so one item streams its pages
+ * front to back. State index a * nv + i: head a of the item, vector i. */
+static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t pos0, const float *qbuf, float *m,
+                          float *l, float *acc) {
+    const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
+    key_source src = item_source(j, it);
+    int32_t lo[KV_DECODE_VECS], hi[KV_DECODE_VECS];
+    for (int32_t j0 = it->klo; j0 <= it->khi;) {
+        const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
+        int32_t n = 16 - j0 % 16;
+        if (n > src.block - in_blk) n = src.block - in_blk;
+        if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+        for (int32_t i = 0; i < nv; i++) { /* visible: pos - window < key <= pos */
+            const int32_t pos = pos0 + (it->v0 + i) / G;
+            lo[i] = j->window > 0 && pos - j->window + 1 > j0 ? pos - j->window + 1 - j0 : 0;
+            hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
+        }
+        const size_t off = (size_t)in_blk * src.stride;
+        /* the block after this one, to prefetch head by head: pages need not
+         * be adjacent in memory, so the hardware cannot guess the next one */
+        const int32_t next = j0 + n, next_blk = next / src.block;
+        const int32_t next_n = next <= it->khi ? (it->khi - next + 1 < 16 ? it->khi - next + 1 : 16) : 0;
+        const size_t next_off = (size_t)(next - next_blk * src.block) * src.stride;
+        for (int32_t a = 0; a < it->n_heads; a++) {
+            src.head = it->head + a;
+            if (!src.cache) { /* dense: heads are interleaved in each row */
+                src.k = (const unsigned char *)(j->k + (size_t)src.head * d);
+                src.v = (const unsigned char *)(j->v + (size_t)src.head * d);
+            }
+            if (next_n > 0) {
+                const key_block nb = source_block(&src, next_blk);
+                const size_t bytes = (size_t)next_n * src.stride;
+                for (size_t x = 0; x < bytes; x += 64) {
+                    __builtin_prefetch(nb.k + next_off + x, 0, 3);
+                    __builtin_prefetch(nb.v + next_off + x, 0, 3);
+                }
+            }
+            const key_block kb = source_block(&src, blk);
+            const size_t at = (size_t)a * nv;
+            j->simd->decode_block(src.dtype, qbuf + at * d, nv, d, kb.k + off, kb.v + off, src.stride,
+                                  kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL, n,
+                                  lo, hi, m + at, l + at, acc + at * d);
+        }
+        j0 += n;
+    }
+}
+
+/* Query vector i of head a of the item: its row of q (and of out). */
+static size_t vec_offset(const attend_job *j, const kv_work_item *it, int32_t row0, int32_t a, int32_t i) {
+    const int32_t vec = it->v0 + i, r = vec / j->G, h = vec % j->G;
+    return ((size_t)(row0 + r) * j->H + (size_t)(it->head + a) * j->G + h) * j->d;
+}
+
+/* One work item: the online softmax of its query vectors over its keys. */
+static void run_item(void *ctx, int32_t index, int32_t thread) {
+    const attend_job *j = ctx;
+    const kv_work_item *it = &j->items[index];
+    const int32_t d = j->d, nv = it->v1 - it->v0, hn = it->n_heads;
+    int32_t row0, T, S;
+    item_seq(j, it, &row0, &T, &S);
+    float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS], m[ATT_ACC_ELEMS], l[ATT_ACC_ELEMS];
+    /* the scale goes into q once: s = (scale q) . k */
+    for (int32_t a = 0; a < hn; a++)
+        for (int32_t i = 0; i < nv; i++) {
+            const float *qv = j->q + vec_offset(j, it, row0, a, i);
+            float *dst = qbuf + ((size_t)a * nv + i) * d;
+            for (int32_t e = 0; e < d; e++) dst[e] = qv[e] * j->scale;
+            m[a * nv + i] = -INFINITY, l[a * nv + i] = 0;
+        }
+    memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
+    if (decode_shaped(j, nv)) {
+        attend_decode(j, it, S - T, qbuf, m, l, acc);
+    } else {
+        key_source src = item_source(j, it);
+        attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);
+    }
+    if (it->partial >= 0) { /* a split: keep, per head, m [nv] | l [nv] | acc [nv][d] */
+        for (int32_t a = 0; a < hn; a++) {
+            float *p = j->partials + it->partial + (size_t)a * nv * (d + 2);
+            memcpy(p, m + a * nv, sizeof(float) * (size_t)nv);
+            memcpy(p + nv, l + a * nv, sizeof(float) * (size_t)nv);
+            memcpy(p + 2 * nv, acc + (size_t)a * nv * d, sizeof(float) * (size_t)nv * d);
+        }
         return;
     }
-    for (int32_t i = 0; i < nv; i++) {
-        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
-        float *o = j->out + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
-        const float inv = 1.0f / l[i];
-        for (int32_t e = 0; e < d; e++) o[e] = acc[(size_t)i * d + e] * inv;
-    }
+    for (int32_t a = 0; a < hn; a++)
+        for (int32_t i = 0; i < nv; i++) {
+            float *o = j->out + vec_offset(j, it, row0, a, i);
+            const float inv = 1.0f / l[a * nv + i], *ai = acc + ((size_t)a * nv + i) * d;
+            for (int32_t e = 0; e < d; e++) o[e] = ai[e] * inv;
+        }
     (void)thread;
 }
 
@@ -142,28 +214,29 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
  * the n consecutive split items starting at `first`, in split order. */
 static void combine(const attend_job *j, int32_t first, int32_t n) {
     const kv_work_item *it = &j->items[first];
-    const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
+    const int32_t d = j->d, nv = it->v1 - it->v0;
     int32_t row0, T, S;
     item_seq(j, it, &row0, &T, &S);
-    for (int32_t i = 0; i < nv; i++) {
-        float M = -INFINITY, L = 0;
-        for (int32_t k = 0; k < n; k++) {
-            const float mk = j->partials[j->items[first + k].partial + i];
-            M = mk > M ? mk : M;
+    for (int32_t a = 0; a < it->n_heads; a++)
+        for (int32_t i = 0; i < nv; i++) {
+            const size_t head_off = (size_t)a * nv * (d + 2);
+            float M = -INFINITY, L = 0;
+            for (int32_t k = 0; k < n; k++) {
+                const float mk = j->partials[j->items[first + k].partial + head_off + i];
+                M = mk > M ? mk : M;
+            }
+            float *o = j->out + vec_offset(j, it, row0, a, i);
+            memset(o, 0, sizeof(float) * (size_t)d);
+            for (int32_t k = 0; k < n; k++) {
+                const float *p = j->partials + j->items[first + k].partial + head_off;
+                if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
+                const float w = expf(p[i] - M);
+                L += p[nv + i] * w;
+                const float *ai = p + 2 * nv + (size_t)i * d;
+                for (int32_t e = 0; e < d; e++) o[e] += ai[e] * w;
+            }
+            for (int32_t e = 0; e < d; e++) o[e] /= L;
         }
-        int32_t vec = it->v0 + i, r = vec / G, h = vec % G;
-        float *o = j->out + ((size_t)(row0 + r) * j->H + (size_t)it->head * G + h) * d;
-        memset(o, 0, sizeof(float) * (size_t)d);
-        for (int32_t k = 0; k < n; k++) {
-            const float *p = j->partials + j->items[first + k].partial;
-            if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
-            const float w = expf(p[i] - M);
-            L += p[nv + i] * w;
-            const float *a = p + 2 * nv + (size_t)i * d;
-            for (int32_t e = 0; e < d; e++) o[e] += a[e] * w;
-        }
-        for (int32_t e = 0; e < d; e++) o[e] /= L;
-    }
 }
 
 /* The groups of a call in a fixed order: (sequence, KV head, tile of up to
@@ -188,12 +261,18 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
                 at = (cursor){at.b + 1, 0, 0};
                 continue;
             }
-            const int32_t v1 = at.v0 + tile < T * G ? at.v0 + tile : T * G;
+            /* decode: all heads in one item, so its pages stream front to back */
+            const bool wide = at.v0 == 0 && at.head == 0 && decode_shaped(j, T * G) &&
+                              (size_t)j->Hkv * T * G * j->d <= ATT_WIDE_ELEMS;
+            const int32_t hn = wide ? j->Hkv : 1;
+            const int32_t v1 = wide ? T * G : at.v0 + tile < T * G ? at.v0 + tile : T * G;
             const int32_t first = S - T + at.v0 / G, last = S - T + (v1 - 1) / G;
             const int32_t lo = j->window > 0 && first - j->window + 1 > 0 ? first - j->window + 1 : 0;
-            kv_work_item it = {.b = at.b, .head = at.head, .v0 = at.v0, .v1 = v1, .klo = lo, .khi = last, .partial = -1};
+            kv_work_item it = {.b = at.b, .head = at.head, .n_heads = hn, .v0 = at.v0, .v1 = v1, .klo = lo,
+                               .khi = last, .partial = -1};
+            const size_t split_size = (size_t)hn * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
             int32_t splits = T <= KV_SPLIT_ROWS && partials ? last / KV_SPLIT - lo / KV_SPLIT + 1 : 1;
-            size_t need = (size_t)splits * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
+            size_t need = (size_t)splits * split_size;
             if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */
             if (splits > 1 && (used + need > partial_cap || n_items + splits > item_cap)) break; /* next wave */
             if (splits == 1) {
@@ -203,10 +282,14 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
                     kv_work_item sp = it;
                     sp.klo = k == 0 ? lo : (lo / KV_SPLIT + k) * KV_SPLIT;
                     sp.khi = k == splits - 1 ? last : (lo / KV_SPLIT + k + 1) * KV_SPLIT - 1;
-                    sp.partial = (int32_t)(used + (size_t)k * (size_t)(v1 - at.v0) * (size_t)(j->d + 2));
+                    sp.partial = (int32_t)(used + (size_t)k * split_size);
                     items[n_items++] = sp;
                 }
                 used += need;
+            }
+            if (wide) { /* the whole sequence is done */
+                at = (cursor){at.b + 1, 0, 0};
+                continue;
             }
             /* advance: next tile, next head, next sequence */
             at.v0 = v1;

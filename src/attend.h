@@ -44,7 +44,7 @@ static inline key_block source_block(const key_source *s, int32_t blk) {
 /* Keys per chunk of the kernels, from the stack budget: chunks end at
  * multiples of this in absolute position, so the order of the softmax updates
  * (hence every rounding) does not depend on the page size or key layout. */
-enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096 };
+enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
 
 /* Decode-like groups (at most KV_SPLIT_ROWS rows) are cut into splits of
  * KV_SPLIT keys at fixed absolute positions, attended in parallel and combined

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "attend.h"
+#include "simd.h"
 
 kv_cache_params kv_cache_default_params(void) {
     return (kv_cache_params){
@@ -70,10 +71,11 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     c->lru_prev = malloc((size_t)p.n_pages * sizeof *c->lru_prev);
     c->lru_next = malloc((size_t)p.n_pages * sizeof *c->lru_next);
     c->hash_slots = malloc(c->hash_cap * sizeof *c->hash_slots);
-    /* room for every split of one longest sequence's group, within 16 MB */
+    /* room for every split of one longest sequence (all heads), within 64 MB;
+     * untouched, the memory costs nothing */
     size_t splits = (size_t)p.max_seq_len / KV_SPLIT + 2;
-    c->partial_cap = splits * (ATT_ACC_ELEMS + 2 * (size_t)att_tile(p.head_dim));
-    if (c->partial_cap > (4u << 20)) c->partial_cap = 4u << 20;
+    c->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * p.n_kv_heads);
+    if (c->partial_cap > (16u << 20)) c->partial_cap = 16u << 20;
     c->item_cap = 8192;
     c->partials = malloc(c->partial_cap * sizeof *c->partials);
     c->items = malloc((size_t)c->item_cap * sizeof *c->items);

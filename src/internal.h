@@ -15,7 +15,8 @@
  * of one (sequence, KV head) group against the keys [klo, khi]. */
 typedef struct {
     int32_t b;            /* index of the sequence in the batch */
-    int32_t head;         /* KV head */
+    int32_t head;         /* first KV head */
+    int32_t n_heads;      /* KV heads head .. head + n_heads - 1 (decode reads all of a page's heads in turn) */
     int32_t v0, v1;       /* query vectors, vector = row * G + q-head in group */
     int32_t klo, khi;     /* keys, absolute positions, inclusive */
     int32_t partial;      /* offset of this split's m [nv] | l [nv] | acc [nv][d] in the

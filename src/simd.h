@@ -19,7 +19,18 @@ typedef struct {
     float (*exp_sum)(float *s, int32_t n, float mx);
     /* acc [d] = acc * corr + sum_j p[j] v[j], v [n][d] */
     void (*axpy_rows)(const float *p, const float *v, int32_t n, int32_t d, float corr, float *acc);
+    /* Decode-shaped work, fused and straight from storage (NULL if absent):
+     * the online-softmax update of nv <= KV_DECODE_VECS query vectors q
+     * [nv][d] (d % 16 == 0) with n <= 16 keys whose K and V rows start at k
+     * and v, `stride` bytes apart (KV_Q8: times ks[j], vs[j]). Vector i sees
+     * keys lo[i]..hi[i] of the block (none when lo > hi); m [nv], l [nv] and
+     * acc [nv][d] are its running max, sum and weighted sum of V. */
+    void (*decode_block)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
+                         const unsigned char *v, size_t stride, const float *ks, const float *vs, int32_t n,
+                         const int32_t *lo, const int32_t *hi, float *m, float *l, float *acc);
 } kv_simd;
+
+enum { KV_DECODE_VECS = 8 };
 
 const kv_simd *kv_simd_active(void);
 extern const kv_simd kv_simd_scalar;

@@ -6,6 +6,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
+#include <math.h>
 
 static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const float *scales,
                       int32_t n, int32_t d, float *dst) {
@@ -139,7 +140,141 @@ static void axpy_rows(const float *p, const float *v, int32_t n, int32_t d, floa
     }
 }
 
-static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows};
+/* 16 elements of a stored row as floats (scale: KV_Q8 only). */
+static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m512 scale) {
+    switch (t) {
+    case KV_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * e)));
+    case KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * e))), 16));
+    case KV_Q8: return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + e)))));
+    default: return _mm512_loadu_ps((const float *)row + e);
+    }
+}
+
+/* Instantiated below for every storage type and vector count, so that the
+ * loops over vectors unroll and the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void decode_impl(
+    const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k, const unsigned char *v,
+    size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m,
+    float *l, float *acc) {
+    float s[KV_DECODE_VECS][16];
+    const __m512 one = _mm512_set1_ps(1.0f); /* q8 scales are applied to scores and weights */
+    /* scores: each K row converted once, dotted with every query vector; with
+     * few vectors, four keys at a time so four dot products share one reduction */
+    int32_t j = 0;
+    if (nv <= 4) {
+        for (; j + 4 <= n; j += 4) {
+            const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
+            __m512 a[4][4];
+#pragma GCC unroll 4
+            for (int32_t i = 0; i < nv; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
+            for (int32_t e = 0; e < d; e += 16) {
+                __m512 k0 = load16(t, r0, e, one), k1 = load16(t, r1, e, one);
+                __m512 k2 = load16(t, r2, e, one), k3 = load16(t, r3, e, one);
+#pragma GCC unroll 4
+                for (int32_t i = 0; i < nv; i++) {
+                    __m512 qv = _mm512_loadu_ps(q + (size_t)i * d + e);
+                    a[i][0] = _mm512_fmadd_ps(qv, k0, a[i][0]);
+                    a[i][1] = _mm512_fmadd_ps(qv, k1, a[i][1]);
+                    a[i][2] = _mm512_fmadd_ps(qv, k2, a[i][2]);
+                    a[i][3] = _mm512_fmadd_ps(qv, k3, a[i][3]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int32_t i = 0; i < nv; i++) {
+                /* four horizontal sums at once: pairwise interleave, then fold the 128-bit lanes */
+                __m512 b0 = _mm512_add_ps(_mm512_unpacklo_ps(a[i][0], a[i][1]), _mm512_unpackhi_ps(a[i][0], a[i][1]));
+                __m512 b1 = _mm512_add_ps(_mm512_unpacklo_ps(a[i][2], a[i][3]), _mm512_unpackhi_ps(a[i][2], a[i][3]));
+                __m512 c = _mm512_add_ps(_mm512_shuffle_ps(b0, b1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                         _mm512_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 2, 3, 2)));
+                c = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, _MM_SHUFFLE(1, 0, 3, 2)));
+                c = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, _MM_SHUFFLE(2, 3, 0, 1)));
+                _mm_storeu_ps(&s[i][j], _mm512_castps512_ps128(c));
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const unsigned char *row = k + (size_t)j * stride;
+        __m512 a[KV_DECODE_VECS];
+#pragma GCC unroll 8
+        for (int32_t i = 0; i < nv; i++) a[i] = _mm512_setzero_ps();
+        for (int32_t e = 0; e < d; e += 16) {
+            __m512 kv = load16(t, row, e, one);
+#pragma GCC unroll 8
+            for (int32_t i = 0; i < nv; i++) a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + e), kv, a[i]);
+        }
+#pragma GCC unroll 8
+        for (int32_t i = 0; i < nv; i++) s[i][j] = _mm512_reduce_add_ps(a[i]);
+    }
+    if (ks)
+        for (int32_t i = 0; i < nv; i++)
+            for (int32_t jj = 0; jj < n; jj++) s[i][jj] *= ks[jj];
+    /* online softmax: new max, rescale, weights (zero where not visible) */
+    float corr[KV_DECODE_VECS];
+    for (int32_t i = 0; i < nv; i++) {
+        if (lo[i] > hi[i]) {
+            corr[i] = 1.0f;
+            for (int32_t jj = 0; jj < 16; jj++) s[i][jj] = 0;
+            continue;
+        }
+        __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
+        __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
+        float mx = _mm512_mask_reduce_max_ps(vis, si);
+        mx = mx > m[i] ? mx : m[i];
+        corr[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+        __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
+        _mm512_storeu_ps(s[i], p);
+        l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
+        m[i] = mx;
+    }
+    /* acc = acc * corr + sum_j p_j v_j: 32 dims of every vector in registers
+     * while the block's V rows stream past */
+    for (int32_t e = 0; e < d; e += 32) {
+        __m512 a0[KV_DECODE_VECS], a1[KV_DECODE_VECS];
+        const bool two = e + 16 < d;
+        for (int32_t i = 0; i < nv; i++) {
+            __m512 c = _mm512_set1_ps(corr[i]);
+            a0[i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e));
+            a1[i] = two ? _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e + 16)) : c;
+        }
+        for (int32_t jv = 0; jv < n; jv++) {
+            const unsigned char *row = v + (size_t)jv * stride;
+            const float sc = vs ? vs[jv] : 1.0f;
+            __m512 v0 = load16(t, row, e, one), v1 = two ? load16(t, row, e + 16, one) : v0;
+#pragma GCC unroll 8
+            for (int32_t i = 0; i < nv; i++) {
+                __m512 p = _mm512_set1_ps(s[i][jv] * sc);
+                a0[i] = _mm512_fmadd_ps(p, v0, a0[i]);
+                if (two) a1[i] = _mm512_fmadd_ps(p, v1, a1[i]);
+            }
+        }
+        for (int32_t i = 0; i < nv; i++) {
+            _mm512_storeu_ps(acc + (size_t)i * d + e, a0[i]);
+            if (two) _mm512_storeu_ps(acc + (size_t)i * d + e + 16, a1[i]);
+        }
+    }
+}
+
+#define DECODE_NV(T, NV)                                                                        \
+    case NV: decode_impl(T, NV, q, d, k, v, stride, ks, vs, n, lo, hi, m, l, acc); break;
+#define DECODE_T(T)                                                                             \
+    case T:                                                                                     \
+        switch (nv) {                                                                           \
+            DECODE_NV(T, 1) DECODE_NV(T, 2) DECODE_NV(T, 3) DECODE_NV(T, 4)                     \
+            DECODE_NV(T, 5) DECODE_NV(T, 6) DECODE_NV(T, 7) DECODE_NV(T, 8)                     \
+        }                                                                                       \
+        break;
+
+static void decode_block(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k,
+                         const unsigned char *v, size_t stride, const float *ks, const float *vs, int32_t n,
+                         const int32_t *lo, const int32_t *hi, float *m, float *l, float *acc) {
+    switch (t) {
+        DECODE_T(KV_F32) DECODE_T(KV_F16) DECODE_T(KV_BF16) DECODE_T(KV_Q8)
+    default: break;
+    }
+}
+
+static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_block};
 
 const kv_simd *kv_simd_avx512(void) {
     __builtin_cpu_init();
