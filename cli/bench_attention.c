@@ -173,23 +173,40 @@ static kv_cache *filled_cache(bench *B, int Hkv, int d, kv_dtype dtype, int64_t 
     return c;
 }
 
-/* Best seconds per kv_attend_f32 call of T rows over the whole sequence. */
-static double time_attend(kv_cache *c, int32_t seq, int H, int d, int32_t T, double min_seconds) {
+/* Best seconds per kv_attend_f32 call of T rows over the whole sequence.
+ * Decode reads K/V from memory in real use (a model's cache is far larger
+ * than the last-level cache), so when this cache would fit there, every call
+ * is timed alone right after a read of the bandwidth buffer evicts it. */
+static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int32_t T, double min_seconds) {
     int32_t rows[2] = {0, T};
     kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
     float *q = malloc(sizeof(float) * (size_t)T * H * d), *out = malloc(sizeof(float) * (size_t)T * H * d);
     unsigned seed = 3;
     fill_random(q, (size_t)T * H * d, &seed);
     kv_attend_f32(c, 0, &b, H, q, out, 0); /* warm-up */
+    const bool cold = T == 1 && kv_cache_get_stats(c).bytes_in_use < B->buf_len * sizeof(float) / 2;
+    read_job evict = {.buf = B->buf, .len = B->buf_len, .n_tasks = 64};
     double best = 1e30;
-    for (int trial = 0; trial < 3; trial++) {
-        int reps = 0;
-        double t0 = cli_now(), dt;
-        do {
+    if (cold) {
+        double spent = 0;
+        for (int rep = 0; rep < 200 && (rep < 5 || spent < min_seconds); rep++) {
+            kv_pool_run(B->pool, evict.n_tasks, read_task, &evict);
+            double t0 = cli_now();
             kv_attend_f32(c, 0, &b, H, q, out, 0);
-            reps++;
-        } while ((dt = cli_now() - t0) < min_seconds / 3);
-        best = dt / reps < best ? dt / reps : best;
+            double dt = cli_now() - t0;
+            spent += dt;
+            best = dt < best ? dt : best;
+        }
+    } else {
+        for (int trial = 0; trial < 3; trial++) {
+            int reps = 0;
+            double t0 = cli_now(), dt;
+            do {
+                kv_attend_f32(c, 0, &b, H, q, out, 0);
+                reps++;
+            } while ((dt = cli_now() - t0) < min_seconds / 3);
+            best = dt / reps < best ? dt / reps : best;
+        }
     }
     free(q), free(out);
     return best;
@@ -222,7 +239,7 @@ static decode_row run_decode(bench *B, int64_t S, int H, int Hkv, int d, kv_dtyp
     if (!c) return r;
     double bytes = (double)kv_price_tokens(1, Hkv, d, kv, (uint64_t)S);
     r.read_gbs = read_bandwidth(B, B->quick ? 2 : 4); /* right beside the case */
-    double sec = time_attend(c, seq, H, d, 1, B->quick ? 0.05 : 0.6);
+    double sec = time_attend(B, c, seq, H, d, 1, B->quick ? 0.05 : 0.6);
     r.ms = sec * 1e3;
     r.gbs = bytes / sec / 1e9;
     r.ratio = r.gbs / r.read_gbs;
@@ -236,7 +253,7 @@ static prefill_row run_prefill(bench *B, int64_t T, double peak) {
     int32_t seq;
     kv_cache *c = filled_cache(B, HKV, D, KV_F16, T, &seq);
     if (!c) return r;
-    double sec = time_attend(c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0);
+    double sec = time_attend(B, c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0);
     r.ms = sec * 1e3;
     r.gflops = 4.0 * T * T * D * H / 2 / sec / 1e9;
     r.ratio = r.gflops / peak;
@@ -440,7 +457,7 @@ int cmd_bench_attention(int argc, char **argv) {
     if (np_sec > 0) {
         int32_t seq;
         kv_cache *c = filled_cache(&B, 8, 128, KV_F32, numpy_S, &seq);
-        ours_sec = c ? time_attend(c, seq, 32, 128, 1, 0.3) : 0;
+        ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3) : 0;
         kv_cache_free(c);
         fprintf(out, "\n  numpy (the seed's algorithm), H32/Hkv8/d128 f32, S=%lld: %.3f ms, ours %.3f ms: ours/numpy speed %.1fx\n",
                 (long long)numpy_S, np_sec * 1e3, ours_sec * 1e3, np_sec / ours_sec);

@@ -27,12 +27,13 @@
  * Errors. Every call that can fail returns a kv_status; kv_status_str() names
  * it. A failed call leaves the cache exactly as it was (contents, lengths, pool).
  * The library never exits or aborts on bad input, and allocates only in
- * kv_cache_create.
+ * kv_cache_create and kv_pool_create.
  *
  * Threads. Calls on different caches may run concurrently. Calls on one cache
- * must be serialized by the caller, except that kv_attend_* calls (and the pure
- * functions kv_attention_*, kv_rope_*, kv_price_*) may run concurrently with
- * each other when no call that changes the cache runs at the same time.
+ * must be serialized by the caller, including kv_attend_* (it uses the cache's
+ * work area), except kv_read_*, kv_seq_length and kv_cache_get_stats, which
+ * may run together while nothing changes the cache. The pure functions
+ * (kv_attention_*, kv_rope_*, kv_price_*) may run anywhere at any time.
  */
 #ifndef KVCACHE_H
 #define KVCACHE_H
@@ -56,7 +57,7 @@ typedef enum {
     KV_ERR_OUT_OF_PAGES = -6,  /* the pool has too few free pages; nothing was changed */
     KV_ERR_WINDOW = -7,        /* window < 0, or the keys a call needs were evicted */
     KV_ERR_DTYPE = -8,         /* unsupported dtype, or the call's precision does not match the cache */
-    KV_ERR_NOMEM = -9,         /* allocation failed in kv_cache_create */
+    KV_ERR_NOMEM = -9,         /* allocation failed (kv_cache_create, kv_pool_create) */
     KV_ERR_SEQ = -10,          /* no such sequence, or no free sequence slot */
     KV_ERR_ROPE = -11,         /* bad RoPE parameters */
     KV_ERR_IO = -12,           /* a file could not be read or written */
@@ -189,7 +190,8 @@ typedef struct {
     int32_t page_size;     /* P: positions per page (default 16) */
     int32_t n_pages;       /* pages in the pool, all allocated at creation */
     int32_t max_seqs;      /* sequence slots (default 1) */
-    int32_t max_seq_len;   /* longest sequence allowed (0: n_pages * page_size) */
+    int32_t max_seq_len;   /* longest sequence allowed (0: n_pages * page_size, or for a
+                            * window cache, which recycles pages, at least 2^20) */
     int32_t window;        /* W > 0: sliding-window cache that evicts old pages; 0: full */
 } kv_cache_params;
 
@@ -264,7 +266,9 @@ int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int
  * a checksum. kv_seq_restore reads such a file into a new sequence (*seq):
  * KV_ERR_IO when the file cannot be read, KV_ERR_FORMAT when it is corrupt or
  * truncated, KV_ERR_MISMATCH when it was made for another configuration,
- * KV_ERR_OUT_OF_PAGES; on any failure the cache is unchanged. A restored
+ * KV_ERR_CAPACITY when it is longer than max_seq_len, KV_ERR_OUT_OF_PAGES,
+ * KV_ERR_SEQ when no sequence slot is free; on any failure the cache is
+ * unchanged. A restored
  * sequence continues exactly as if it had never left. */
 int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
 int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);

@@ -36,7 +36,11 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     if (rc) return rc;
     kv_cache_params p = *params;
     int64_t pool_positions = (int64_t)p.n_pages * p.page_size;
-    if (p.max_seq_len == 0) p.max_seq_len = pool_positions > INT32_MAX ? INT32_MAX : (int32_t)pool_positions;
+    if (p.max_seq_len == 0) {
+        /* a window cache recycles its pages: only the block table bounds it */
+        int64_t len = p.window > 0 && pool_positions < (1 << 20) ? (1 << 20) : pool_positions;
+        p.max_seq_len = len > INT32_MAX ? INT32_MAX : (int32_t)len;
+    }
 
     size_t elem = kv_dtype_size(p.dtype);
     size_t head_bytes = (size_t)p.page_size * (size_t)p.head_dim * elem;

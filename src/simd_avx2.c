@@ -4,6 +4,7 @@
 #include "simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const float *scales,
@@ -153,7 +154,9 @@ static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, NU
 
 const kv_simd *kv_simd_avx2(void) {
     __builtin_cpu_init();
-    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler names it) */
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     return ok ? &avx2 : NULL;
 }
 #else
