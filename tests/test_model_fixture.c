@@ -1,0 +1,364 @@
+/* tests/test_model_fixture.c - tiny Llama GGUF files and the float64
+ * reference forward (see test_model_fixture.h). */
+#include "test_model_fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf_writer.h"
+#include "test.h"
+
+/* ---------------------------------------------------------------- decoding */
+
+static double half(const uint8_t *p) { return gw_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* 6-bit scale (sc) and min (mn) of sub-block j in a Q4_K/Q5_K scales[12]:
+ * j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split between a nibble
+ * of byte j+4 and the top two bits of bytes j-4 (scale) and j (min). */
+static void k_scale(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63, *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* n elements of format `type` at p into out (double), block by block. */
+static void decode(int type, const uint8_t *p, int64_t n, double *out) {
+    for (int64_t i = 0; i < n;) {
+        switch (type) {
+        case GW_F32: { float f; memcpy(&f, p, 4); out[i++] = f; p += 4; break; }
+        case GW_F16: out[i++] = half(p); p += 2; break;
+        case GW_BF16: {
+            uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            out[i++] = f, p += 2;
+            break;
+        }
+        case GW_Q4_0: case GW_Q4_1: { /* byte j: element j low nibble, j+16 high */
+            double d = half(p), mn = type == GW_Q4_1 ? half(p + 2) : 0;
+            const uint8_t *q = p + (type == GW_Q4_1 ? 4 : 2);
+            for (int j = 0; j < 16; j++) {
+                int lo = q[j] & 15, hi = q[j] >> 4;
+                out[i + j] = type == GW_Q4_0 ? d * (lo - 8) : d * lo + mn;
+                out[i + j + 16] = type == GW_Q4_0 ? d * (hi - 8) : d * hi + mn;
+            }
+            i += 32, p += type == GW_Q4_1 ? 20 : 18;
+            break;
+        }
+        case GW_Q8_0: {
+            double d = half(p);
+            for (int j = 0; j < 32; j++) out[i + j] = d * (int8_t)p[2 + j];
+            i += 32, p += 34;
+            break;
+        }
+        case GW_Q4_K: case GW_Q5_K: { /* 4 groups of 64: 32 low nibbles, then 32 high */
+            int five = type == GW_Q5_K;
+            double d = half(p), dmin = half(p + 2);
+            const uint8_t *sc = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+            for (int g = 0; g < 4; g++)
+                for (int hi = 0; hi < 2; hi++) {
+                    int sub = 2 * g + hi, s, m;
+                    k_scale(sc, sub, &s, &m);
+                    for (int l = 0; l < 32; l++) {
+                        int q = hi ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 15;
+                        if (five) q |= ((qh[l] >> sub) & 1) << 4;
+                        out[i + 64 * g + 32 * hi + l] = d * s * q - dmin * m;
+                    }
+                }
+            i += 256, p += five ? 176 : 144;
+            break;
+        }
+        case GW_Q6_K: { /* two halves of 128: quarters from ql nibbles and qh bit pairs */
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *scales = (const int8_t *)(p + 192);
+            double d = half(p + 208);
+            for (int h = 0; h < 2; h++)
+                for (int s = 0; s < 4; s++)
+                    for (int l = 0; l < 32; l++) {
+                        int byte = ql[64 * h + l + 32 * (s & 1)];
+                        int q = (s >= 2 ? byte >> 4 : byte & 15) | ((qh[32 * h + l] >> (2 * s)) & 3) << 4;
+                        int e = 128 * h + 32 * s + l;
+                        out[i + e] = d * scales[e / 16] * (q - 32);
+                    }
+            i += 256, p += 210;
+            break;
+        }
+        default: test_fail(__FILE__, __LINE__, "fixture: no decoder for type %d", type); return;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- building */
+
+/* GPT-2's byte-to-unicode map: printable bytes stand for themselves, the
+ * others for code points 256, 257, ... in byte order. UTF-8 into buf. */
+static void byte_token(int b, char *buf) {
+    int cp = b, k = 0;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
+        cp = 256;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174)) cp++;
+    }
+    if (cp < 0x80) {
+        buf[k++] = (char)cp;
+    } else {
+        buf[k++] = (char)(0xC0 | cp >> 6);
+        buf[k++] = (char)(0x80 | (cp & 63));
+    }
+    buf[k] = 0;
+}
+
+typedef struct {
+    gw *w;
+    const fx_spec *s;
+    uint64_t rng;
+} builder;
+
+static double normal(builder *b) {
+    test_rng r = {b->rng};
+    double x = test_rng_normal(&r);
+    b->rng = r.s;
+    return x;
+}
+
+/* A rows x cols matrix of N(0, scale^2) values, quantized to the spec's type
+ * and written; returns the decoded [rows][cols] (NULL when skipped). */
+static double *add_matrix(builder *b, const char *name, int64_t rows, int64_t cols, double scale) {
+    int type = b->s->type;
+    float *v = malloc(sizeof(float) * (size_t)(rows + 1) * (size_t)cols);
+    for (int64_t i = 0; i < (rows + 1) * cols; i++) v[i] = (float)(normal(b) * scale);
+    int64_t wrows = b->s->bad_tensor && !strcmp(b->s->bad_tensor, name) ? rows + 1 : rows;
+    int64_t dims[2] = {cols, wrows};
+    size_t nbytes = gw_tensor_bytes(type, 2, dims);
+    uint8_t *q = malloc(nbytes ? nbytes : 1);
+    double *dec = malloc(sizeof(double) * (size_t)(wrows * cols));
+    if (gw_quantize(type, v, q, wrows * cols) != 0) test_fail(__FILE__, __LINE__, "fixture: quantize %s", name);
+    decode(type, q, wrows * cols, dec);
+    if (!b->s->skip_tensor || strcmp(b->s->skip_tensor, name)) gw_add_tensor(b->w, name, type, 2, dims, q, nbytes);
+    free(v), free(q);
+    return dec;
+}
+
+/* A norm vector: 1 + 0.1 N(0, 1), written as F32 (as real files do). */
+static double *add_norm(builder *b, const char *name, int64_t n) {
+    float *v = malloc(sizeof(float) * (size_t)n);
+    double *d = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(1.0 + 0.1 * normal(b));
+    int64_t dims[1] = {n};
+    if (!b->s->skip_tensor || strcmp(b->s->skip_tensor, name)) gw_add_tensor_f32(b->w, name, GW_F32, 1, dims, v);
+    free(v);
+    return d;
+}
+
+static void add_vocab(gw *w, int extra) {
+    int n = FX_VOCAB + extra;
+    char **toks = malloc(sizeof(char *) * (size_t)n);
+    int32_t *types = malloc(sizeof(int32_t) * (size_t)n);
+    static const char *const special[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    for (int i = 0; i < n; i++) {
+        toks[i] = malloc(16);
+        types[i] = i < 3 ? 3 : 1; /* control, normal */
+        if (i < 3) snprintf(toks[i], 16, "%s", special[i]);
+        else if (i < FX_BYTE0 + 256) byte_token(i - FX_BYTE0, toks[i]);
+        else snprintf(toks[i], 16, "%s", i == FX_BYTE0 + 256 ? "\xc4\xa0t" : i == FX_BYTE0 + 257 ? "he" : "x");
+        if (i >= FX_VOCAB) snprintf(toks[i], 16, "<extra_%d>", i);
+    }
+    const char *merges[2] = {"\xc4\xa0 t", "h e"};
+    gw_add_str(w, "tokenizer.ggml.model", "gpt2");
+    gw_add_str(w, "tokenizer.ggml.pre", "smollm");
+    gw_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, (uint64_t)n);
+    gw_add_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n);
+    gw_add_arr_str(w, "tokenizer.ggml.merges", merges, 2);
+    gw_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    gw_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    gw_add_bool(w, "tokenizer.ggml.add_bos_token", 0);
+    gw_add_str(w, "tokenizer.chat_template",
+               "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+               "'<|im_end|>' + '\\n'}}{% endfor %}");
+    for (int i = 0; i < n; i++) free(toks[i]);
+    free(toks), free(types);
+}
+
+int fx_build(const fx_spec *spec, fx_model *m) {
+    static int counter;
+    memset(m, 0, sizeof *m);
+    fx_spec s = *spec;
+    if (!s.dim) s.dim = 256;
+    if (!s.layers) s.layers = 2;
+    if (!s.heads) s.heads = 4;
+    if (!s.kv_heads) s.kv_heads = 2;
+    if (!s.ffn) s.ffn = 512;
+    if (!s.theta) s.theta = 10000;
+    if (!s.arch) s.arch = "llama";
+    m->s = s;
+    m->vocab = FX_VOCAB;
+    m->head_dim = s.dim / s.heads;
+    if (!m->s.rot_dim) m->s.rot_dim = m->head_dim;
+    const int32_t D = s.dim, d = m->head_dim, H = s.heads, Hkv = s.kv_heads, F = s.ffn, V = m->vocab;
+    builder b = {gw_new(), &m->s, s.seed * 7919 + 17};
+    gw_add_str(b.w, "general.architecture", s.arch);
+    gw_add_str(b.w, "general.name", "fixture");
+    char key[64];
+    snprintf(key, sizeof key, "%s.block_count", s.arch), gw_add_u32(b.w, key, (uint32_t)s.layers);
+    snprintf(key, sizeof key, "%s.embedding_length", s.arch), gw_add_u32(b.w, key, (uint32_t)D);
+    snprintf(key, sizeof key, "%s.feed_forward_length", s.arch), gw_add_u32(b.w, key, (uint32_t)F);
+    snprintf(key, sizeof key, "%s.attention.head_count", s.arch), gw_add_u32(b.w, key, (uint32_t)H);
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", s.arch), gw_add_u32(b.w, key, (uint32_t)Hkv);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", s.arch), gw_add_f32(b.w, key, 1e-5f);
+    snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
+    snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
+    snprintf(key, sizeof key, "%s.context_length", s.arch), gw_add_u32(b.w, key, 1024);
+    add_vocab(b.w, s.extra_tokens);
+
+    /* scales 1/sqrt(fan-in) keep activations of order one through the layers */
+    double sd = 1.0 / sqrt(D), sf = 1.0 / sqrt(F);
+    m->embd = add_matrix(&b, "token_embd.weight", V, D, 1.0);
+    m->L = calloc((size_t)s.layers, sizeof *m->L);
+    for (int32_t l = 0; l < s.layers; l++) {
+        char n[64];
+        fx_layer *L = &m->L[l];
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d." x ".weight", (int)l), n)
+        L->attn_norm = add_norm(&b, NAME("attn_norm"), D);
+        L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
+        L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
+        L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, sd);
+        L->ffn_norm = add_norm(&b, NAME("ffn_norm"), D);
+        L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
+        L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
+        L->wd = add_matrix(&b, NAME("ffn_down"), D, F, sf);
+#undef NAME
+    }
+    m->out_norm = add_norm(&b, "output_norm.weight", D);
+    m->out = s.tied ? m->embd : add_matrix(&b, "output.weight", V, D, sd * 4);
+    int32_t half_rot = m->s.rot_dim / 2;
+    m->inv_freq = malloc(sizeof(double) * (size_t)half_rot);
+    float factors[256];
+    for (int32_t i = 0; i < half_rot; i++) {
+        factors[i] = (float)(1.0 + (i % 5) * 0.75);  /* exact in f32 */
+        m->inv_freq[i] = pow(s.theta, -2.0 * i / m->s.rot_dim) / (s.rope_freqs ? factors[i] : 1.0);
+    }
+    if (s.rope_freqs) {
+        int64_t dims[1] = {half_rot};
+        gw_add_tensor_f32(b.w, "rope_freqs.weight", GW_F32, 1, dims, factors);
+    }
+    snprintf(m->path, sizeof m->path, "/tmp/kvcache_fixture_%d_%d.gguf", (int)getpid(), counter++);
+    int rc = gw_write_file(b.w, m->path);
+    if (rc) test_fail(__FILE__, __LINE__, "fixture: %s", gw_error(b.w));
+    gw_free(b.w);
+    return rc;
+}
+
+void fx_free(fx_model *m) {
+    if (m->path[0]) remove(m->path);
+    for (int32_t l = 0; m->L && l < m->s.layers; l++) {
+        fx_layer *L = &m->L[l];
+        free(L->attn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
+        free(L->ffn_norm), free(L->wg), free(L->wu), free(L->wd);
+    }
+    if (m->out != m->embd) free(m->out);
+    free(m->embd), free(m->out_norm), free(m->inv_freq), free(m->L);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------- the reference */
+
+static void rmsnorm(const double *x, const double *w, double *o, int32_t n) {
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++) ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / n + 1e-5);
+    for (int32_t i = 0; i < n; i++) o[i] = x[i] * s * w[i];
+}
+
+/* y [rows] = W [rows][cols] x */
+static void matvec(const double *W, const double *x, double *y, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int64_t c = 0; c < cols; c++) s += W[r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+/* GGUF llama RoPE: adjacent pairs (2i, 2i+1) of each head's first rot dims
+ * turn by pos * inv_freq[i]. */
+static void rope(const fx_model *m, double *v, int32_t heads, int32_t pos) {
+    for (int32_t h = 0; h < heads; h++)
+        for (int32_t i = 0; i < m->s.rot_dim / 2; i++) {
+            double *p = v + (size_t)h * m->head_dim + 2 * i, a = pos * m->inv_freq[i];
+            double x0 = p[0], x1 = p[1];
+            p[0] = x0 * cos(a) - x1 * sin(a);
+            p[1] = x0 * sin(a) + x1 * cos(a);
+        }
+}
+
+void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits) {
+    const int32_t D = m->s.dim, d = m->head_dim, H = m->s.heads, Hkv = m->s.kv_heads, F = m->s.ffn, V = m->vocab;
+    const int32_t qd = H * d, kvd = Hkv * d;
+    double *x = malloc(sizeof(double) * (size_t)n * D), *h = malloc(sizeof(double) * D);
+    double *K = malloc(sizeof(double) * (size_t)n * kvd), *Vv = malloc(sizeof(double) * (size_t)n * kvd);
+    double *q = malloc(sizeof(double) * qd), *att = malloc(sizeof(double) * qd), *o = malloc(sizeof(double) * D);
+    double *g = malloc(sizeof(double) * F), *u = malloc(sizeof(double) * F), *p = malloc(sizeof(double) * n);
+    for (int32_t t = 0; t < n; t++) memcpy(x + (size_t)t * D, m->embd + (size_t)tokens[t] * D, sizeof(double) * D);
+    for (int32_t l = 0; l < m->s.layers; l++) {
+        const fx_layer *L = &m->L[l];
+        /* every position's K and V first: position t attends to keys 0..t */
+        for (int32_t t = 0; t < n; t++) {
+            rmsnorm(x + (size_t)t * D, L->attn_norm, h, D);
+            matvec(L->wk, h, K + (size_t)t * kvd, kvd, D);
+            matvec(L->wv, h, Vv + (size_t)t * kvd, kvd, D);
+            rope(m, K + (size_t)t * kvd, Hkv, t);
+        }
+        for (int32_t t = 0; t < n; t++) {
+            double *xt = x + (size_t)t * D;
+            rmsnorm(xt, L->attn_norm, h, D);
+            matvec(L->wq, h, q, qd, D);
+            rope(m, q, H, t);
+            for (int32_t hh = 0; hh < H; hh++) {
+                int32_t kv = hh / (H / Hkv); /* GQA: query heads share KV heads in groups */
+                double mx = -INFINITY, sum = 0;
+                for (int32_t j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int32_t i = 0; i < d; i++) s += q[hh * d + i] * K[(size_t)j * kvd + kv * d + i];
+                    p[j] = s / sqrt((double)d);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int32_t j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
+                for (int32_t i = 0; i < d; i++) {
+                    double a = 0;
+                    for (int32_t j = 0; j <= t; j++) a += p[j] * Vv[(size_t)j * kvd + kv * d + i];
+                    att[hh * d + i] = a / sum;
+                }
+            }
+            matvec(L->wo, att, o, D, qd);
+            for (int32_t i = 0; i < D; i++) xt[i] += o[i];
+            rmsnorm(xt, L->ffn_norm, h, D);
+            matvec(L->wg, h, g, F, D);
+            matvec(L->wu, h, u, F, D);
+            for (int32_t i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            matvec(L->wd, g, o, D, F);
+            for (int32_t i = 0; i < D; i++) xt[i] += o[i];
+        }
+    }
+    for (int32_t t = 0; t < n; t++) {
+        rmsnorm(x + (size_t)t * D, m->out_norm, h, D);
+        matvec(m->out, h, logits + (size_t)t * V, V, D);
+    }
+    free(x), free(h), free(K), free(Vv), free(q), free(att), free(o), free(g), free(u), free(p);
+}
+
+double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax) {
+    double d = 0, mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (e > d || isnan(e)) d = e;
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+    }
+    if (bmax) *bmax = mx;
+    return d;
+}
