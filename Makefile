@@ -67,7 +67,7 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 
 # ---------------------------------------------------------------- tests
 test-c: $(BUILD)/run_tests $(BUILD)/kvcache
-	$(BUILD)/run_tests
+	KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
 test: test-c examples test-install
 	@if [ -d python/tests ] && $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \

@@ -1,0 +1,62 @@
+/* tests/test_bench.c - `kvcache bench attention --quick --json` runs, and its
+ * JSON has the promised shape and sane values (every ratio in (0, 1.5)). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+
+/* The kvcache binary of this build (the Makefile sets KVCACHE_BIN). */
+static const char *kvcache_bin(void) {
+    const char *b = getenv("KVCACHE_BIN");
+    return b && *b ? b : "build/kvcache";
+}
+
+/* Every number following `"key": ` in text, up to max. */
+static int numbers_after(const char *text, const char *key, double *out, int max) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    int n = 0;
+    for (const char *p = strstr(text, pat); p && n < max; p = strstr(p + 1, pat)) out[n++] = strtod(p + strlen(pat), NULL);
+    return n;
+}
+
+TEST(bench_attention_json_has_every_key_and_sane_ratios) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench attention --quick --json -t 2 2>/dev/null", kvcache_bin());
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    CHECK_EQ_INT(pclose(f), 0);
+    const char *keys[] = {"read_gbs", "peak_gflops", "decode", "prefill", "cache_vs_recompute", "S", "H",
+                          "Hkv", "d", "kv_type", "threads", "gbs", "ratio", "T", "gflops", "prompt", "gen",
+                          "speedup", "flop_ratio"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"%s\":", keys[i]);
+        if (!strstr(text, pat)) test_fail(__FILE__, __LINE__, "key %s missing from the JSON", keys[i]);
+    }
+    double v[64];
+    int nr = numbers_after(text, "ratio", v, 64);
+    CHECK_EQ_INT(nr, 8 + 2); /* 8 decode cases, 2 prefill cases in --quick */
+    for (int i = 0; i < nr; i++)
+        if (!(v[i] > 0 && v[i] < 1.5)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, 1.5)", i, v[i]);
+    CHECK(numbers_after(text, "read_gbs", v, 64) >= 1 && v[0] > 0.1);
+    CHECK(numbers_after(text, "peak_gflops", v, 1) == 1 && v[0] > 0.1);
+    int ns = numbers_after(text, "speedup", v, 64);
+    CHECK(ns >= 2);
+    for (int i = 0; i < ns; i++) CHECK(v[i] > 1); /* the cache wins */
+    double fr[4];
+    CHECK_EQ_INT(numbers_after(text, "flop_ratio", fr, 4), 2);
+    CHECK_NEAR(fr[0], 32 + 33 / 2.0, 1e-9); /* (P+1 + ... + P+G) / G for P = G = 32 */
+}
+
+TEST(bench_attention_rejects_bad_options) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench attention --frobnicate >/dev/null 2>&1", kvcache_bin());
+    CHECK(system(cmd) != 0);
+    snprintf(cmd, sizeof cmd, "%s bench attention -t -3 >/dev/null 2>&1", kvcache_bin());
+    CHECK(system(cmd) != 0);
+}
