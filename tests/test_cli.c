@@ -1,0 +1,295 @@
+/* tests/test_cli.c - smoke tests of the `kvcache` command on a tiny model the
+ * test writes (tests/test_model_fixture.h): every subcommand's --help, exit
+ * codes for bad usage (2) and a missing model (1, with how to get one), and
+ * what each prints. Runs the kvcache binary that sits next to this test
+ * runner (build/ or build-asan/). */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "test_model_fixture.h"
+#include "gguf_writer.h"
+
+typedef struct {
+    int status;   /* exit status, or -1 when it did not exit normally */
+    char *out;    /* stdout, NUL-terminated */
+    char *err;    /* stderr, NUL-terminated */
+} result;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *buf = calloc(1, 1 << 20);
+    if (f && buf) buf[fread(buf, 1, (1 << 20) - 1, f)] = 0;
+    if (f) fclose(f);
+    return buf;
+}
+
+/* Runs `kvcache ARGS` with stdin_text (or nothing) as its input. */
+static result run(const char *args, const char *stdin_text) {
+    char exe[PATH_MAX] = "", cmd[8192], in[64], out[64], err[64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+    if (n > 0) {
+        exe[n] = 0;
+        strcpy(strrchr(exe, '/') + 1, "kvcache");
+    }
+    int pid = (int)getpid();
+    snprintf(in, sizeof in, "/tmp/kvcache_cli_%d.in", pid);
+    snprintf(out, sizeof out, "/tmp/kvcache_cli_%d.out", pid);
+    snprintf(err, sizeof err, "/tmp/kvcache_cli_%d.err", pid);
+    FILE *f = fopen(in, "wb");
+    if (f) fputs(stdin_text ? stdin_text : "", f), fclose(f);
+    snprintf(cmd, sizeof cmd, "%s %s < %s > %s 2> %s", exe, args, in, out, err);
+    int st = system(cmd);
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    remove(in), remove(out), remove(err);
+    return r;
+}
+
+static void done(result *r) { free(r->out), free(r->err); }
+
+/* Runs and checks the exit status, printing the output when it is not. */
+static result expect(const char *args, const char *stdin_text, int status, int line) {
+    result r = run(args, stdin_text);
+    if (r.status != status)
+        test_fail(__FILE__, line, "`kvcache %s` exited %d, expected %d\nstdout: %.2000s\nstderr: %.2000s", args,
+                  r.status, status, r.out, r.err);
+    return r;
+}
+#define EXPECT(args, in, st) expect(args, in, st, __LINE__)
+
+/* The number after "key": in a JSON object, or NAN. */
+static double json_num(const char *js, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(js, pat);
+    if (!p) return NAN;
+    char *end;
+    double v = strtod(p + strlen(pat), &end);
+    return end == p + strlen(pat) ? NAN : v;
+}
+
+static const char *tiny_model(fx_model *fx) {
+    return fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 77, .tied = 1}, fx) ? NULL : fx->path;
+}
+
+TEST(cli_every_subcommand_has_help_and_bad_usage_exits_2) {
+    result r = EXPECT("--help", NULL, 0);
+    const char *cmds[] = {"generate", "chat", "perplexity", "bench", "verify", "price", "info", "demo"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strstr(r.out, cmds[i])) test_fail(__FILE__, __LINE__, "--help does not list %s", cmds[i]);
+    done(&r);
+    r = EXPECT("", NULL, 2), done(&r);
+    r = EXPECT("no-such-command", NULL, 2), done(&r);
+    const char *sub[] = {"generate", "chat", "perplexity", "bench model", "verify", "price", "info", "bench"};
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        char args[64], want[64];
+        snprintf(args, sizeof args, "%s --help", sub[i]);
+        r = EXPECT(args, NULL, 0);
+        snprintf(want, sizeof want, "usage: kvcache %s", sub[i]);
+        if (!strstr(r.out, want)) test_fail(__FILE__, __LINE__, "`%s` prints no '%s'", args, want);
+        done(&r);
+        snprintf(args, sizeof args, "%s --no-such-option", sub[i]);
+        r = EXPECT(args, NULL, 2), done(&r);
+    }
+    r = EXPECT("bench", NULL, 2), done(&r);
+    r = EXPECT("generate -p hi -n", NULL, 2); /* an option without its value */
+    CHECK(strstr(r.err, "needs a value") != NULL);
+    done(&r);
+    r = EXPECT("generate -p hi --temp warm", NULL, 2), done(&r);
+    r = EXPECT("generate", NULL, 2); /* no prompt */
+    CHECK(strstr(r.err, "-p") != NULL);
+    done(&r);
+}
+
+TEST(cli_a_missing_model_exits_1_and_says_how_to_get_one) {
+    const char *cmds[] = {"generate -p hi", "chat", "perplexity -f tests/data/perplexity_en.txt", "bench model",
+                          "verify", "info", "price"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "%s -m /nonexistent/model.gguf", cmds[i]);
+        result r = EXPECT(args, NULL, 1);
+        if (!strstr(r.err, "make model") || !strstr(r.err, "/nonexistent/model.gguf"))
+            test_fail(__FILE__, __LINE__, "`%s` does not say how to get a model: %s", args, r.err);
+        done(&r);
+    }
+    /* a file that is not a model */
+    result r = EXPECT("generate -p hi -m tests/data/perplexity_en.txt", NULL, 1);
+    CHECK(strstr(r.err, "cannot load model") != NULL);
+    done(&r);
+}
+
+TEST(cli_generate_streams_text_then_reports_speed_and_kv_bytes) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 12 --temp 0 -t 2", path);
+    result a = EXPECT(args, NULL, 0), b = EXPECT(args, NULL, 0);
+    CHECK(strlen(a.out) > 1);
+    CHECK(strcmp(a.out, b.out) == 0); /* greedy is deterministic */
+    /* bytes, merged by "h e" and "Ġ t": he l l o Ġt he r e */
+    CHECK(strstr(a.err, "prefill: 8 tokens") != NULL);
+    CHECK(strstr(a.err, "decode:") && strstr(a.err, "tokens/s"));
+    /* 2 x 2 layers x 2 KV heads x 64 x 2 B of f16 */
+    CHECK(strstr(a.err, "1024 bytes/token") != NULL);
+    CHECK(strstr(a.err, "bytes in use") != NULL);
+    done(&a), done(&b);
+    snprintf(args, sizeof args, "generate -m %s -p hi --kv-type f8", path);
+    a = EXPECT(args, NULL, 2);
+    CHECK(strstr(a.err, "--kv-type") != NULL);
+    done(&a);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 4 --temp 0.9 --top-k 5 --top-p 0.9 --seed 3 --kv-type q8 --chat", path);
+    a = EXPECT(args, NULL, 0), done(&a);
+    fx_free(&fx);
+}
+
+TEST(cli_bench_model_json_has_the_documented_keys) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "bench model -m %s -p 32 -n 8 -r 2 --depth 40 -t 2 --json", path);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(r.out[0] == '{' && strchr(r.out, '}') && strchr(r.out, '}')[1] == '\n');
+    CHECK(json_num(r.out, "prefill_tps") > 0);
+    CHECK(json_num(r.out, "decode_tps") > 0);
+    CHECK(json_num(r.out, "threads") == 2);
+    CHECK(json_num(r.out, "depth") == 40);
+    CHECK(json_num(r.out, "reps") == 2);
+    done(&r);
+    snprintf(args, sizeof args, "bench model -m %s -p 16 -n 4 -r 1", path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "prefill 16") && strstr(r.out, "decode  4"));
+    done(&r);
+    snprintf(args, sizeof args, "bench model -m %s -p 0 -n 0", path);
+    r = EXPECT(args, NULL, 2), done(&r);
+    fx_free(&fx);
+}
+
+/* The last line of s that starts with prefix, or NULL. */
+static const char *line_with(const char *s, const char *prefix) {
+    const char *found = NULL;
+    for (const char *p = s; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, prefix, strlen(prefix))) found = p;
+    return found;
+}
+
+TEST(cli_perplexity_prints_ppl_and_prices_a_kv_type_by_kl_divergence) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512], kl[64];
+    snprintf(kl, sizeof kl, "/tmp/kvcache_cli_kl_%d", (int)getpid());
+    remove(kl);
+    /* the fixture's vocabulary is bytes: 600 characters are about 600 tokens */
+    snprintf(args, sizeof args, "perplexity -m %s -f tests/data/perplexity_en.txt --ctx 64 --chunks 3 --kl-base %s", path, kl);
+    result r = EXPECT(args, NULL, 0);
+    const char *ppl = line_with(r.out, "ppl = ");
+    CHECK(ppl != NULL && atof(ppl + 6) > 1);
+    CHECK(strstr(r.out, "saved 93 x 261 log-probabilities") != NULL); /* 3 windows x 31 */
+    CHECK(access(kl, R_OK) == 0);
+    /* the same settings again: the same distribution, KL exactly 0 */
+    result same = EXPECT(args, NULL, 0);
+    CHECK(strstr(same.out, "mean KL divergence") && strstr(same.out, ": 0 (max 0)"));
+    CHECK(strcmp(line_with(same.out, "ppl = "), ppl) == 0);
+    done(&same);
+    /* q8 K/V against the f16 base: a small positive divergence */
+    snprintf(args, sizeof args, "perplexity -m %s -f tests/data/perplexity_en.txt --ctx 64 --chunks 3 --kl-base %s --kv-type q8",
+             path, kl);
+    result q8 = EXPECT(args, NULL, 0);
+    const char *k = strstr(q8.out, "mean KL divergence from ");
+    double v = k ? atof(strstr(k, ": ") + 2) : -1;
+    CHECK(v > 0 && v < 0.01);
+    done(&q8);
+    /* another context length does not match the base */
+    snprintf(args, sizeof args, "perplexity -m %s -f tests/data/perplexity_en.txt --ctx 32 --chunks 3 --kl-base %s", path, kl);
+    result bad = EXPECT(args, NULL, 1);
+    CHECK(strstr(bad.err, "another text, model or --ctx") != NULL);
+    done(&bad);
+    /* a text shorter than one window */
+    snprintf(args, sizeof args, "perplexity -m %s -f tests/data/perplexity_en.txt --ctx 100000", path);
+    bad = EXPECT(args, NULL, 1), done(&bad);
+    remove(kl);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_verify_passes_on_f32_kv_and_fails_when_the_tolerance_is_too_tight) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "verify -m %s -n 32 -t 2", path);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "PASS") != NULL);
+    CHECK(strstr(r.out, "   32 ") != NULL); /* a line per step, up to step 32 */
+    done(&r);
+    /* q8 K/V differs from the exact recomputation by its rounding: not within 0 */
+    snprintf(args, sizeof args, "verify -m %s -n 4 --kv-type q8 --tol 0", path);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.out, "FAIL") && strstr(r.out, "<- over tolerance"));
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_price_reproduces_the_seed_figures_for_llama_3_1_8b) {
+    result r = EXPECT("price --preset llama-3.1-8b --ctx 4096 --bandwidth 3350", NULL, 0);
+    CHECK(strstr(r.out, "131,072 B (128.0 KiB)") != NULL);
+    CHECK(strstr(r.out, "16.06 GB") != NULL);
+    const char *row = strstr(r.out, "4,096 tokens");
+    CHECK(row && strstr(row, "4.95 ms/token"));
+    done(&r);
+    r = EXPECT("price --preset llama-3.1-8b", NULL, 0); /* default --ctx 8192 */
+    CHECK(strstr(r.out, "1,073,741,824 B (1.00 GiB) at 8,192 tokens") != NULL);
+    done(&r);
+    r = EXPECT("price --preset smollm2-135m --kv-type q8", NULL, 0);
+    CHECK(strstr(r.out, "12,240 B") != NULL); /* 2 x 30 x 3 x (64 x 1 B + a 4 B scale) */
+    done(&r);
+    r = EXPECT("price", NULL, 2), done(&r);
+    r = EXPECT("price --preset gpt-5", NULL, 2), done(&r);
+    r = EXPECT("price --preset llama-3.1-8b --kv-type int3", NULL, 2), done(&r);
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "price -m %s --kv-type f32", path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "2,048 B") != NULL); /* 2 x 2 x 2 x 64 x 4 */
+    done(&r);
+    snprintf(args, sizeof args, "info -m %s --tensors", path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "llama.block_count") && strstr(r.out, "blk.1.ffn_down.weight"));
+    CHECK(strstr(r.out, "engine: 2 layers, width 256, 4 heads over 2 KV heads of 64") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_chat_keeps_the_cache_and_prefills_only_the_new_turn) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 -t 2", path);
+    result r = EXPECT(args, "hello\n/unknown is just text\n", 0);
+    const char *t1 = strstr(r.err, "[turn 1: prefilled "), *t2 = strstr(r.err, "[turn 2: prefilled ");
+    CHECK(t1 && t2);
+    if (t1 && t2) {
+        int new1 = atoi(t1 + 19), new2 = atoi(t2 + 19);
+        const char *reused = strstr(t2, "new tokens (");
+        int cached2 = reused ? atoi(reused + 12) : -1;
+        CHECK(strstr(t1, "(0 reused") != NULL);
+        /* turn 2 reuses all of turn 1 (prompt + 6 reply tokens + end marker) */
+        CHECK_EQ_INT(cached2, new1 + 6 + 1);
+        CHECK(new2 > 0 && new2 < new1 + 20);
+    }
+    done(&r);
+    r = EXPECT(args, "one\n/reset\ntwo\n/exit\nnever read\n", 0);
+    CHECK(strstr(r.err, "[new conversation]") != NULL);
+    CHECK(strstr(r.err, "[turn 2: prefilled") && strstr(strstr(r.err, "[turn 2"), "(0 reused"));
+    CHECK(!strstr(r.err, "[turn 3"));
+    done(&r);
+    fx_free(&fx);
+}
