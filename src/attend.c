@@ -115,6 +115,38 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
     }
 }
 
+/* The prefill path on CPUs with a tile kernel: q transposed once per item,
+ * then per chunk of kmax keys (converted to f32) scores, softmax and the
+ * update of the accumulators, all along vector lanes. */
+enum { TILE_SCRATCH = 8192 };
+
+static bool tile_shaped(const attend_job *j, int32_t nv) {
+    const int32_t ldq = (nv + 15) & ~15;
+    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
+}
+
+static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
+                        int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
+    const int32_t d = j->d, G = j->G, kmax = att_chunk(d), ldq = (nv + 15) & ~15;
+    float qt[ATT_ACC_ELEMS + 16 * KV_MAX_HEAD_DIM], s[TILE_SCRATCH];
+    float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS];
+    int32_t pos[ATT_ACC_ELEMS];
+    for (int32_t e = 0; e < d; e++)
+        for (int32_t i = 0; i < ldq; i++) qt[(size_t)e * ldq + i] = i < nv ? qbuf[(size_t)i * d + e] : 0.0f;
+    for (int32_t i = 0; i < ldq; i++) {
+        pos[i] = pos0 + (it->v0 + (i < nv ? i : nv - 1)) / G;
+        if (i >= nv) m[i] = -INFINITY, l[i] = 0; /* padding lanes, never read back */
+    }
+    for (int32_t j0 = it->klo; j0 <= it->khi;) {
+        int32_t n = kmax - j0 % kmax;
+        if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+        const float *kc, *vc;
+        load_chunk(j->simd, src, j0, n, kbuf, vbuf, &kc, &vc);
+        j->simd->tile_block(qt, nv, ldq, d, kc, vc, n, j0, pos, j->window, m, l, acc, s);
+        j0 += n;
+    }
+}
+
 /* The decode path: blocks of up to 16 keys (never across a page), and for
  * each block every KV head of the item in turn, so one item streams its pages
  * front to back. State index a * nv + i: head a of the item, vector i. */
@@ -176,7 +208,7 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     const int32_t d = j->d, nv = it->v1 - it->v0, hn = it->n_heads;
     int32_t row0, T, S;
     item_seq(j, it, &row0, &T, &S);
-    float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS], m[ATT_ACC_ELEMS], l[ATT_ACC_ELEMS];
+    float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS], m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
     /* the scale goes into q once: s = (scale q) . k */
     for (int32_t a = 0; a < hn; a++)
         for (int32_t i = 0; i < nv; i++) {
@@ -188,6 +220,9 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
     if (decode_shaped(j, nv)) {
         attend_decode(j, it, S - T, qbuf, m, l, acc);
+    } else if (tile_shaped(j, nv)) {
+        key_source src = item_source(j, it);
+        attend_tile(j, it, &src, qbuf, nv, S - T, m, l, acc);
     } else {
         key_source src = item_source(j, it);
         attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);

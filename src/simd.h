@@ -28,6 +28,15 @@ typedef struct {
     void (*decode_block)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
                          const unsigned char *v, size_t stride, const float *ks, const float *vs, int32_t n,
                          const int32_t *lo, const int32_t *hi, float *m, float *l, float *acc);
+    /* Prefill-shaped work (NULL if absent): the online-softmax update of nv
+     * query vectors, given transposed as qt [d][ldq] (ldq: nv rounded up to 16,
+     * d % 16 == 0), with n keys at absolute positions j0.. in k and v [n][d]
+     * (f32). Vector i sits at pos[i] and sees keys pos[i] - window < j <=
+     * pos[i]; m, l [ldq] and acc [nv][d] are its running state; s is scratch
+     * of n x ldq floats. */
+    void (*tile_block)(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
+                       int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
+                       float *s);
 } kv_simd;
 
 enum { KV_DECODE_VECS = 8 };

@@ -223,9 +223,10 @@ static inline __attribute__((always_inline)) void decode_impl(
         mx = mx > m[i] ? mx : m[i];
         corr[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
         __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
-        _mm512_storeu_ps(s[i], p);
         l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
         m[i] = mx;
+        if (vs) p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), vs)); /* q8: V's scales */
+        _mm512_storeu_ps(s[i], p);
     }
     /* acc = acc * corr + sum_j p_j v_j: 32 dims of every vector in registers
      * while the block's V rows stream past */
@@ -239,11 +240,10 @@ static inline __attribute__((always_inline)) void decode_impl(
         }
         for (int32_t jv = 0; jv < n; jv++) {
             const unsigned char *row = v + (size_t)jv * stride;
-            const float sc = vs ? vs[jv] : 1.0f;
             __m512 v0 = load16(t, row, e, one), v1 = two ? load16(t, row, e + 16, one) : v0;
 #pragma GCC unroll 8
             for (int32_t i = 0; i < nv; i++) {
-                __m512 p = _mm512_set1_ps(s[i][jv] * sc);
+                __m512 p = _mm512_set1_ps(s[i][jv]);
                 a0[i] = _mm512_fmadd_ps(p, v0, a0[i]);
                 if (two) a1[i] = _mm512_fmadd_ps(p, v1, a1[i]);
             }
@@ -274,7 +274,116 @@ static void decode_block(kv_dtype t, const float *q, int32_t nv, int32_t d, cons
     }
 }
 
-static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_block};
+static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
+                       int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
+                       float *s) {
+    /* 1. scores s[j][i] = k[j] . qt[:, i]: four keys by 32 vectors per step, the
+     *    keys' elements broadcast, the vectors along the lanes: no reductions */
+    for (int32_t i0 = 0; i0 < ldq; i0 += 32) {
+        const bool two = i0 + 16 < ldq;
+        int32_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            const float *k0 = k + (size_t)j * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+            for (int32_t e = 0; e < d; e++) {
+                const float *qe = qt + (size_t)e * ldq + i0;
+                __m512 q0 = _mm512_loadu_ps(qe), q1 = two ? _mm512_loadu_ps(qe + 16) : q0;
+                __m512 b0 = _mm512_set1_ps(k0[e]), b1 = _mm512_set1_ps(k1[e]);
+                __m512 b2 = _mm512_set1_ps(k2[e]), b3 = _mm512_set1_ps(k3[e]);
+                a00 = _mm512_fmadd_ps(b0, q0, a00), a01 = _mm512_fmadd_ps(b0, q1, a01);
+                a10 = _mm512_fmadd_ps(b1, q0, a10), a11 = _mm512_fmadd_ps(b1, q1, a11);
+                a20 = _mm512_fmadd_ps(b2, q0, a20), a21 = _mm512_fmadd_ps(b2, q1, a21);
+                a30 = _mm512_fmadd_ps(b3, q0, a30), a31 = _mm512_fmadd_ps(b3, q1, a31);
+            }
+            float *sj = s + (size_t)j * ldq + i0;
+            _mm512_storeu_ps(sj, a00), _mm512_storeu_ps(sj + ldq, a10);
+            _mm512_storeu_ps(sj + 2 * ldq, a20), _mm512_storeu_ps(sj + 3 * ldq, a30);
+            if (two) {
+                _mm512_storeu_ps(sj + 16, a01), _mm512_storeu_ps(sj + ldq + 16, a11);
+                _mm512_storeu_ps(sj + 2 * ldq + 16, a21), _mm512_storeu_ps(sj + 3 * ldq + 16, a31);
+            }
+        }
+        for (; j < n; j++) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+            const float *kj = k + (size_t)j * d;
+            for (int32_t e = 0; e < d; e++) {
+                __m512 b = _mm512_set1_ps(kj[e]);
+                a0 = _mm512_fmadd_ps(b, _mm512_loadu_ps(qt + (size_t)e * ldq + i0), a0);
+                if (two) a1 = _mm512_fmadd_ps(b, _mm512_loadu_ps(qt + (size_t)e * ldq + i0 + 16), a1);
+            }
+            _mm512_storeu_ps(s + (size_t)j * ldq + i0, a0);
+            if (two) _mm512_storeu_ps(s + (size_t)j * ldq + i0 + 16, a1);
+        }
+    }
+    /* 2. online softmax along the lanes: the visible keys of each vector,
+     *    the new max, weights (zero where not visible), sums */
+    for (int32_t i0 = 0; i0 < ldq; i0 += 16) {
+        const __mmask16 live = nv - i0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nv - i0)) - 1);
+        const __m512i p = _mm512_maskz_loadu_epi32(live, pos + i0);
+        const __m512i lo = window > 0 ? _mm512_sub_epi32(p, _mm512_set1_epi32(window - 1)) : _mm512_set1_epi32(INT32_MIN);
+        __m512 mx = _mm512_loadu_ps(m + i0);
+        for (int32_t j = 0; j < n; j++) {
+            const __m512i jj = _mm512_set1_epi32(j0 + j);
+            const __mmask16 vis = live & _mm512_cmple_epi32_mask(jj, p) & _mm512_cmpge_epi32_mask(jj, lo);
+            mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(s + (size_t)j * ldq + i0));
+        }
+        const __m512 mold = _mm512_loadu_ps(m + i0);
+        /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the first sight */
+        const __mmask16 seen = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __mmask16 had = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        __m512 corr = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.0f), _mm512_setzero_ps());
+        corr = _mm512_mask_mov_ps(corr, seen & had, exp16(_mm512_sub_ps(mold, mx)));
+        __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l + i0), corr);
+        for (int32_t j = 0; j < n; j++) {
+            const __m512i jj = _mm512_set1_epi32(j0 + j);
+            const __mmask16 vis = live & _mm512_cmple_epi32_mask(jj, p) & _mm512_cmpge_epi32_mask(jj, lo);
+            float *sj = s + (size_t)j * ldq + i0;
+            __m512 w = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(_mm512_loadu_ps(sj), mx)));
+            _mm512_storeu_ps(sj, w);
+            sum = _mm512_add_ps(sum, w);
+        }
+        _mm512_storeu_ps(l + i0, sum);
+        _mm512_storeu_ps(m + i0, mx);
+        _mm512_storeu_ps(s + (size_t)n * ldq + i0, corr); /* the row after the weights: corr */
+    }
+    /* 3. acc[i] = acc[i] corr_i + sum_j w[j][i] v[j]: four vectors by 64
+     *    dimensions per step, V rows along the lanes */
+    const float *corr = s + (size_t)n * ldq;
+    for (int32_t e0 = 0; e0 < d; e0 += 64) {
+        const int32_t ne = d - e0 >= 64 ? 4 : (d - e0) / 16;
+        for (int32_t i = 0; i < nv; i += 4) {
+            const int32_t ni = nv - i < 4 ? nv - i : 4;
+            __m512 a[4][4];
+            for (int32_t x = 0; x < ni; x++)
+                for (int32_t y = 0; y < ne; y++)
+                    a[x][y] = _mm512_mul_ps(_mm512_set1_ps(corr[i + x]), _mm512_loadu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y));
+            if (ni == 4 && ne == 4) {
+                for (int32_t j = 0; j < n; j++) {
+                    const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i;
+                    __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+                    __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+#pragma GCC unroll 4
+                    for (int32_t x = 0; x < 4; x++) {
+                        __m512 w = _mm512_set1_ps(wj[x]);
+                        a[x][0] = _mm512_fmadd_ps(w, v0, a[x][0]), a[x][1] = _mm512_fmadd_ps(w, v1, a[x][1]);
+                        a[x][2] = _mm512_fmadd_ps(w, v2, a[x][2]), a[x][3] = _mm512_fmadd_ps(w, v3, a[x][3]);
+                    }
+                }
+            } else {
+                for (int32_t j = 0; j < n; j++)
+                    for (int32_t x = 0; x < ni; x++) {
+                        __m512 w = _mm512_set1_ps(s[(size_t)j * ldq + i + x]);
+                        for (int32_t y = 0; y < ne; y++)
+                            a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
+                    }
+            }
+            for (int32_t x = 0; x < ni; x++)
+                for (int32_t y = 0; y < ne; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);
+        }
+    }
+}
+
+static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_block, tile_block};
 
 const kv_simd *kv_simd_avx512(void) {
     __builtin_cpu_init();
