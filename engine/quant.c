@@ -338,12 +338,12 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                         store_tile(Y, ldy, jb, r0, out, 8, 1, 1, first);
                         continue;
                     }
-                    if (nr < 8 && llm_simd_fused_dot(type, src, 1, xp, kc, out) == 0) {
-                        for (int i = 0; i < nr; i++) {
-                            llm_simd_fused_dot(type, &src[i], 1, xp, kc, out);
+                    if (nr < 8) {              /* the last few rows, one at a time */
+                        int i = 0;
+                        for (; i < nr && llm_simd_fused_dot(type, &src[i], 1, xp, kc, out) == 0; i++)
                             store_tile(Y, ldy, jb, r0 + i, out, 1, 1, 1, first);
-                        }
-                        continue;
+                        if (i == nr) continue;
+                        /* i == 0: no fused kernel for this type */
                     }
                 }
                 const float *wp[8];

@@ -117,7 +117,8 @@ float llm_vec_dot(int type, const void *row, const float *x, int64_t n);
  *   W: [rows][n_in] in format `type`, each row llm_row_bytes(type, n_in) bytes
  *   X: [m][n_in] f32, row-major
  *   Y: [m][ldy] f32; only columns row0..row1-1 are written
- * Threads may call this at once on disjoint row ranges of the same Y.
+ * Threads may call this at once on disjoint row ranges of the same Y; each
+ * call uses about 33 KiB of stack for decoded rows and allocates nothing.
  * For an unsupported type or bad n_in the written entries are NaN. */
 void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1,
                      const float *X, int64_t m, float *Y, int64_t ldy);

@@ -367,9 +367,13 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
         __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *p = w[r] + (size_t)b * bsz;
-            __m256 d = _mm256_set1_ps(half_at(p)), w0, w1, w2, w3;
+            __m256 d, w0, w1, w2, w3;
             if (type == LLM_TYPE_Q4_1) {
-                __m256 m = _mm256_set1_ps(half_at(p + offsetof(llm_block_q4_1, m)));
+                uint32_t dm;
+                memcpy(&dm, p, 4);              /* d and m: two adjacent halves, one conversion */
+                __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+                d = _mm256_broadcastss_ps(f);
+                __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
                 __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q4_1, qs)));
                 __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
                 w0 = _mm256_fmadd_ps(u8_ps(lo), d, m);
@@ -378,6 +382,7 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
                 w3 = _mm256_fmadd_ps(u8_ps(_mm_srli_si128(hi, 8)), d, m);
             } else {
                 __m128i lo, hi;
+                d = _mm256_set1_ps(half_at(p));
                 if (type == LLM_TYPE_Q4_0) {
                     __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q4_0, qs)));
                     lo = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
