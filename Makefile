@@ -157,5 +157,26 @@ test-install: all
 install-python: lib
 	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so $(PYTHON) -m pip install ./python
 
+# ---------------------------------------------------------------- fuzzing
+# Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from
+# tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 \
+	    CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
+	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
+	@for src in tests/fuzz/fuzz_*.c; do \
+	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
+	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	        -Iinclude -Iengine $$src build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
+	        -o build-fuzz/$$name || exit 1; \
+	    mkdir -p build-fuzz/corpus_$$name; \
+	    echo "== $$name: $(FUZZ_SECONDS) s"; \
+	    build-fuzz/$$name -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus_$$name \
+	        $$( [ -d $$seeds ] && echo $$seeds ) > build-fuzz/$$name.log 2>&1; rc=$$?; \
+	    tail -2 build-fuzz/$$name.log; \
+	    if [ $$rc -ne 0 ]; then cat build-fuzz/$$name.log | tail -40; echo "== $$name FAILED"; exit 1; fi; \
+	done
+
 clean:
-	rm -rf build build-asan build-portable
+	rm -rf build build-asan build-portable build-fuzz
