@@ -33,10 +33,11 @@ static inline kv_batch one_seq(const int32_t *seq, int32_t *rows2, int32_t t) {
     return (kv_batch){.n_seqs = 1, .seqs = seq, .row_start = rows2};
 }
 
-/* Reserve t positions of seq, then one kv_step over x [t, D] -> out [t, H*d]. */
-static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
-                               const double *x, double *out) {
-    int rc = kv_seq_reserve(c, seq, t, NULL);
+/* Reserve t positions of seq (token ids, or NULL), then one kv_step over
+ * x [t, D] -> out [t, H*d]. */
+static inline int step_tokens_f64(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
+                                  const int32_t *tokens, const double *x, double *out) {
+    int rc = kv_seq_reserve(c, seq, t, tokens);
     if (rc) return rc;
     int32_t rows[2];
     kv_batch b = one_seq(&seq, rows, t);
@@ -44,6 +45,11 @@ static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int3
     rc = kv_step_f64(c, L, &b, x, out, scratch);
     free(scratch);
     return rc;
+}
+
+static inline int step_seq_f64(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,
+                               const double *x, double *out) {
+    return step_tokens_f64(c, seq, L, t, NULL, x, out);
 }
 
 static inline int step_seq_f32(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t,

@@ -34,19 +34,6 @@ static kv_cache *make_cache(int page, int n_pages, int max_seqs, kv_dtype dtype)
     return c;
 }
 
-/* Reserve + step for one sequence with token ids. */
-static int step_tokens(kv_cache *c, int32_t seq, const kv_layer *L, int32_t t, const int32_t *tokens,
-                       const double *x, double *out) {
-    int rc = kv_seq_reserve(c, seq, t, tokens);
-    if (rc) return rc;
-    int32_t rows[2];
-    kv_batch b = one_seq(&seq, rows, t);
-    double *scratch = malloc(sizeof(double) * (kv_step_scratch(c, L, t) + 1));
-    rc = kv_step_f64(c, L, &b, x, out, scratch);
-    free(scratch);
-    return rc;
-}
-
 TEST(paged_equals_contiguous_for_any_page_size_and_shuffled_pages) {
     const int pages[] = {1, 3, 16, 64};
     for (int pi = 0; pi < 4; pi++) {
@@ -235,7 +222,7 @@ TEST(prefix_cache_hit_equals_cold_prefill) {
     int32_t a, b, m;
     double cold[N * H * d], warm[N * H * d];
     CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
-    CHECK_EQ_INT(step_tokens(c, a, &w.L, N, tokens, x, cold), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, a, &w.L, N, tokens, x, cold), KV_OK);
     CHECK_EQ_INT(kv_seq_remove(c, a), KV_OK); /* its full pages stay cached */
     kv_cache_stats st = kv_cache_get_stats(c);
     CHECK_EQ_INT(st.pages_cached, N / P);
@@ -245,7 +232,7 @@ TEST(prefix_cache_hit_equals_cold_prefill) {
     CHECK_EQ_INT(kv_seq_prefix_match(c, b, tokens, N - 1, &m), KV_OK);
     CHECK_EQ_INT(m, (N - 1) / P * P); /* 28: seven pages need no prefill */
     CHECK_EQ_INT(kv_seq_length(c, b), m);
-    CHECK_EQ_INT(step_tokens(c, b, &w.L, N - m, tokens + m, x + m * D, warm + m * H * d), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, b, &w.L, N - m, tokens + m, x + m * D, warm + m * H * d), KV_OK);
     CHECK(ref_max_diff(cold + m * H * d, warm + m * H * d, (N - m) * H * d) == 0);
 
     /* a prompt that differs in its second page reuses only the first */
@@ -275,19 +262,19 @@ TEST(prefix_cache_forced_hash_collision_is_detected) {
     int32_t a, b, m;
     double o1[N * H * d], o2[N * H * d], warm[N * H * d];
     CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
-    CHECK_EQ_INT(step_tokens(c, a, &w.L, N, t1, x1, o1), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, a, &w.L, N, t1, x1, o1), KV_OK);
     CHECK_EQ_INT(kv_seq_remove(c, a), KV_OK);
     CHECK_EQ_INT(kv_seq_new(c, &b), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_match(c, b, t2, N, &m), KV_OK);
     CHECK_EQ_INT(m, 0); /* same name, other tokens: a miss */
-    CHECK_EQ_INT(step_tokens(c, b, &w.L, N, t2, x2, o2), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, b, &w.L, N, t2, x2, o2), KV_OK);
     CHECK_EQ_INT(kv_seq_remove(c, b), KV_OK);
     CHECK_EQ_INT(kv_cache_get_stats(c).pages_named, 2 * N / P);
     /* both prompts are found, each with its own pages */
     CHECK_EQ_INT(kv_seq_new(c, &b), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_match(c, b, t2, N - 1, &m), KV_OK);
     CHECK_EQ_INT(m, 12);
-    CHECK_EQ_INT(step_tokens(c, b, &w.L, N - m, t2 + m, x2 + m * D, warm + m * H * d), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, b, &w.L, N - m, t2 + m, x2 + m * D, warm + m * H * d), KV_OK);
     CHECK(ref_max_diff(o2 + m * H * d, warm + m * H * d, (N - m) * H * d) == 0);
     kv_cache_free(c);
     free_weights(&w);
@@ -347,7 +334,7 @@ TEST(save_restore_continue_equals_never_saving) {
         int32_t s, s2;
         double o1[(N + M) * H * d], o2[(N + M) * H * d];
         CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
-        CHECK_EQ_INT(step_tokens(c, s, &w.L, N, tokens, x, o1), KV_OK);
+        CHECK_EQ_INT(step_tokens_f64(c, s, &w.L, N, tokens, x, o1), KV_OK);
         CHECK_EQ_INT(kv_seq_save(c, s, path), KV_OK);
         CHECK_EQ_INT(kv_seq_restore(c2, path, &s2), KV_OK);
         CHECK_EQ_INT(kv_seq_length(c2, s2), N);
