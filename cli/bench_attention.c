@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -384,7 +385,10 @@ int cmd_bench_attention(int argc, char **argv) {
     }
     B.threads = kv_pool_threads(B.pool);
     B.buf_len = (B.quick ? 64u : 1024u) << 18; /* 64 MiB (quick) or 1 GiB of floats */
-    B.buf = aligned_alloc(64, B.buf_len * sizeof(float));
+    B.buf = aligned_alloc((size_t)2 << 20, B.buf_len * sizeof(float));
+#ifdef MADV_HUGEPAGE
+    if (B.buf) madvise(B.buf, B.buf_len * sizeof(float), MADV_HUGEPAGE); /* as the cache's pool */
+#endif
     if (!B.buf) {
         fprintf(stderr, "kvcache bench attention: out of memory\n");
         return 1;

@@ -166,24 +166,11 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
             hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
         }
         const size_t off = (size_t)in_blk * src.stride;
-        /* the block after this one, to prefetch head by head: pages need not
-         * be adjacent in memory, so the hardware cannot guess the next one */
-        const int32_t next = j0 + n, next_blk = next / src.block;
-        const int32_t next_n = next <= it->khi ? (it->khi - next + 1 < 16 ? it->khi - next + 1 : 16) : 0;
-        const size_t next_off = (size_t)(next - next_blk * src.block) * src.stride;
         for (int32_t a = 0; a < it->n_heads; a++) {
             src.head = it->head + a;
             if (!src.cache) { /* dense: heads are interleaved in each row */
                 src.k = (const unsigned char *)(j->k + (size_t)src.head * d);
                 src.v = (const unsigned char *)(j->v + (size_t)src.head * d);
-            }
-            if (next_n > 0) {
-                const key_block nb = source_block(&src, next_blk);
-                const size_t bytes = (size_t)next_n * src.stride;
-                for (size_t x = 0; x < bytes; x += 64) {
-                    __builtin_prefetch(nb.k + next_off + x, 0, 3);
-                    __builtin_prefetch(nb.v + next_off + x, 0, 3);
-                }
             }
             const key_block kb = source_block(&src, blk);
             const size_t at = (size_t)a * nv;

@@ -2,6 +2,7 @@
  * (all or nothing), fork with copy-on-write, truncate, window eviction, and
  * writing K/V in place. */
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "attend.h"
 #include "simd.h"
@@ -28,6 +29,19 @@ static int params_check(const kv_cache_params *p) {
     if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
     if (p->window < 0) return KV_ERR_WINDOW;
     return KV_OK;
+}
+
+/* The pool, on 2 MiB pages where the kernel allows: decode streams it, and a
+ * stream of 4 KiB pages makes the hardware prefetcher start over at every
+ * page boundary (and fills the TLB). */
+static unsigned char *pool_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    unsigned char *p = aligned_alloc(huge, (bytes + huge - 1) & ~(huge - 1));
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
@@ -59,7 +73,7 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     c->layer_bytes = layer_bytes;
     c->page_bytes = page_bytes;
     c->max_blocks = max_blocks;
-    c->pool = aligned_alloc(64, (size_t)p.n_pages * page_bytes);
+    c->pool = pool_alloc((size_t)p.n_pages * page_bytes);
     c->refcount = calloc((size_t)p.n_pages, sizeof *c->refcount);
     c->free_pages = malloc((size_t)p.n_pages * sizeof *c->free_pages);
     c->seqs = calloc((size_t)p.max_seqs, sizeof *c->seqs);
