@@ -312,16 +312,31 @@ static void load_chat_format(llm_model *m) {
 
 int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen) {
     *out = NULL;
-    llm_model *m = calloc(1, sizeof *m);
-    if (!m) return fail(err, errlen, "out of memory");
+    llm_gguf *g;
     char gerr[256];
-    if (llm_gguf_open(path, &m->gguf, gerr, sizeof gerr) != 0) {
-        free(m);
-        return fail(err, errlen, "%s", gerr);
+    if (llm_gguf_open(path, &g, gerr, sizeof gerr) != 0) return fail(err, errlen, "%s", gerr);
+    const char *slash = strrchr(path, '/');
+    return llm_model_from_gguf(g, slash ? slash + 1 : path, out, err, errlen);
+}
+
+int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    llm_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        llm_gguf_close(g);
+        return fail(err, errlen, "out of memory");
     }
+    m->gguf = g;
     llm_hparams *hp = &m->hp;
     if (llm_hparams_read(m->gguf, hp, err, errlen)) goto fail;
     int64_t D = hp->dim;
+    /* the 2L + 1 norm vectors are in the file at >= half a byte per element:
+     * a header claiming more cannot be right, and must not make us allocate */
+    if ((uint64_t)D * (uint64_t)(2 * hp->n_layers + 1) / 2 > llm_gguf_file_size(g)) {
+        fail(err, errlen, "the file (%llu bytes) is too small for %d layers of width %d",
+             (unsigned long long)llm_gguf_file_size(g), (int)hp->n_layers, (int)D);
+        goto fail;
+    }
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
     m->norms = malloc(sizeof(float) * (size_t)D * (size_t)(2 * hp->n_layers + 1));
     if (!m->layers || !m->norms) {
@@ -354,13 +369,11 @@ int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen) 
     }
     load_chat_format(m);
     for (int64_t i = 0; i < llm_gguf_n_tensors(m->gguf); i++) m->weight_bytes += llm_gguf_tensor_at(m->gguf, i)->n_bytes;
-    llm_gguf_str name;
-    if (llm_gguf_get_str(m->gguf, "general.name", &name) == LLM_GGUF_OK) {
-        llm_gguf_str_copy(name, m->name, sizeof m->name);
-    } else {
-        const char *slash = strrchr(path, '/');
-        snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : path);
-    }
+    llm_gguf_str gname;
+    if (llm_gguf_get_str(m->gguf, "general.name", &gname) == LLM_GGUF_OK)
+        llm_gguf_str_copy(gname, m->name, sizeof m->name);
+    else
+        snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     *out = m;
     return 0;
 fail:

@@ -100,6 +100,10 @@ typedef struct llm_model {
  * architecture, every hyperparameter, every tensor's presence, type and shape.
  * Returns 0, or -1 with one line in err saying what is wrong. */
 int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen);
+/* The same over a file already opened (e.g. by llm_gguf_open_memory), which
+ * the model takes over: closed by llm_model_free, or at once on failure.
+ * name: used when the file has no general.name (NULL: "model"). */
+int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *err, size_t errlen);
 void llm_model_free(llm_model *m);
 
 /* Reads only the hyperparameters (no tensors, no tokenizer): for `price` and

@@ -162,12 +162,12 @@ static void add_vocab(gw *w, int extra) {
     int32_t *types = malloc(sizeof(int32_t) * (size_t)n);
     static const char *const special[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     for (int i = 0; i < n; i++) {
-        toks[i] = malloc(16);
+        toks[i] = malloc(32);
         types[i] = i < 3 ? 3 : 1; /* control, normal */
-        if (i < 3) snprintf(toks[i], 16, "%s", special[i]);
+        if (i < 3) snprintf(toks[i], 32, "%s", special[i]);
         else if (i < FX_BYTE0 + 256) byte_token(i - FX_BYTE0, toks[i]);
-        else snprintf(toks[i], 16, "%s", i == FX_BYTE0 + 256 ? "\xc4\xa0t" : i == FX_BYTE0 + 257 ? "he" : "x");
-        if (i >= FX_VOCAB) snprintf(toks[i], 16, "<extra_%d>", i);
+        else snprintf(toks[i], 32, "%s", i == FX_BYTE0 + 256 ? "\xc4\xa0t" : i == FX_BYTE0 + 257 ? "he" : "x");
+        if (i >= FX_VOCAB) snprintf(toks[i], 32, "<extra_%d>", i);
     }
     const char *merges[2] = {"\xc4\xa0 t", "h e"};
     gw_add_str(w, "tokenizer.ggml.model", "gpt2");
