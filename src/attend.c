@@ -75,7 +75,7 @@ static void load_chunk(const kv_simd *simd, const key_source *src, int32_t j0, i
 
 /* Decode-like tiles take the fused path when the CPU has one. */
 static bool decode_shaped(const attend_job *j, int32_t nv) {
-    return j->simd->decode_block && nv <= KV_DECODE_VECS && j->d % 16 == 0;
+    return j->simd->decode_scores && nv <= KV_DECODE_VECS && j->d % 16 == 0;
 }
 
 /* The general path: chunks of kmax keys converted to f32, scores for the
@@ -165,19 +165,25 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
             lo[i] = j->window > 0 && pos - j->window + 1 > j0 ? pos - j->window + 1 - j0 : 0;
             hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
         }
+        /* every head's K in the page, then every head's V: two runs through memory */
         const size_t off = (size_t)in_blk * src.stride;
-        for (int32_t a = 0; a < it->n_heads; a++) {
-            src.head = it->head + a;
-            if (!src.cache) { /* dense: heads are interleaved in each row */
-                src.k = (const unsigned char *)(j->k + (size_t)src.head * d);
-                src.v = (const unsigned char *)(j->v + (size_t)src.head * d);
+        float w[KV_WIDE_HEADS][KV_DECODE_VECS][16], corr[KV_WIDE_HEADS][KV_DECODE_VECS];
+        for (int pass = 0; pass < 2; pass++)
+            for (int32_t a = 0; a < it->n_heads; a++) {
+                src.head = it->head + a;
+                if (!src.cache) { /* dense: heads are interleaved in each row */
+                    src.k = (const unsigned char *)(j->k + (size_t)src.head * d);
+                    src.v = (const unsigned char *)(j->v + (size_t)src.head * d);
+                }
+                const key_block kb = source_block(&src, blk);
+                const size_t at = (size_t)a * nv;
+                if (pass == 0)
+                    j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride,
+                                           kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
+                                           n, lo, hi, m + at, l + at, w[a], corr[a]);
+                else
+                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, w[a], corr[a], acc + at * d);
             }
-            const key_block kb = source_block(&src, blk);
-            const size_t at = (size_t)a * nv;
-            j->simd->decode_block(src.dtype, qbuf + at * d, nv, d, kb.k + off, kb.v + off, src.stride,
-                                  kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL, n,
-                                  lo, hi, m + at, l + at, acc + at * d);
-        }
         j0 += n;
     }
 }
@@ -284,7 +290,7 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
                 continue;
             }
             /* decode: all heads in one item, so its pages stream front to back */
-            const bool wide = at.v0 == 0 && at.head == 0 && decode_shaped(j, T * G) &&
+            const bool wide = at.v0 == 0 && at.head == 0 && decode_shaped(j, T * G) && j->Hkv <= KV_WIDE_HEADS &&
                               (size_t)j->Hkv * T * G * j->d <= ATT_WIDE_ELEMS;
             const int32_t hn = wide ? j->Hkv : 1;
             const int32_t v1 = wide ? T * G : at.v0 + tile < T * G ? at.v0 + tile : T * G;

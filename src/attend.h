@@ -50,7 +50,7 @@ enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
  * KV_SPLIT keys at fixed absolute positions, attended in parallel and combined
  * by log-sum-exp in split order (flash-decoding): one long sequence keeps every
  * core busy, and the result is the same for any number of threads. */
-enum { KV_SPLIT = 1024, KV_SPLIT_ROWS = 8 };
+enum { KV_SPLIT = 1024, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 32 };
 static inline int32_t att_chunk(int32_t d) { return ATT_CHUNK_ELEMS / d < 1 ? 1 : ATT_CHUNK_ELEMS / d; }
 static inline int32_t att_tile(int32_t d) { return ATT_ACC_ELEMS / d < 1 ? 1 : ATT_ACC_ELEMS / d; }
 

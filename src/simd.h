@@ -19,15 +19,20 @@ typedef struct {
     float (*exp_sum)(float *s, int32_t n, float mx);
     /* acc [d] = acc * corr + sum_j p[j] v[j], v [n][d] */
     void (*axpy_rows)(const float *p, const float *v, int32_t n, int32_t d, float corr, float *acc);
-    /* Decode-shaped work, fused and straight from storage (NULL if absent):
-     * the online-softmax update of nv <= KV_DECODE_VECS query vectors q
-     * [nv][d] (d % 16 == 0) with n <= 16 keys whose K and V rows start at k
-     * and v, `stride` bytes apart (KV_Q8: times ks[j], vs[j]). Vector i sees
-     * keys lo[i]..hi[i] of the block (none when lo > hi); m [nv], l [nv] and
-     * acc [nv][d] are its running max, sum and weighted sum of V. */
-    void (*decode_block)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
-                         const unsigned char *v, size_t stride, const float *ks, const float *vs, int32_t n,
-                         const int32_t *lo, const int32_t *hi, float *m, float *l, float *acc);
+    /* Decode-shaped work straight from storage (NULL if absent), in two
+     * halves so that a caller can read every head's K of a page, then every
+     * head's V: the online-softmax update of nv <= KV_DECODE_VECS query
+     * vectors q [nv][d] (d % 16 == 0) with n <= 16 keys. decode_scores reads
+     * the K rows (from k, `stride` bytes apart; KV_Q8: times ks[j]), lets
+     * vector i see keys lo[i]..hi[i] (none when lo > hi), updates its running
+     * max m[i] and sum l[i], and leaves the weights in w [nv][16] (times vs[j]
+     * for KV_Q8) and the rescaling of the old state in corr [nv];
+     * decode_values then sets acc [nv][d] = acc * corr + sum_j w[j] v[j]. */
+    void (*decode_scores)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
+                          size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
+                          const int32_t *hi, float *m, float *l, float (*w)[16], float *corr);
+    void (*decode_values)(kv_dtype dtype, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
+                          float (*w)[16], float *corr, float *acc);
     /* Prefill-shaped work (NULL if absent): the online-softmax update of nv
      * query vectors, given transposed as qt [d][ldq] (ldq: nv rounded up to 16,
      * d % 16 == 0), with n keys at absolute positions j0.. in k and v [n][d]

@@ -150,7 +150,7 @@ static void axpy_rows(const float *p, const float *v, int32_t n, int32_t d, floa
     }
 }
 
-static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, NULL, NULL};
+static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, NULL, NULL, NULL};
 
 const kv_simd *kv_simd_avx2(void) {
     __builtin_cpu_init();

@@ -153,11 +153,11 @@ static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m
 
 /* Instantiated below for every storage type and vector count, so that the
  * loops over vectors unroll and the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void decode_impl(
-    const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k, const unsigned char *v,
-    size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m,
-    float *l, float *acc) {
-    float s[KV_DECODE_VECS][16];
+#define DECODE_INLINE static inline __attribute__((always_inline)) void
+
+DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
+                          size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
+                          const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
     const __m512 one = _mm512_set1_ps(1.0f); /* q8 scales are applied to scores and weights */
     /* scores: each K row converted once, dotted with every query vector; with
      * few vectors, four keys at a time so four dot products share one reduction */
@@ -210,7 +210,6 @@ static inline __attribute__((always_inline)) void decode_impl(
         for (int32_t i = 0; i < nv; i++)
             for (int32_t jj = 0; jj < n; jj++) s[i][jj] *= ks[jj];
     /* online softmax: new max, rescale, weights (zero where not visible) */
-    float corr[KV_DECODE_VECS];
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) {
             corr[i] = 1.0f;
@@ -228,6 +227,11 @@ static inline __attribute__((always_inline)) void decode_impl(
         if (vs) p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), vs)); /* q8: V's scales */
         _mm512_storeu_ps(s[i], p);
     }
+}
+
+DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
+                          int32_t n, float (*s)[16], const float *corr, float *acc) {
+    const __m512 one = _mm512_set1_ps(1.0f);
     /* acc = acc * corr + sum_j p_j v_j: 32 dims of every vector in registers
      * while the block's V rows stream past */
     for (int32_t e = 0; e < d; e += 32) {
@@ -255,23 +259,35 @@ static inline __attribute__((always_inline)) void decode_impl(
     }
 }
 
-#define DECODE_NV(T, NV)                                                                        \
-    case NV: decode_impl(T, NV, q, d, k, v, stride, ks, vs, n, lo, hi, m, l, acc); break;
-#define DECODE_T(T)                                                                             \
+/* switch (dtype) { case T: switch (nv) { case NV: CALL(T, NV) } } for every T and NV */
+#define DECODE_NV(CALL, T, NV) case NV: CALL(T, NV); break;
+#define DECODE_T(CALL, T)                                                                       \
     case T:                                                                                     \
         switch (nv) {                                                                           \
-            DECODE_NV(T, 1) DECODE_NV(T, 2) DECODE_NV(T, 3) DECODE_NV(T, 4)                     \
-            DECODE_NV(T, 5) DECODE_NV(T, 6) DECODE_NV(T, 7) DECODE_NV(T, 8)                     \
+            DECODE_NV(CALL, T, 1) DECODE_NV(CALL, T, 2) DECODE_NV(CALL, T, 3)                   \
+            DECODE_NV(CALL, T, 4) DECODE_NV(CALL, T, 5) DECODE_NV(CALL, T, 6)                   \
+            DECODE_NV(CALL, T, 7) DECODE_NV(CALL, T, 8)                                         \
         }                                                                                       \
         break;
-
-static void decode_block(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k,
-                         const unsigned char *v, size_t stride, const float *ks, const float *vs, int32_t n,
-                         const int32_t *lo, const int32_t *hi, float *m, float *l, float *acc) {
-    switch (t) {
-        DECODE_T(KV_F32) DECODE_T(KV_F16) DECODE_T(KV_BF16) DECODE_T(KV_Q8)
-    default: break;
+#define DECODE_SWITCH(CALL)                                                                     \
+    switch (t) {                                                                                \
+        DECODE_T(CALL, KV_F32) DECODE_T(CALL, KV_F16) DECODE_T(CALL, KV_BF16) DECODE_T(CALL, KV_Q8) \
+    default: break;                                                                             \
     }
+
+static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
+                          const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
+                          float *m, float *l, float (*w)[16], float *corr) {
+#define SCORES(T, NV) scores_impl(T, NV, q, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr)
+    DECODE_SWITCH(SCORES)
+#undef SCORES
+}
+
+static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
+                          float (*w)[16], float *corr, float *acc) {
+#define VALUES(T, NV) values_impl(T, NV, d, v, stride, n, w, corr, acc)
+    DECODE_SWITCH(VALUES)
+#undef VALUES
 }
 
 static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
@@ -383,7 +399,7 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     }
 }
 
-static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_block, tile_block};
+static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
 
 const kv_simd *kv_simd_avx512(void) {
     __builtin_cpu_init();
