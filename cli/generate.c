@@ -66,6 +66,10 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvcache generate: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
+    if (system && !chat) {
+        fprintf(stderr, "kvcache generate: --system goes with --chat\n");
+        return 2;
+    }
     if (!prompt == !file) {
         fprintf(stderr, "kvcache generate: give the prompt with -p TEXT or -f FILE (see --help)\n");
         return 2;

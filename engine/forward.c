@@ -340,15 +340,16 @@ int llm_eval(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int 
     return rc;
 }
 
-int llm_forward_dense(llm_context *c, const int32_t *tokens, int32_t n, float *logits) {
-    if (!c || !tokens || n < 1) return KV_ERR_NULL;
+int llm_forward_dense(llm_context *c, const int32_t *tokens, int32_t n, int32_t first, float *logits) {
+    if (!c || !tokens || !logits) return KV_ERR_NULL;
+    if (n < 1 || first < 0 || first >= n) return KV_ERR_SHAPE;
     for (int32_t r = 0; r < n; r++)
         if (tokens[r] < 0 || tokens[r] >= c->m->hp.n_vocab) return LLM_ERR_TOKEN;
     scratch ws;
     if (scratch_alloc(&ws, &c->m->hp, n)) return KV_ERR_NOMEM;
     for (int32_t r = 0; r < n; r++) ws.pos[r] = r;
-    ws.out_rows[0] = n - 1;
-    int rc = run_layers(c, &ws, n, tokens, NULL, 1, logits);
+    for (int32_t r = first; r < n; r++) ws.out_rows[r - first] = r;
+    int rc = run_layers(c, &ws, n, tokens, NULL, n - first, logits);
     scratch_free(&ws);
     return rc;
 }

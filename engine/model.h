@@ -165,9 +165,11 @@ int llm_eval(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int 
 
 /* The same model over tokens [n] with no cache at all: every position is
  * recomputed in one pass and attends through dense kv_attention_f32 over
- * contiguous f32 K/V. The reference for cached decoding (`kvcache verify`);
- * allocates its n-row scratch per call, it is not a hot path. logits: the
- * last token's [V]. Uses the context's threads, not its cache. */
-int llm_forward_dense(llm_context *c, const int32_t *tokens, int32_t n, float *logits);
+ * contiguous f32 K/V. The reference for cached decoding (`kvcache verify`):
+ * by causality, row t of one pass over n tokens is what a full recomputation
+ * of tokens[0..t] gives, so one pass checks every step of a decode at once.
+ * logits: rows first .. n-1, [n - first][V]. Allocates its n-row scratch per
+ * call (it is not a hot path); uses the context's threads, not its cache. */
+int llm_forward_dense(llm_context *c, const int32_t *tokens, int32_t n, int32_t first, float *logits);
 
 #endif

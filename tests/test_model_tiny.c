@@ -101,7 +101,7 @@ static void check_cached_equals_recompute(int type, uint64_t seed) {
     for (int s = 0; s <= STEPS; s++) {
         float *lc = step_logits + (size_t)s * V;
         if (s > 0) CHECK_EQ_INT(llm_eval(c, seq, &toks[n - 1], 1, 0, lc, NULL, NULL), KV_OK);
-        CHECK_EQ_INT(llm_forward_dense(c, toks, n, full), KV_OK);
+        CHECK_EQ_INT(llm_forward_dense(c, toks, n, n - 1, full), KV_OK);
         double mx = 0, d = 0;
         for (int32_t i = 0; i < V; i++) {
             double e = fabs((double)lc[i] - full[i]);
@@ -116,6 +116,20 @@ static void check_cached_equals_recompute(int type, uint64_t seed) {
         toks[n++] = best;
     }
     CHECK_EQ_INT(kv_seq_length(llm_context_cache(c), seq), 5 + STEPS);
+    /* one dense pass over the whole run gives every step's recomputation at
+     * once (row t sees tokens 0..t): the form `kvcache verify` uses */
+    float *pass = malloc(sizeof(float) * (STEPS + 1) * V);
+    CHECK_EQ_INT(llm_forward_dense(c, toks, n - 1, 4, pass), KV_OK);
+    double worst_pass = 0, pmax;
+    for (int s = 0; s <= STEPS; s++) {
+        double *row = malloc(sizeof(double) * V);
+        for (int32_t i = 0; i < V; i++) row[i] = pass[(size_t)s * V + i];
+        double d = fx_max_diff(step_logits + (size_t)s * V, row, V, &pmax);
+        worst_pass = fmax(worst_pass, d / pmax);
+        free(row);
+    }
+    free(pass);
+    if (!(worst_pass <= 1e-4)) test_fail(__FILE__, __LINE__, "cached vs one dense pass: relative %g", worst_pass);
     if (!(worst <= 1e-4)) test_fail(__FILE__, __LINE__, "cached vs recomputed: relative %g", worst);
     /* and the whole decoded run against float64 */
     double *ref = malloc(sizeof(double) * (size_t)(n - 1) * V), bmax, worst_ref = 0;

@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             float *lg = malloc(sizeof(float) * (size_t)hp->n_vocab * 2);
             REQUIRE(kv_seq_new(llm_context_cache(c), &seq) == KV_OK);
             if (llm_eval(c, seq, toks, n, 0, lg, NULL, NULL) == KV_OK) {
-                REQUIRE(llm_forward_dense(c, toks, n, lg + hp->n_vocab) == KV_OK);
+                REQUIRE(llm_forward_dense(c, toks, n, n - 1, lg + hp->n_vocab) == KV_OK);
                 llm_sampler s;
                 llm_sampler_params sp = llm_sampler_default_params();
                 if (llm_sampler_init(&s, &sp, hp->n_vocab) == 0) {
