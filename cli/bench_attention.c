@@ -333,7 +333,8 @@ static cvr_row run_cache_vs_recompute(bench *B, int P, int G, FILE *plot) {
 static double numpy_decode(int64_t S) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "python3 -c '\n"
+             /* as the environment notes say: these two slow a current numpy down */
+             "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 -c '\n"
              "import time, numpy as np\n"
              "H, Hkv, d, S = 32, 8, 128, %lld\n"
              "r = np.random.default_rng(0)\n"

@@ -32,15 +32,25 @@ static int params_check(const kv_cache_params *p) {
 }
 
 /* The pool, on 2 MiB pages where the kernel allows: decode streams it, and a
- * stream of 4 KiB pages makes the hardware prefetcher start over at every
- * page boundary (and fills the TLB). */
-static unsigned char *pool_alloc(size_t bytes) {
+ * stream over 4 KiB pages makes the hardware prefetcher start over at every
+ * page boundary (and fills the TLB). A large pool is mapped directly, since
+ * huge pages need a 2 MiB-aligned range the allocator may not hand out;
+ * *mapped receives its length (0 when it came from malloc). */
+static unsigned char *pool_alloc(size_t bytes, size_t *mapped) {
     const size_t huge = (size_t)2 << 20;
+    *mapped = 0;
     if (bytes < huge) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    unsigned char *p = aligned_alloc(huge, (bytes + huge - 1) & ~(huge - 1));
+    size_t len = ((bytes + huge - 1) & ~(huge - 1)) + huge; /* room to align the start */
+    unsigned char *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return NULL;
+    unsigned char *p = (unsigned char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (p > map) munmap(map, (size_t)(p - map)); /* keep [p, p + len - huge) */
+    size_t keep = len - huge, tail = (size_t)(map + len - (p + keep));
+    if (tail) munmap(p + keep, tail);
 #ifdef MADV_HUGEPAGE
-    if (p) madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+    madvise(p, keep, MADV_HUGEPAGE);
 #endif
+    *mapped = keep;
     return p;
 }
 
@@ -73,7 +83,7 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     c->layer_bytes = layer_bytes;
     c->page_bytes = page_bytes;
     c->max_blocks = max_blocks;
-    c->pool = pool_alloc((size_t)p.n_pages * page_bytes);
+    c->pool = pool_alloc((size_t)p.n_pages * page_bytes, &c->pool_mapped);
     c->refcount = calloc((size_t)p.n_pages, sizeof *c->refcount);
     c->free_pages = malloc((size_t)p.n_pages * sizeof *c->free_pages);
     c->seqs = calloc((size_t)p.max_seqs, sizeof *c->seqs);
@@ -117,7 +127,10 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
 
 void kv_cache_free(kv_cache *c) {
     if (!c) return;
-    free(c->pool);
+    if (c->pool_mapped)
+        munmap(c->pool, c->pool_mapped);
+    else
+        free(c->pool);
     free(c->refcount);
     free(c->free_pages);
     free(c->seqs);

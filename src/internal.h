@@ -44,6 +44,7 @@ struct kv_cache {
     size_t layer_bytes;   /* one layer's slice of a page */
     size_t page_bytes;    /* n_layers * layer_bytes, rounded up to 64 */
     unsigned char *pool;  /* [n_pages][page_bytes], 64-byte aligned */
+    size_t pool_mapped;   /* bytes mapped for the pool with mmap, or 0 if malloc'd */
     int32_t *refcount;    /* [n_pages] sequences referencing the page */
     int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
     int32_t n_free;
