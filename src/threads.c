@@ -1,10 +1,14 @@
 /* src/threads.c - a small pthread pool for data-parallel jobs.
  *
- * A job is published by bumping `generation`; workers spin briefly on it
- * (decode runs hundreds of small jobs per token, and waking a sleeping thread
- * costs tens of microseconds), then sleep on a condition variable. Tasks are
- * claimed from an atomic counter, so any thread may run any task: the split
- * of work is fixed by the caller, never by the thread count. */
+ * A job is published as a new generation in one atomic word that also holds
+ * the index of the next unclaimed task: (generation << 32) | task. Any thread
+ * claims a task with a compare-and-swap that fails once the generation moved
+ * on, so the split of work is fixed by the caller, never by the thread count,
+ * and a worker that wakes late finds nothing left instead of being waited
+ * for. The caller runs tasks too, and returns when every task has completed,
+ * whichever threads ran them. Workers spin briefly on the word (decode runs
+ * hundreds of small jobs per token, and waking a sleeping thread costs tens of
+ * microseconds), then sleep on a condition variable. */
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,22 +16,28 @@
 
 #include "internal.h"
 
-enum { SPIN_ROUNDS = 20000, MAX_THREADS = 256 };
+enum { SPIN_ROUNDS = 4000, MAX_THREADS = 256 };
+
+typedef struct {
+    kv_task_fn fn;
+    void *ctx;
+    _Atomic int32_t n_tasks;  /* read by late workers of an older job: atomic, though
+                               * what they read then only fails their claim */
+} pool_job;
 
 struct kv_pool {
     int32_t n_threads;          /* workers + the caller */
     pthread_t *workers;         /* [n_threads - 1] */
     pthread_mutex_t run_lock;   /* one job at a time */
-    pthread_mutex_t lock;       /* guards sleeping/waking */
-    pthread_cond_t wake;        /* a new job, or stop */
-    pthread_cond_t done;        /* the last worker finished its share */
-    atomic_uint generation;     /* bumped per job */
-    atomic_int next_task;       /* next unclaimed task of the job */
-    atomic_int busy;            /* workers still inside the current job */
+    pthread_mutex_t lock;       /* guards sleeping and waking */
+    pthread_cond_t wake;        /* a new generation, or stop */
+    pthread_cond_t done;        /* the last task of a job completed */
+    _Atomic uint64_t next;      /* (generation << 32) | next unclaimed task */
+    atomic_int completed;       /* tasks of the current job that have finished */
     atomic_bool stop;
-    int32_t n_tasks;            /* the current job */
-    kv_task_fn fn;
-    void *ctx;
+    uint32_t generation;        /* the caller's count of jobs (under run_lock) */
+    pool_job job[2];            /* job of generation g in job[g & 1]: a late reader of g
+                                 * never sees g + 1's, which is written in the other slot */
 };
 
 typedef struct {
@@ -41,11 +51,32 @@ static void cpu_relax(void) {
 #endif
 }
 
-static void run_tasks(kv_pool *p, int32_t thread) {
+static uint32_t generation_of(uint64_t word) { return (uint32_t)(word >> 32); }
+
+/* Claims the next task of generation gen, if that job still has one. */
+static bool claim(kv_pool *p, uint32_t gen, int32_t *task) {
+    uint64_t w = atomic_load_explicit(&p->next, memory_order_acquire);
     for (;;) {
-        int32_t t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) return;
-        p->fn(p->ctx, t, thread);
+        if (generation_of(w) != gen ||
+            (int32_t)(uint32_t)w >= atomic_load_explicit(&p->job[gen & 1].n_tasks, memory_order_relaxed))
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&p->next, &w, w + 1, memory_order_acq_rel, memory_order_acquire)) {
+            *task = (int32_t)(uint32_t)w;
+            return true;
+        }
+    }
+}
+
+static void run_tasks(kv_pool *p, uint32_t gen, int32_t thread) {
+    const pool_job *j = &p->job[gen & 1];
+    int32_t t;
+    while (claim(p, gen, &t)) {
+        j->fn(j->ctx, t, thread);
+        if (atomic_fetch_add_explicit(&p->completed, 1, memory_order_acq_rel) + 1 == atomic_load(&j->n_tasks)) {
+            pthread_mutex_lock(&p->lock);
+            pthread_cond_broadcast(&p->done);
+            pthread_mutex_unlock(&p->lock);
+        }
     }
 }
 
@@ -54,27 +85,22 @@ static void *worker_main(void *arg) {
     kv_pool *p = wa->pool;
     const int32_t thread = wa->thread;
     free(wa);
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned gen;
+        uint32_t gen;
         int spins = 0;
-        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
+        while ((gen = generation_of(atomic_load_explicit(&p->next, memory_order_acquire))) == seen &&
                !atomic_load(&p->stop) && spins++ < SPIN_ROUNDS)
             cpu_relax();
         if (gen == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->lock);
-            while ((gen = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop))
+            while ((gen = generation_of(atomic_load(&p->next))) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->wake, &p->lock);
             pthread_mutex_unlock(&p->lock);
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = gen;
-        run_tasks(p, thread);
-        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->lock);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->lock);
-        }
+        run_tasks(p, gen, thread);
     }
 }
 
@@ -141,21 +167,21 @@ int kv_pool_run(kv_pool *p, int32_t n_tasks, kv_task_fn fn, void *ctx) {
         return KV_OK;
     }
     pthread_mutex_lock(&p->run_lock);
-    p->n_tasks = n_tasks;
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->next_task, 0);
-    atomic_store(&p->busy, p->n_threads - 1);
+    const uint32_t gen = ++p->generation;
+    p->job[gen & 1].fn = fn;
+    p->job[gen & 1].ctx = ctx;
+    atomic_store_explicit(&p->job[gen & 1].n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->completed, 0, memory_order_relaxed);
     pthread_mutex_lock(&p->lock);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->next, (uint64_t)gen << 32, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
-    run_tasks(p, 0);
+    run_tasks(p, gen, 0);
     int spins = 0;
-    while (atomic_load_explicit(&p->busy, memory_order_acquire) > 0 && spins++ < SPIN_ROUNDS) cpu_relax();
-    if (atomic_load(&p->busy) > 0) {
+    while (atomic_load_explicit(&p->completed, memory_order_acquire) < n_tasks && spins++ < SPIN_ROUNDS) cpu_relax();
+    if (atomic_load_explicit(&p->completed, memory_order_acquire) < n_tasks) {
         pthread_mutex_lock(&p->lock);
-        while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->lock);
+        while (atomic_load(&p->completed) < n_tasks) pthread_cond_wait(&p->done, &p->lock);
         pthread_mutex_unlock(&p->lock);
     }
     pthread_mutex_unlock(&p->run_lock);
