@@ -156,18 +156,20 @@ static double *add_norm(builder *b, const char *name, int64_t n) {
     return d;
 }
 
+enum { TOKEN_CAP = 64 }; /* bytes of one token text, "<extra_2147483647>" included */
+
 static void add_vocab(gw *w, int extra) {
     int n = FX_VOCAB + extra;
     char **toks = malloc(sizeof(char *) * (size_t)n);
     int32_t *types = malloc(sizeof(int32_t) * (size_t)n);
     static const char *const special[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     for (int i = 0; i < n; i++) {
-        toks[i] = malloc(32);
+        toks[i] = malloc(TOKEN_CAP);
         types[i] = i < 3 ? 3 : 1; /* control, normal */
-        if (i < 3) snprintf(toks[i], 32, "%s", special[i]);
+        if (i < 3) snprintf(toks[i], TOKEN_CAP, "%s", special[i]);
         else if (i < FX_BYTE0 + 256) byte_token(i - FX_BYTE0, toks[i]);
-        else snprintf(toks[i], 32, "%s", i == FX_BYTE0 + 256 ? "\xc4\xa0t" : i == FX_BYTE0 + 257 ? "he" : "x");
-        if (i >= FX_VOCAB) snprintf(toks[i], 32, "<extra_%d>", i);
+        else snprintf(toks[i], TOKEN_CAP, "%s", i == FX_BYTE0 + 256 ? "\xc4\xa0t" : i == FX_BYTE0 + 257 ? "he" : "x");
+        if (i >= FX_VOCAB) snprintf(toks[i], TOKEN_CAP, "<extra_%d>", i);
     }
     const char *merges[2] = {"\xc4\xa0 t", "h e"};
     gw_add_str(w, "tokenizer.ggml.model", "gpt2");
