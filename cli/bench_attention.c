@@ -17,8 +17,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#define BENCH_X86 1
 #endif
 
 #include "cli.h"
@@ -82,9 +83,10 @@ static double read_bandwidth(bench *B, int trials) {
 
 enum { FMA_ITERS = 1 << 22 };
 
-static void fma_task(void *ctx, int32_t task, int32_t thread) {
-    float *sink = ctx;
-#if defined(__AVX512F__)
+/* The FMA loop at the width the attention kernels run at (kv_simd_name), so
+ * that a portable build of this file still measures the machine's peak. */
+#ifdef BENCH_X86
+__attribute__((target("avx512f,fma"))) static void fma_avx512(float *sink, int32_t task) {
     /* twelve named accumulators: independent chains, kept in registers */
     const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
     __m512 x0 = _mm512_set1_ps(0), x1 = _mm512_set1_ps(1), x2 = _mm512_set1_ps(2), x3 = _mm512_set1_ps(3);
@@ -100,7 +102,9 @@ static void fma_task(void *ctx, int32_t task, int32_t thread) {
                              _mm512_add_ps(_mm512_add_ps(x4, x5), _mm512_add_ps(x6, x7)));
     s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(x8, x9), _mm512_add_ps(x10, x11)));
     sink[task % 64] = _mm512_reduce_add_ps(s);
-#elif defined(__AVX2__) && defined(__FMA__)
+}
+
+__attribute__((target("avx2,fma"))) static void fma_avx2(float *sink, int32_t task) {
     const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
     __m256 x0 = _mm256_set1_ps(0), x1 = _mm256_set1_ps(1), x2 = _mm256_set1_ps(2), x3 = _mm256_set1_ps(3);
     __m256 x4 = _mm256_set1_ps(4), x5 = _mm256_set1_ps(5), x6 = _mm256_set1_ps(6), x7 = _mm256_set1_ps(7);
@@ -117,14 +121,26 @@ static void fma_task(void *ctx, int32_t task, int32_t thread) {
     float t[8];
     _mm256_storeu_ps(t, s);
     sink[task % 64] = t[0];
-#else
+}
+#endif
+
+static void fma_scalar(float *sink, int32_t task) {
     float x[12];
     for (int i = 0; i < 12; i++) x[i] = (float)i;
     for (int n = 0; n < FMA_ITERS; n++)
         for (int i = 0; i < 12; i++) x[i] = fmaf(x[i], 0.999f, 0.001f);
     sink[task % 64] = x[0] + x[11];
+}
+
+static void fma_task(void *ctx, int32_t task, int32_t thread) {
+    const char *simd = kv_simd_name();
+#ifdef BENCH_X86
+    if (!strcmp(simd, "avx512")) fma_avx512(ctx, task);
+    else if (!strcmp(simd, "avx2")) fma_avx2(ctx, task);
+    else
 #endif
-    (void)thread;
+        fma_scalar(ctx, task);
+    (void)thread, (void)simd;
 }
 
 /* FLOPs of one fma_task: 12 chains x FMA_ITERS lanes-iterations x 2. */
