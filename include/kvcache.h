@@ -30,10 +30,12 @@
  * kv_cache_create and kv_pool_create.
  *
  * Threads. Calls on different caches may run concurrently. Calls on one cache
- * must be serialized by the caller, including kv_attend_* (it uses the cache's
- * work area), except kv_read_*, kv_seq_length and kv_cache_get_stats, which
- * may run together while nothing changes the cache. The pure functions
- * (kv_attention_*, kv_rope_*, kv_price_*) may run anywhere at any time.
+ * must be serialized by the caller, except the ones that only read it
+ * (kv_attend_*, kv_read_*, kv_seq_length, kv_cache_get_stats, kv_seq_save),
+ * which may run together while nothing changes the cache (kv_attend_f32 calls
+ * take turns on the cache's work area; use a pool for parallelism within one).
+ * The pure functions (kv_attention_*, kv_rope_*, kv_price_*) may run anywhere
+ * at any time.
  */
 #ifndef KVCACHE_H
 #define KVCACHE_H

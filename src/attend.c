@@ -422,6 +422,10 @@ int kv_attend_f32(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
     attend_job j = {.cache = c, .batch = b, .simd = kv_simd_active(), .layer = layer, .H = H,
                     .G = H / c->p.n_kv_heads, .d = c->p.head_dim, .Hkv = c->p.n_kv_heads,
                     .scale = (float)default_scale(scale, c->p.head_dim), .window = c->p.window, .q = q, .out = out};
+    /* the work area is the cache's: concurrent readers take turns on it */
+    pthread_mutex_t *lock = (pthread_mutex_t *)&c->work_lock;
+    pthread_mutex_lock(lock);
     run_f32(&j, c->threads, b->n_seqs, c->items, c->item_cap, c->partials, c->partial_cap);
+    pthread_mutex_unlock(lock);
     return KV_OK;
 }

@@ -77,6 +77,7 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
 
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return KV_ERR_NOMEM;
+    pthread_mutex_init(&c->work_lock, NULL);
     c->p = p;
     c->elem = elem;
     c->head_bytes = head_bytes;
@@ -127,6 +128,7 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
 
 void kv_cache_free(kv_cache *c) {
     if (!c) return;
+    pthread_mutex_destroy(&c->work_lock);
     if (c->pool_mapped)
         munmap(c->pool, c->pool_mapped);
     else

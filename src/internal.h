@@ -3,6 +3,7 @@
 #ifndef KV_INTERNAL_H
 #define KV_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -67,6 +68,8 @@ struct kv_cache {
     uint64_t hash_mask;   /* hash bits that count (all; tests narrow it to force collisions) */
 
     /* attention work (src/attend.c) */
+    pthread_mutex_t work_lock; /* attention calls may come from several threads: they take
+                                * turns on the work area below */
     kv_pool *threads;     /* borrowed: runs attention tasks, or NULL */
     kv_work_item *items;  /* [item_cap] the work items of one wave */
     int32_t item_cap;

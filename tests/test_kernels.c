@@ -2,6 +2,7 @@
  * float64 oracle (over the K/V as stored, so storage rounding is out of the
  * comparison), long contexts cut into splits, and results identical for any
  * thread count and any cutting of a call into waves. */
+#include <pthread.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -211,4 +212,53 @@ TEST(kernels_pool_runs_every_task_once) {
     kv_pool *p;
     CHECK_EQ_INT(kv_pool_create(-1, &p), KV_ERR_SHAPE);
     CHECK_EQ_INT(kv_simd_select("sse9"), KV_ERR_UNSUPPORTED);
+}
+
+/* Several threads attending on one cache at once, with long sequences cut
+ * into splits that use the cache's work area: each gets its own answer. */
+typedef struct {
+    const kv_cache *c;
+    int32_t seq;
+    const float *q;
+    float *out;
+    const float *expect; /* NULL: just compute */
+    int mismatches;
+} attend_arg;
+
+static void *attend_thread(void *p) {
+    attend_arg *a = p;
+    int32_t rows[2] = {0, 1};
+    kv_batch b = {.n_seqs = 1, .seqs = &a->seq, .row_start = rows};
+    for (int rep = 0; rep < (a->expect ? 300 : 1); rep++) {
+        kv_attend_f32(a->c, 0, &b, 8, a->q, a->out, 0);
+        if (a->expect && memcmp(a->out, a->expect, sizeof(float) * 8 * 64)) a->mismatches++;
+    }
+    return NULL;
+}
+
+TEST(kernels_concurrent_attend_calls_on_one_cache_do_not_mix) {
+    test_rng r = {730};
+    kcase k = {.H = 8, .Hkv = 2, .d = 64, .S = 4000, .T = 1, .P = 16, .dtype = KV_F16};
+    int32_t seq;
+    kv_cache *c = filled(&r, &k, &seq);
+    enum { N = 4 };
+    float *q[N], *serial[N], *together[N];
+    pthread_t th[N];
+    attend_arg args[N];
+    for (int i = 0; i < N; i++) {
+        double *qd = rand_normal(&r, 8 * 64, 1);
+        q[i] = to_f32(qd, 8 * 64);
+        free(qd);
+        serial[i] = malloc(sizeof(float) * 8 * 64), together[i] = malloc(sizeof(float) * 8 * 64);
+        args[i] = (attend_arg){c, seq, q[i], serial[i], NULL, 0};
+        attend_thread(&args[i]);
+        args[i].out = together[i], args[i].expect = serial[i];
+    }
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, attend_thread, &args[i]);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(args[i].mismatches, 0);
+        free(q[i]), free(serial[i]), free(together[i]);
+    }
+    kv_cache_free(c);
 }
