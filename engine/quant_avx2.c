@@ -277,16 +277,6 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     reduce16(acc, out, R);
 }
 
-int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
-    if (nr != 8 && nr != 1) return -1;
-    switch (type) {
-    case LLM_TYPE_Q4_0: if (nr == 8) fused_v(LLM_TYPE_Q4_0, w, x, n, out, 8); else fused_v(LLM_TYPE_Q4_0, w, x, n, out, 1); return 0;
-    case LLM_TYPE_Q4_1: if (nr == 8) fused_v(LLM_TYPE_Q4_1, w, x, n, out, 8); else fused_v(LLM_TYPE_Q4_1, w, x, n, out, 1); return 0;
-    case LLM_TYPE_Q8_0: if (nr == 8) fused_v(LLM_TYPE_Q8_0, w, x, n, out, 8); else fused_v(LLM_TYPE_Q8_0, w, x, n, out, 1); return 0;
-    default: return -1;
-    }
-}
-
 int llm_simd_level(void) { return 2; }
 
 void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
@@ -405,16 +395,6 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     reduce8(acc, out, R);
 }
 
-int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
-    if (nr != 8 && nr != 1) return -1;
-    switch (type) {
-    case LLM_TYPE_Q4_0: if (nr == 8) fused_v(LLM_TYPE_Q4_0, w, x, n, out, 8); else fused_v(LLM_TYPE_Q4_0, w, x, n, out, 1); return 0;
-    case LLM_TYPE_Q4_1: if (nr == 8) fused_v(LLM_TYPE_Q4_1, w, x, n, out, 8); else fused_v(LLM_TYPE_Q4_1, w, x, n, out, 1); return 0;
-    case LLM_TYPE_Q8_0: if (nr == 8) fused_v(LLM_TYPE_Q8_0, w, x, n, out, 8); else fused_v(LLM_TYPE_Q8_0, w, x, n, out, 1); return 0;
-    default: return -1;
-    }
-}
-
 int llm_simd_level(void) { return 1; }
 
 void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
@@ -438,6 +418,20 @@ void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int
 }
 
 #endif
+
+/* Both vector widths define fused_v; the type and row count become constants
+ * of its inlined instances. */
+int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
+    if (nr != 8 && nr != 1) return -1;
+#define FUSED(T) (nr == 8 ? fused_v(T, w, x, n, out, 8) : fused_v(T, w, x, n, out, 1))
+    switch (type) {
+    case LLM_TYPE_Q4_0: FUSED(LLM_TYPE_Q4_0); return 0;
+    case LLM_TYPE_Q4_1: FUSED(LLM_TYPE_Q4_1); return 0;
+    case LLM_TYPE_Q8_0: FUSED(LLM_TYPE_Q8_0); return 0;
+    default: return -1;
+    }
+#undef FUSED
+}
 
 #else /* no AVX2: quant.c uses its scalar code */
 

@@ -36,17 +36,20 @@ static void item_seq(const attend_job *j, const kv_work_item *it, int32_t *row0,
     *S = j->cache->seqs[j->batch->seqs[it->b]].len;
 }
 
-static key_source item_source(const attend_job *j, const kv_work_item *it) {
+/* The keys of KV head `head` of an item's sequence. */
+static key_source head_source(const attend_job *j, const kv_work_item *it, int32_t head) {
     if (!j->cache)
         return (key_source){.dtype = KV_F32, .d = j->d, .block = j->S > 0 ? j->S : 1,
                             .stride = (size_t)j->Hkv * (size_t)j->d * sizeof(float),
-                            .k = (const unsigned char *)(j->k + (size_t)it->head * j->d),
-                            .v = (const unsigned char *)(j->v + (size_t)it->head * j->d)};
+                            .k = (const unsigned char *)(j->k + (size_t)head * j->d),
+                            .v = (const unsigned char *)(j->v + (size_t)head * j->d)};
     const kv_cache *c = j->cache;
     return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
                         .stride = (size_t)j->d * c->elem, .cache = c,
-                        .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = it->head};
+                        .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = head};
 }
+
+static key_source item_source(const attend_job *j, const kv_work_item *it) { return head_source(j, it, it->head); }
 
 /* K and V of positions [j0, j0 + n) as f32 [n][d]: straight from the page
  * when it already is f32 and contiguous, else converted into kbuf/vbuf. */
@@ -153,12 +156,12 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
 static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t pos0, const float *qbuf, float *m,
                           float *l, float *acc) {
     const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
-    key_source src = item_source(j, it);
     int32_t lo[KV_DECODE_VECS], hi[KV_DECODE_VECS];
+    const int32_t block = item_source(j, it).block;
     for (int32_t j0 = it->klo; j0 <= it->khi;) {
-        const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
+        const int32_t blk = j0 / block, in_blk = j0 - blk * block;
         int32_t n = 16 - j0 % 16;
-        if (n > src.block - in_blk) n = src.block - in_blk;
+        if (n > block - in_blk) n = block - in_blk;
         if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
         for (int32_t i = 0; i < nv; i++) { /* visible: pos - window < key <= pos */
             const int32_t pos = pos0 + (it->v0 + i) / G;
@@ -166,15 +169,11 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
             hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
         }
         /* every head's K in the page, then every head's V: two runs through memory */
-        const size_t off = (size_t)in_blk * src.stride;
         float w[KV_WIDE_HEADS][KV_DECODE_VECS][16], corr[KV_WIDE_HEADS][KV_DECODE_VECS];
         for (int pass = 0; pass < 2; pass++)
             for (int32_t a = 0; a < it->n_heads; a++) {
-                src.head = it->head + a;
-                if (!src.cache) { /* dense: heads are interleaved in each row */
-                    src.k = (const unsigned char *)(j->k + (size_t)src.head * d);
-                    src.v = (const unsigned char *)(j->v + (size_t)src.head * d);
-                }
+                const key_source src = head_source(j, it, it->head + a);
+                const size_t off = (size_t)in_blk * src.stride;
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
                 if (pass == 0)
