@@ -148,7 +148,9 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     llm_textstream *ts;
     int rc = llm_textstream_create(llm_model_tokenizer(m), p->stops, p->n_stops, p->max_tokens,
                                    p->ignore_eog ? LLM_STREAM_IGNORE_EOG : 0, &ts);
-    if (rc == LLM_OK) rc = reserve_tokens(s, (int64_t)n + (p->max_tokens >= 0 ? p->max_tokens : 0) + 1);
+    /* it never holds more than n_ctx tokens in the cache and one not fed yet */
+    int64_t most = (int64_t)n + (p->max_tokens >= 0 ? p->max_tokens : n_ctx) + 1;
+    if (rc == LLM_OK) rc = reserve_tokens(s, most < (int64_t)n_ctx + 1 ? most : (int64_t)n_ctx + 1);
     if (rc != LLM_OK) {
         llm_sampler_free(&smp);
         llm_textstream_free(ts);
