@@ -67,6 +67,7 @@ typedef enum {
     KV_ERR_SHARED = -14,       /* a write would change a page another sequence shares */
     KV_ERR_MISMATCH = -15,     /* a saved file was made by a cache of another configuration */
     KV_ERR_UNSUPPORTED = -16,  /* not available on this CPU or in this build */
+    KV_ERR_DUPLICATE = -17,    /* a sequence appears more than once in one batch */
 } kv_status;
 
 /* A static, human-readable description of a status code. */
@@ -95,7 +96,7 @@ int kv_dtype_parse(const char *name, kv_dtype *out);
 /* KV bytes one token costs: 2 (K and V) x layers x kv_heads x head_dim x
  * bytes per element, plus for KV_Q8 one f32 scale per token, layer, head and
  * K/V. Llama 3.1 8B in bf16: 2 x 32 x 8 x 128 x 2 = 131,072 B. Returns 0 for
- * invalid arguments. */
+ * invalid arguments; saturates at UINT64_MAX (never wraps). */
 uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype);
 /* The same for n_tokens tokens (saturates at UINT64_MAX). */
 uint64_t kv_price_tokens(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype,
@@ -285,7 +286,8 @@ int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
  * row_start[b] .. row_start[b+1]-1 of q, k, v, x and out, so its T_b =
  * row_start[b+1] - row_start[b]. Its cache length S_b is kv_seq_length at the
  * time of the call (the T_b new positions already reserved), and its row i sits
- * at absolute position S_b - T_b + i. A sequence appears at most once. */
+ * at absolute position S_b - T_b + i. A sequence appears at most once
+ * (KV_ERR_DUPLICATE otherwise). */
 typedef struct {
     int32_t n_seqs;
     const int32_t *seqs;       /* [n_seqs] sequence ids */

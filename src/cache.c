@@ -327,19 +327,31 @@ static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t
     s->len += n_new;
 }
 
-int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+/* What every call taking a batch checks first: the arrays are there,
+ * row_start starts at 0 and never decreases, and each id names a live
+ * sequence that appears once. */
+static int batch_form(const kv_cache *c, const kv_batch *b) {
     if (!c || !b) return KV_ERR_NULL;
     if (b->n_seqs < 0) return KV_ERR_SHAPE;
     if (b->n_seqs == 0) return KV_OK;
     if (!b->seqs || !b->row_start) return KV_ERR_NULL;
     if (b->row_start[0] != 0) return KV_ERR_SHAPE;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i];
+        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+        for (int32_t j = 0; j < i; j++)
+            if (b->seqs[j] == seq) return KV_ERR_DUPLICATE;
+        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
+    }
+    return KV_OK;
+}
+
+int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+    int rc = batch_form(c, b);
+    if (rc || b->n_seqs == 0) return rc;
     int64_t needed = 0, available = (int64_t)c->n_free + c->n_cached;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
-        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-        for (int32_t j = 0; j < i; j++)
-            if (b->seqs[j] == seq) return KV_ERR_SEQ;
-        if (n_new < 0) return KV_ERR_SHAPE;
         if (n_new > c->p.max_seq_len - c->seqs[seq].len) return KV_ERR_CAPACITY;
         if (n_new == 0) continue;
         reserve_plan pl = plan_reserve(c, seq, n_new);
@@ -391,20 +403,12 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
 /* ------------------------------------------------------------------ batches */
 
 int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
-    if (!c || !b) return KV_ERR_NULL;
-    if (b->n_seqs < 0) return KV_ERR_SHAPE;
     *rows = 0;
-    if (b->n_seqs == 0) return KV_OK;
-    if (!b->seqs || !b->row_start) return KV_ERR_NULL;
-    if (b->row_start[0] != 0) return KV_ERR_SHAPE;
+    int rc = batch_form(c, b);
+    if (rc || b->n_seqs == 0) return rc;
     for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i];
-        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-        for (int32_t j = 0; j < i; j++)
-            if (b->seqs[j] == seq) return KV_ERR_SEQ;
         int32_t T = b->row_start[i + 1] - b->row_start[i];
-        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
-        const kv_seq_state *s = &c->seqs[seq];
+        const kv_seq_state *s = &c->seqs[b->seqs[i]];
         if (T > s->len) return KV_ERR_LENGTH;
         if (T > 0 && window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
     }

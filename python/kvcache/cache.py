@@ -107,6 +107,15 @@ class Batch:
         return f"Batch.of({list(self)})"
 
 
+def c_path(path):
+    """A file name as C reads it. A NUL byte would end it early, so C would
+    use another file: refused as open() refuses it."""
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in path {path!r}")
+    return b
+
+
 def as_batch(batch):
     return batch if isinstance(batch, Batch) else Batch.of(batch)
 
@@ -307,13 +316,13 @@ class KVCache:
     @reads
     def save(self, path, seq=None):
         """Writes the sequence's tokens and K/V to a file (kv_seq_save)."""
-        self._call("kv_seq_save", self._seq(seq), os.fsencode(path))
+        self._call("kv_seq_save", self._seq(seq), c_path(path))
 
     @writes
     def restore(self, path):
         """Reads a kv_seq_save file into a new sequence (kv_seq_restore); returns its id."""
         out = ctypes.c_int32()
-        self._call("kv_seq_restore", os.fsencode(path), ctypes.byref(out))
+        self._call("kv_seq_restore", c_path(path), ctypes.byref(out))
         return out.value
 
     def _tokens(self, tokens, n):
@@ -334,8 +343,20 @@ class KVCache:
         want = tuple(lead) + (Hkv, d)
         for a, name in ((k, name_k), (v, name_v)):
             if a.shape != want:
-                raise ValueError(f"{name} must have shape {want}, got {a.shape}")
+                raise ValueError(f"{name} must have shape {want} [rows, Hkv, d], got {a.shape}")
         return contiguous(k, self.compute_dtype), contiguous(v, self.compute_dtype)
+
+    def _seed_layout(self, k, v, name_k, name_v):
+        """k and v [Hkv, t, d] (or [n_layers, Hkv, t, d] when ndim is 4), the
+        seed's layout, checked as the caller wrote them; returns t."""
+        multi = k.ndim == 4
+        t = k.shape[-2]
+        want = ((self.n_layers,) if multi else ()) + (self.n_kv_heads, t, self.head_dim)
+        names = "[n_layers, Hkv, t, d]" if multi else "[Hkv, t, d]"
+        for a, name in ((k, name_k), (v, name_v)):
+            if a.shape != want:
+                raise ValueError(f"{name} must have shape {want} {names}, got {a.shape}")
+        return t
 
     def _heads(self, H):
         H = integer(H, "H", 1)
@@ -361,9 +382,7 @@ class KVCache:
         v_new = real_array(v_new, "v_new", ndim)
         if k_new.shape != v_new.shape:
             raise ValueError(f"k_new and v_new must have one shape, got {k_new.shape} and {v_new.shape}")
-        if multi and k_new.shape[0] != self.n_layers:
-            raise ValueError(f"k_new must be [n_layers={self.n_layers}, Hkv, t, d], got {k_new.shape}")
-        t = k_new.shape[-2]
+        t = self._seed_layout(k_new, v_new, "k_new", "v_new")
         kl = k_new if multi else k_new[None]
         vl = v_new if multi else v_new[None]
         # [L, Hkv, t, d] -> [L, t, Hkv, d], the C layout; checked before anything changes
@@ -392,7 +411,7 @@ class KVCache:
         (already reserved) positions in `layer`."""
         k = real_array(k, "k", 3)
         v = real_array(v, "v", 3)
-        t = k.shape[1]
+        t = self._seed_layout(k, v, "k", "v")
         kc, vc = self._kv(k.transpose(1, 0, 2), v.transpose(1, 0, 2), (t,))
         self._write(Batch([self._seq(seq)], [0, t]), kc, vc, self._layer(layer))
 
