@@ -102,9 +102,27 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
 	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
 
 test-asan: deps
-	$(MAKE) BUILD=build-asan OPT=-O1 CC=clang \
-	    CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	    LDFLAGS="-fsanitize=address,undefined" test-c
+	$(MAKE) $(ASAN_FLAGS) test-c
+
+# The Python thread tests and the C concurrent-call tests under ThreadSanitizer
+# (gcc's: its runtime can be preloaded into a Python that was not built with it,
+# clang 14's faults when preloaded), then the Python thread tests once more
+# under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
+TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
+              LDFLAGS="-fsanitize=thread"
+ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
+              CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+              LDFLAGS="-fsanitize=address,undefined"
+PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests/test_threads.py
+test-threads: deps $(PY_DEPS)
+	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests thread_count
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" LD_PRELOAD=$$(gcc -print-file-name=libtsan.so) \
+	    KVCACHE_LIB=$(abspath build-tsan)/libkvcache.so $(PY_THREAD_TESTS)
+	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/libkvcache.so
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
+	    KVCACHE_LIB=$(abspath build-asan)/libkvcache.so $(PY_THREAD_TESTS)
 
 test-portable: deps
 	$(MAKE) BUILD=build-portable MARCH= test-c
