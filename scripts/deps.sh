@@ -26,6 +26,7 @@ clang              make test-asan, test-threads, fuzz
 libclang-rt-14-dev clang's sanitizer and libFuzzer runtimes
 python3            the binding's tests, scripts
 python3-venv       the tests' virtual environment (build/venv)
+python3-pip        scripts/fetch-model.sh downloads the model with pip
 groff-base         the man page test renders docs/kvcache.1
 curl               the server tests talk HTTP with it
 libcivetweb-dev    the server's HTTP layer
