@@ -113,7 +113,8 @@ TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omi
 ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
               CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
               LDFLAGS="-fsanitize=address,undefined"
-PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests/test_threads.py
+PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider --capture=sys \
+                   python/tests/test_threads.py
 test-threads: deps $(PY_DEPS)
 	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
