@@ -4,6 +4,7 @@
  * log-sum-exp combination of split results. The float64 path runs the
  * reference kernel (attend_ref.c). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "attend.h"
 #include "simd.h"
@@ -45,7 +46,7 @@ static key_source head_source(const attend_job *j, const kv_work_item *it, int32
                             .v = (const unsigned char *)(j->v + (size_t)head * j->d)};
     const kv_cache *c = j->cache;
     return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
-                        .stride = (size_t)j->d * c->elem, .cache = c,
+                        .stride = (size_t)j->d * c->pages.elem, .cache = c,
                         .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = head};
 }
 
@@ -403,7 +404,7 @@ int kv_attend_f64(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
         const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
         if (T == 0) continue;
         for (int32_t g = 0; g < Hkv; g++) {
-            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->elem,
+            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->pages.elem,
                               .cache = c, .table = kv_table(c, seq), .layer = layer, .head = g};
             size_t off = ((size_t)b->row_start[i] * H + (size_t)g * G) * d;
             kv_attend_group_f64(&src, q + off, out + off, (size_t)H * d, T, G, c->seqs[seq].len - T,
@@ -421,10 +422,41 @@ int kv_attend_f32(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
     attend_job j = {.cache = c, .batch = b, .simd = kv_simd_active(), .layer = layer, .H = H,
                     .G = H / c->p.n_kv_heads, .d = c->p.head_dim, .Hkv = c->p.n_kv_heads,
                     .scale = (float)default_scale(scale, c->p.head_dim), .window = c->p.window, .q = q, .out = out};
-    /* the work area is the cache's: concurrent readers take turns on it */
-    pthread_mutex_t *lock = (pthread_mutex_t *)&c->work_lock;
-    pthread_mutex_lock(lock);
-    run_f32(&j, c->threads, b->n_seqs, c->items, c->item_cap, c->partials, c->partial_cap);
-    pthread_mutex_unlock(lock);
+    /* concurrent readers of one cache take turns on its work area */
+    kv_attend_work *w = c->work;
+    pthread_mutex_lock(&w->lock);
+    run_f32(&j, w->threads, b->n_seqs, w->items, w->item_cap, w->partials, w->partial_cap);
+    pthread_mutex_unlock(&w->lock);
     return KV_OK;
 }
+
+/* ------------------------------------------------------------------ work area */
+
+kv_attend_work *kv_attend_work_create(int32_t max_seq_len, int32_t n_kv_heads) {
+    kv_attend_work *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_mutex_init(&w->lock, NULL);
+    /* room for every split of one longest sequence (all heads), within 64 MB;
+     * untouched, the memory costs nothing */
+    size_t splits = (size_t)max_seq_len / KV_SPLIT + 2;
+    w->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * (size_t)n_kv_heads);
+    if (w->partial_cap > (16u << 20)) w->partial_cap = 16u << 20;
+    w->item_cap = 8192;
+    w->partials = malloc(w->partial_cap * sizeof *w->partials);
+    w->items = malloc((size_t)w->item_cap * sizeof *w->items);
+    if (!w->partials || !w->items) {
+        kv_attend_work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void kv_attend_work_free(kv_attend_work *w) {
+    if (!w) return;
+    pthread_mutex_destroy(&w->lock);
+    free(w->partials);
+    free(w->items);
+    free(w);
+}
+
+void kv_attend_work_set_pool(kv_attend_work *w, kv_pool *pool) { w->threads = pool; }
