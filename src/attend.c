@@ -108,7 +108,7 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
                 const int32_t len = jhi - jlo + 1;
                 float mx = m[i];
                 for (int32_t e = 0; e < len; e++) mx = si[e] > mx ? si[e] : mx;
-                const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                const float corr = kv_corr_exp(m[i], mx);
                 l[i] = l[i] * corr + simd->exp_sum(si, len, mx);
                 simd->axpy_rows(si, vc + (size_t)(jlo - j0) * d, len, d, corr, acc + (size_t)i * d);
                 m[i] = mx;
@@ -181,7 +181,8 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                                            kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
                                            n, lo, hi, m + at, l + at, w[a], corr[a]);
                 else
-                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, w[a], corr[a], acc + at * d);
+                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
+                                           acc + at * d);
             }
         j0 += n;
     }
@@ -257,7 +258,7 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
             for (int32_t k = 0; k < n; k++) {
                 const float *p = j->partials + j->items[first + k].partial + head_off;
                 if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
-                const float w = expf(p[i] - M);
+                const float w = kv_corr_exp(p[i], M); /* never 0: an infinite acc stays infinite */
                 L += p[nv + i] * w;
                 const float *ai = p + 2 * nv + (size_t)i * d;
                 for (int32_t e = 0; e < d; e++) o[e] += ai[e] * w;
