@@ -171,52 +171,59 @@ static inline __m256 load8(kv_dtype t, const unsigned char *row, int32_t e) {
 
 #define DECODE_INLINE static inline __attribute__((always_inline)) void
 
-/* Raw scores s[i][j] = q[i] . k[j], j < n, of NV <= 4 vectors: keys in pairs,
- * each converted once against every vector, the vectors read from L1 (four of
- * them do not fit the 16 registers); four keys share one horizontal sum. */
+/* Raw scores of keys j..j+KP-1 against NV <= 4 vectors, into tmp [NV][16][8]
+ * lane sums: NV * KP independent FMA chains (FMA latency 4 x 2 pipes wants
+ * at least 8), each K element converted once, q read from L1. */
+DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, const float *q, int32_t d,
+                        const unsigned char *k, size_t stride, int32_t j, float (*tmp)[16][8]) {
+    __m256 a[4][6];
+#pragma GCC unroll 4
+    for (int32_t i = 0; i < NV; i++)
+#pragma GCC unroll 6
+        for (int32_t kk = 0; kk < KP; kk++) a[i][kk] = _mm256_setzero_ps();
+    const unsigned char *row = k + (size_t)j * stride;
+    for (int32_t e = 0; e < d; e += 8) {
+#pragma GCC unroll 6
+        for (int32_t kk = 0; kk < KP; kk++) {
+            const __m256 kv = load8(t, row + (size_t)kk * stride, e);
+#pragma GCC unroll 4
+            for (int32_t i = 0; i < NV; i++) a[i][kk] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)i * d + e), kv, a[i][kk]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int32_t i = 0; i < NV; i++)
+#pragma GCC unroll 6
+        for (int32_t kk = 0; kk < KP; kk++) _mm256_store_ps(tmp[i][j + kk], a[i][kk]);
+}
+
+/* s[i][j] = q[i] . k[j] for j < n (<= 16), NV <= 4: passes of KP keys, then
+ * the lane sums of eight keys at a time folded by one hadd tree. */
 DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int32_t d, const unsigned char *k,
                         size_t stride, int32_t n, float (*s)[16]) {
+    enum { KP_MAX = 6 };
+    const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 4 : 3;
+    float tmp[4][16][8] __attribute__((aligned(32)));
     int32_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        __m256 h[2][4];
-#pragma GCC unroll 2
-        for (int32_t half = 0; half < 2; half++) {
-            const unsigned char *r0 = k + (size_t)(j + 2 * half) * stride, *r1 = r0 + stride;
-            __m256 a0[4], a1[4];
+    for (; j + KP <= n; j += KP) dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
+    for (; j < n; j++) dots_pass(t, NV, 1, q, d, k, stride, j, tmp);
+    for (int32_t i = 0; i < NV; i++)
+        for (int32_t jj = n; jj < ((n + 7) & ~7); jj++) _mm256_store_ps(tmp[i][jj], _mm256_setzero_ps());
 #pragma GCC unroll 4
-            for (int32_t i = 0; i < NV; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-            for (int32_t e = 0; e < d; e += 8) {
-                const __m256 k0 = load8(t, r0, e), k1 = load8(t, r1, e);
-#pragma GCC unroll 4
-                for (int32_t i = 0; i < NV; i++) {
-                    const __m256 qv = _mm256_loadu_ps(q + (size_t)i * d + e);
-                    a0[i] = _mm256_fmadd_ps(qv, k0, a0[i]);
-                    a1[i] = _mm256_fmadd_ps(qv, k1, a1[i]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int32_t i = 0; i < NV; i++) h[half][i] = _mm256_hadd_ps(a0[i], a1[i]);
+    for (int32_t i = 0; i < NV; i++)
+        for (int32_t j0 = 0; j0 < n; j0 += 8) {
+            const float(*x)[8] = tmp[i] + j0;
+            __m256 h01 = _mm256_hadd_ps(_mm256_load_ps(x[0]), _mm256_load_ps(x[1]));
+            __m256 h23 = _mm256_hadd_ps(_mm256_load_ps(x[2]), _mm256_load_ps(x[3]));
+            __m256 h45 = _mm256_hadd_ps(_mm256_load_ps(x[4]), _mm256_load_ps(x[5]));
+            __m256 h67 = _mm256_hadd_ps(_mm256_load_ps(x[6]), _mm256_load_ps(x[7]));
+            __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+            /* h0123 = [k0..k3 over lanes 0-3 | k0..k3 over lanes 4-7], likewise h4567 */
+            __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+            _mm256_storeu_ps(&s[i][j0], _mm256_add_ps(lo, hi));
         }
-#pragma GCC unroll 4
-        for (int32_t i = 0; i < NV; i++) { /* [k0 k1 k2 k3] partial sums in each 128-bit half */
-            const __m256 x = _mm256_hadd_ps(h[0][i], h[1][i]);
-            _mm_storeu_ps(&s[i][j], _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
-        }
-    }
-    for (; j < n; j++) {
-        const unsigned char *row = k + (size_t)j * stride;
-        __m256 a[4];
-#pragma GCC unroll 4
-        for (int32_t i = 0; i < NV; i++) a[i] = _mm256_setzero_ps();
-        for (int32_t e = 0; e < d; e += 8) {
-            const __m256 kv = load8(t, row, e);
-#pragma GCC unroll 4
-            for (int32_t i = 0; i < NV; i++) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)i * d + e), kv, a[i]);
-        }
-#pragma GCC unroll 4
-        for (int32_t i = 0; i < NV; i++) s[i][j] = hsum8(a[i]);
-    }
+    (void)KP_MAX;
 }
+
 
 static inline float hmax8(__m256 v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -225,11 +232,47 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
+/* The online-softmax update of NV vectors that all see the whole block of 16
+ * keys (most blocks): unrolled over the vectors, so that their exp chains
+ * overlap. */
+DECODE_INLINE softmax_full(const int32_t NV, const float *ks, const float *vs, float *m, float *l, float (*s)[16],
+                           float *corr) {
+    __m256 s0[KV_DECODE_VECS], s1[KV_DECODE_VECS];
+    float bm[KV_DECODE_VECS];
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < NV; i++) {
+        s0[i] = _mm256_loadu_ps(s[i]), s1[i] = _mm256_loadu_ps(s[i] + 8);
+        if (ks) s0[i] = _mm256_mul_ps(s0[i], _mm256_loadu_ps(ks)), s1[i] = _mm256_mul_ps(s1[i], _mm256_loadu_ps(ks + 8));
+        bm[i] = hmax8(_mm256_max_ps(s0[i], s1[i]));
+    }
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < NV; i++) {
+        /* a new max rescales the old state; an unchanged one (most blocks) by
+         * exactly 1, no exp; a NaN m (poisoned before) stays; a NaN score may
+         * drop out of the max, but its weight is NaN */
+        corr[i] = 1.0f;
+        if (bm[i] > m[i]) corr[i] = kv_corr_exp(m[i], bm[i]), m[i] = bm[i];
+    }
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < NV; i++) {
+        const __m256 mv = _mm256_set1_ps(m[i]);
+        __m256 p0 = exp8(_mm256_sub_ps(s0[i], mv)), p1 = exp8(_mm256_sub_ps(s1[i], mv));
+        l[i] = l[i] * corr[i] + hsum8(_mm256_add_ps(p0, p1));
+        if (vs) p0 = _mm256_mul_ps(p0, _mm256_loadu_ps(vs)), p1 = _mm256_mul_ps(p1, _mm256_loadu_ps(vs + 8));
+        _mm256_storeu_ps(s[i], p0);
+        _mm256_storeu_ps(s[i] + 8, p1);
+    }
+}
+
 DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
                           const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
     dots_impl(t, nv < 4 ? nv : 4, q, d, k, stride, n, s);
     if (nv > 4) dots_impl(t, nv - 4, q + 4 * (size_t)d, d, k, stride, n, s + 4);
+    if (n == 16 && kv_block_uniform(nv, lo, hi) && lo[0] == 0 && hi[0] == 15) {
+        softmax_full(nv, ks, vs, m, l, s, corr);
+        return;
+    }
     const __m256i iota0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_epi32(iota0, _mm256_set1_epi32(8));
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) { /* sees none of the block: state unchanged, values skip it */
@@ -237,23 +280,39 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
             continue;
         }
         /* visible lanes lo <= j <= hi; the others are never loaded */
-        const __m256i vlo = _mm256_set1_epi32(lo[i] - 1), vhi = _mm256_set1_epi32(hi[i] + 1);
-        const __m256i vis0 = _mm256_and_si256(_mm256_cmpgt_epi32(iota0, vlo), _mm256_cmpgt_epi32(vhi, iota0));
-        const __m256i vis1 = _mm256_and_si256(_mm256_cmpgt_epi32(iota1, vlo), _mm256_cmpgt_epi32(vhi, iota1));
-        __m256 s0 = _mm256_maskload_ps(s[i], vis0), s1 = _mm256_maskload_ps(s[i] + 8, vis1);
-        if (ks) s0 = _mm256_mul_ps(s0, _mm256_maskload_ps(ks, vis0)), s1 = _mm256_mul_ps(s1, _mm256_maskload_ps(ks + 8, vis1));
-        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        const bool full = lo[i] == 0 && hi[i] == 15;
+        __m256 vis0, vis1, s0, s1;
+        if (full) {
+            vis0 = vis1 = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+            s0 = _mm256_loadu_ps(s[i]), s1 = _mm256_loadu_ps(s[i] + 8);
+            if (ks) s0 = _mm256_mul_ps(s0, _mm256_loadu_ps(ks)), s1 = _mm256_mul_ps(s1, _mm256_loadu_ps(ks + 8));
+        } else {
+            const __m256i vlo = _mm256_set1_epi32(lo[i] - 1), vhi = _mm256_set1_epi32(hi[i] + 1);
+            const __m256i m0 = _mm256_and_si256(_mm256_cmpgt_epi32(iota0, vlo), _mm256_cmpgt_epi32(vhi, iota0));
+            const __m256i m1 = _mm256_and_si256(_mm256_cmpgt_epi32(iota1, vlo), _mm256_cmpgt_epi32(vhi, iota1));
+            vis0 = _mm256_castsi256_ps(m0), vis1 = _mm256_castsi256_ps(m1);
+            s0 = _mm256_maskload_ps(s[i], m0), s1 = _mm256_maskload_ps(s[i] + 8, m1);
+            if (ks) s0 = _mm256_mul_ps(s0, _mm256_maskload_ps(ks, m0)), s1 = _mm256_mul_ps(s1, _mm256_maskload_ps(ks + 8, m1));
+            const __m256 ninf = _mm256_set1_ps(-INFINITY);
+            s0 = _mm256_blendv_ps(ninf, s0, vis0), s1 = _mm256_blendv_ps(ninf, s1, vis1); /* out of the max */
+        }
         /* a NaN score may drop out of the max; its weight below is NaN anyway */
-        float mx = hmax8(_mm256_max_ps(_mm256_blendv_ps(ninf, s0, _mm256_castsi256_ps(vis0)),
-                                       _mm256_blendv_ps(ninf, s1, _mm256_castsi256_ps(vis1))));
-        mx = mx > m[i] ? mx : m[i]; /* a NaN m (poisoned before) stays */
-        corr[i] = kv_corr_exp(m[i], mx);
+        const float bm = hmax8(_mm256_max_ps(s0, s1));
+        /* a new max rescales the old state; an unchanged one (most blocks) by
+         * exactly 1, no exp; a NaN m (poisoned before) stays */
+        float mx = m[i];
+        corr[i] = 1.0f;
+        if (bm > mx) corr[i] = kv_corr_exp(mx, bm), mx = bm;
         const __m256 mv = _mm256_set1_ps(mx);
-        __m256 p0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), exp8(_mm256_sub_ps(s0, mv)));
-        __m256 p1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), exp8(_mm256_sub_ps(s1, mv)));
+        __m256 p0 = _mm256_and_ps(vis0, exp8(_mm256_sub_ps(s0, mv)));
+        __m256 p1 = _mm256_and_ps(vis1, exp8(_mm256_sub_ps(s1, mv)));
         l[i] = l[i] * corr[i] + hsum8(_mm256_add_ps(p0, p1));
         m[i] = mx;
-        if (vs) p0 = _mm256_mul_ps(p0, _mm256_maskload_ps(vs, vis0)), p1 = _mm256_mul_ps(p1, _mm256_maskload_ps(vs + 8, vis1));
+        if (vs) {
+            if (full) p0 = _mm256_mul_ps(p0, _mm256_loadu_ps(vs)), p1 = _mm256_mul_ps(p1, _mm256_loadu_ps(vs + 8));
+            else p0 = _mm256_mul_ps(p0, _mm256_maskload_ps(vs, _mm256_castps_si256(vis0))),
+                 p1 = _mm256_mul_ps(p1, _mm256_maskload_ps(vs + 8, _mm256_castps_si256(vis1)));
+        }
         _mm256_storeu_ps(s[i], p0);
         _mm256_storeu_ps(s[i] + 8, p1);
     }
