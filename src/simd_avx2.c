@@ -383,7 +383,165 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     (void)n;
 }
 
-static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, NULL};
+/* ------------------------------------------------------------------ prefill */
+
+/* Scores s[j][i] = k[j] . qt[:, i] of keys j..j+KP-1 against the 16 vectors
+ * from i0: the keys' elements broadcast, the vectors along the lanes (no
+ * reductions), 2 KP independent FMA chains. */
+DECODE_INLINE tile_dots(const int32_t KP, const float *qt, int32_t ldq, int32_t d, const float *k, int32_t j,
+                        int32_t i0, float *s) {
+    __m256 a[6][2];
+#pragma GCC unroll 6
+    for (int32_t kk = 0; kk < KP; kk++) a[kk][0] = a[kk][1] = _mm256_setzero_ps();
+    const float *kj = k + (size_t)j * d;
+    for (int32_t e = 0; e < d; e++) {
+        const float *qe = qt + (size_t)e * ldq + i0;
+        const __m256 q0 = _mm256_loadu_ps(qe), q1 = _mm256_loadu_ps(qe + 8);
+#pragma GCC unroll 6
+        for (int32_t kk = 0; kk < KP; kk++) {
+            const __m256 b = _mm256_broadcast_ss(kj + (size_t)kk * d + e);
+            a[kk][0] = _mm256_fmadd_ps(b, q0, a[kk][0]);
+            a[kk][1] = _mm256_fmadd_ps(b, q1, a[kk][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int32_t kk = 0; kk < KP; kk++) {
+        _mm256_storeu_ps(s + (size_t)(j + kk) * ldq + i0, a[kk][0]);
+        _mm256_storeu_ps(s + (size_t)(j + kk) * ldq + i0 + 8, a[kk][1]);
+    }
+}
+
+/* acc[i0 + x] = acc * corr + sum_j w[j][i0 + x] v[j] over the 16 dims from
+ * e0, for the NI <= 6 vectors from i0: keys all_lo..all_hi, which every one
+ * of them sees, in the unrolled loop; the others only for the vectors that see
+ * them (a weight of 0 times a NaN or infinite V would still poison a vector). */
+DECODE_INLINE tile_values(const int32_t NI, const float *s, int32_t ldq, int32_t d, const float *v, int32_t n,
+                          int32_t j0, const int32_t *pos, int32_t window, const float *corr, int32_t all_lo,
+                          int32_t all_hi, int32_t i0, int32_t e0, float *acc) {
+    __m256 a[6][2];
+#pragma GCC unroll 6
+    for (int32_t x = 0; x < NI; x++) {
+        const __m256 c = _mm256_set1_ps(corr[i0 + x]);
+        a[x][0] = _mm256_mul_ps(c, _mm256_loadu_ps(acc + (size_t)(i0 + x) * d + e0));
+        a[x][1] = _mm256_mul_ps(c, _mm256_loadu_ps(acc + (size_t)(i0 + x) * d + e0 + 8));
+    }
+    for (int32_t j = all_lo; j <= all_hi; j++) {
+        const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i0;
+        const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+#pragma GCC unroll 6
+        for (int32_t x = 0; x < NI; x++) {
+            const __m256 w = _mm256_broadcast_ss(wj + x);
+            a[x][0] = _mm256_fmadd_ps(w, v0, a[x][0]);
+            a[x][1] = _mm256_fmadd_ps(w, v1, a[x][1]);
+        }
+    }
+    /* the keys some of the vectors see: pos[i0] - window < key <= pos[i0 + NI - 1] */
+    int32_t any_lo = window > 0 ? pos[i0] - window + 1 - j0 : 0, any_hi = pos[i0 + NI - 1] - j0;
+    any_lo = any_lo < 0 ? 0 : any_lo, any_hi = any_hi > n - 1 ? n - 1 : any_hi;
+    for (int32_t j = any_lo; j <= any_hi; j++) {
+        if (j >= all_lo && j <= all_hi) {
+            j = all_hi;
+            continue;
+        }
+        const int32_t key = j0 + j;
+        const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i0;
+#pragma GCC unroll 6
+        for (int32_t x = 0; x < NI; x++) {
+            const int32_t p = pos[i0 + x];
+            if (key > p || (window > 0 && key <= p - window)) continue;
+            const __m256 w = _mm256_broadcast_ss(wj + x);
+            a[x][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj), a[x][0]);
+            a[x][1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8), a[x][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int32_t x = 0; x < NI; x++) {
+        _mm256_storeu_ps(acc + (size_t)(i0 + x) * d + e0, a[x][0]);
+        _mm256_storeu_ps(acc + (size_t)(i0 + x) * d + e0 + 8, a[x][1]);
+    }
+}
+
+static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
+                       int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
+                       float *s) {
+    /* 1. scores, six keys by 16 vectors per step */
+    for (int32_t i0 = 0; i0 < ldq; i0 += 16) {
+        int32_t j = 0;
+        for (; n - j >= 10; j += 6) tile_dots(6, qt, ldq, d, k, j, i0, s);
+        /* the last 0..9 keys in at most two passes, none of a single key
+         * unless one is left: a pass of KP keys is KP FMA latencies long */
+        for (int32_t left = n - j; left > 0; left = n - j) {
+            const int32_t kp = left > 5 ? left / 2 : left;
+            switch (kp) {
+            case 5: tile_dots(5, qt, ldq, d, k, j, i0, s); break;
+            case 4: tile_dots(4, qt, ldq, d, k, j, i0, s); break;
+            case 3: tile_dots(3, qt, ldq, d, k, j, i0, s); break;
+            case 2: tile_dots(2, qt, ldq, d, k, j, i0, s); break;
+            default: tile_dots(1, qt, ldq, d, k, j, i0, s); break;
+            }
+            j += kp;
+        }
+    }
+    /* 2. online softmax along the lanes: the visible keys of each vector, the
+     *    new max, weights (zero where not visible), sums */
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int32_t i0 = 0; i0 < ldq; i0 += 8) {
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(nv - i0), iota);
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(pos + i0));
+        /* visible: p - window < key <= p, i.e. key > lo and key < p + 1 */
+        const __m256i lo = window > 0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(window)) : _mm256_set1_epi32(INT32_MIN);
+        const __m256i p1 = _mm256_add_epi32(p, _mm256_set1_epi32(1));
+        const __m256 mold = _mm256_loadu_ps(m + i0);
+        __m256 mx = mold;
+        for (int32_t j = 0; j < n; j++) {
+            const __m256i jj = _mm256_set1_epi32(j0 + j);
+            const __m256 vis = _mm256_castsi256_ps(
+                _mm256_and_si256(live, _mm256_and_si256(_mm256_cmpgt_epi32(p1, jj), _mm256_cmpgt_epi32(jj, lo))));
+            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_loadu_ps(s + (size_t)j * ldq + i0)), vis);
+        }
+        /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the
+         * first sight (a NaN max counts as unseen: its weights are NaN) */
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        const __m256 seen = _mm256_cmp_ps(mx, ninf, _CMP_NEQ_OQ), had = _mm256_cmp_ps(mold, ninf, _CMP_NEQ_OQ);
+        __m256 corr = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_setzero_ps(), seen);
+        corr = _mm256_blendv_ps(corr, exp8(_mm256_sub_ps(mold, mx)), _mm256_and_ps(seen, had));
+        __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(l + i0), corr);
+        for (int32_t j = 0; j < n; j++) {
+            const __m256i jj = _mm256_set1_epi32(j0 + j);
+            const __m256 vis = _mm256_castsi256_ps(
+                _mm256_and_si256(live, _mm256_and_si256(_mm256_cmpgt_epi32(p1, jj), _mm256_cmpgt_epi32(jj, lo))));
+            float *sj = s + (size_t)j * ldq + i0;
+            const __m256 w = _mm256_and_ps(vis, exp8(_mm256_sub_ps(_mm256_loadu_ps(sj), mx)));
+            _mm256_storeu_ps(sj, w);
+            sum = _mm256_add_ps(sum, w);
+        }
+        _mm256_storeu_ps(l + i0, sum);
+        _mm256_storeu_ps(m + i0, mx);
+        _mm256_storeu_ps(s + (size_t)n * ldq + i0, corr); /* the row after the weights: corr */
+    }
+    /* 3. acc[i] = acc[i] corr_i + sum_j w[j][i] v[j]: six vectors by 16
+     *    dimensions per step */
+    const float *corr = s + (size_t)n * ldq;
+    for (int32_t i = 0; i < nv; i += 6) {
+        const int32_t ni = nv - i < 6 ? nv - i : 6;
+        int32_t all_lo = window > 0 ? pos[i + ni - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
+        all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
+        for (int32_t e0 = 0; e0 < d; e0 += 16) {
+#define VALUES(NI) tile_values(NI, s, ldq, d, v, n, j0, pos, window, corr, all_lo, all_hi, i, e0, acc)
+            switch (ni) {
+            case 6: VALUES(6); break;
+            case 5: VALUES(5); break;
+            case 4: VALUES(4); break;
+            case 3: VALUES(3); break;
+            case 2: VALUES(2); break;
+            default: VALUES(1); break;
+            }
+#undef VALUES
+        }
+    }
+}
+
+static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
 
 const kv_simd *kv_simd_avx2(void) {
     __builtin_cpu_init();
