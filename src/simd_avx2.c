@@ -1,6 +1,8 @@
 /* src/simd_avx2.c - the attention primitives (see simd.h) for AVX2 + FMA +
- * F16C: 8 lanes. Compiled with those flags whatever MARCH says; used only
- * when the CPU reports them. */
+ * F16C: 8 lanes, 16 registers. The chunk primitives, the fused decode kernels
+ * (a GQA group's vectors against one pass over K and V straight from storage)
+ * and the prefill tile kernel. Compiled with those flags whatever MARCH says;
+ * used only when the CPU reports them. */
 #include "simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
