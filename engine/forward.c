@@ -94,6 +94,8 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.page_size < 1 || p.page_size > 4096) return cfail(err, errlen, "page size must be in [1, 4096]");
     if (p.kv_type == KV_F64) return cfail(err, errlen, "f64 K/V is for the library's reference path; use f32, f16, bf16 or q8");
     int64_t pages = (int64_t)p.n_seqs * ((p.n_ctx + p.page_size - 1) / p.page_size);
+    if (p.n_pages < 0) return cfail(err, errlen, "the page count must be >= 0");
+    if (p.n_pages > 0) pages = p.n_pages;
     if (pages > INT32_MAX) return cfail(err, errlen, "n_seqs x n_ctx is too large");
     llm_context *c = calloc(1, sizeof *c);
     if (!c) return cfail(err, errlen, "out of memory");
