@@ -26,11 +26,13 @@ LDLIBS_ALL := -lpthread -lm
 LIB_SRC    := $(wildcard src/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
+SERVER_SRC := $(wildcard server/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
 
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 # SIMD variants are compiled for their instruction set whatever MARCH says and
@@ -38,13 +40,21 @@ TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
+# Only server/ (and so the kvcache binary) uses these Debian-packaged
+# libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships
+# no pkg-config file on Debian 12, hence the fallback.
+SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg-config --cflags jansson 2>/dev/null)
+SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
+                   echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
+$(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+
 .PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples \
         test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -59,8 +69,9 @@ $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/kvcache: $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
-	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
+$(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
+	    $(SERVER_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
@@ -167,8 +178,9 @@ fuzz:
 	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
 	@for src in tests/fuzz/fuzz_*.c; do \
 	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
+	    extra=; case $$name in fuzz_request) extra="server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)";; esac; \
 	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	        -Iinclude -Iengine $$src build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
+	        -Iinclude -Iengine $$src $$extra build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
 	        -o build-fuzz/$$name || exit 1; \
 	    mkdir -p build-fuzz/corpus_$$name; \
 	    echo "== $$name: $(FUZZ_SECONDS) s"; \
