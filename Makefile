@@ -1,7 +1,8 @@
 # kvcache - attention with a KV cache.
 #
 #   make            the library (build/libkvcache.{a,so}) and the `kvcache` command
-#   make test       build and run every test (C suite, examples, Python binding)
+#   make test       build and run every test (C suite, examples, Python binding, HTTP server)
+#   make test-server  kvcache serve through the openai client and curl (tests/server)
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-portable  the C suite built without -march=native (scalar paths)
 #   make run        build, fetch the default model if missing, run the main job
@@ -48,7 +49,7 @@ SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
 
-.PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples \
+.PHONY: all lib test test-c test-server test-asan test-portable run bench model install uninstall clean fuzz examples \
         test-install install-python
 
 all: lib $(BUILD)/kvcache
@@ -84,6 +85,14 @@ test: test-c examples test-install
 	@if [ -d python/tests ] && $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
 	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) -m pytest -q python/tests; \
 	elif [ -d python/tests ]; then echo "python tests need numpy and pytest (pip install numpy pytest)"; exit 1; fi
+	@$(MAKE) --no-print-directory test-server
+
+# kvcache serve over HTTP with the official openai client (and curl), on the
+# real model: each test starts its own server on a free loopback port.
+test-server: $(BUILD)/kvcache $(MODEL)
+	@if ! $(PYTHON) -c 'import openai, pytest' 2>/dev/null; then \
+	    echo "the server tests need the openai and pytest packages (pip install openai pytest)"; exit 1; fi
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(PYTHON) -m pytest -q tests/server
 
 test-asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 CC=clang \
