@@ -46,6 +46,7 @@ struct llm_sched {
     kv_cache *cache;
     llm_sched_params p;
     int32_t n_ctx, n_slots, page_size, n_pages, V;
+    int prefix;                 /* one cache: prefix matching keeps every cache in step */
 
     /* owned by the scheduler thread */
     sched_req **running;        /* [n_slots] admitted requests, oldest first */
@@ -91,18 +92,19 @@ static int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page -
 /* ---------------------------------------------------------------- create, submit */
 
 int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out) {
-    if (!c || !out) return KV_ERR_NULL;
+    if (!c || !out) return LLM_ERR_NULL;
     *out = NULL;
     llm_sched_params p = pp ? *pp : llm_sched_default_params();
     llm_context_params cp = llm_context_get_params(c);
-    if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return KV_ERR_SHAPE;
+    if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return LLM_ERR_PARAM;
     if (p.batch_tokens > cp.n_batch) p.batch_tokens = cp.n_batch;
     llm_sched *s = calloc(1, sizeof *s);
-    if (!s) return KV_ERR_NOMEM;
+    if (!s) return LLM_ERR_NOMEM;
     s->c = c, s->m = llm_context_model(c), s->cache = llm_context_cache(c), s->p = p;
     kv_cache_params kp = kv_cache_get_params(s->cache);
     s->n_ctx = cp.n_ctx, s->n_slots = kp.max_seqs, s->page_size = kp.page_size, s->n_pages = kp.n_pages;
-    s->V = s->m->hp.n_vocab;
+    s->V = llm_model_n_vocab(s->m);
+    s->prefix = llm_context_n_caches(c) == 1;
     if (!s->p.max_running || s->p.max_running > s->n_slots) s->p.max_running = s->n_slots;
     size_t ns = (size_t)s->n_slots, nr = (size_t)p.batch_tokens;
     s->running = calloc(ns, sizeof *s->running);
@@ -118,12 +120,12 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
         !s->lsm || pthread_mutex_init(&s->mu, NULL)) {
         free(s->running), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
         free(s->b_ch), free(s->logits), free(s->lsm), free(s);
-        return KV_ERR_NOMEM;
+        return LLM_ERR_NOMEM;
     }
     pthread_cond_init(&s->wake, NULL);
     s->idle = 1;
     *out = s;
-    return KV_OK;
+    return LLM_OK;
 }
 
 static int refuse(char *err, size_t errlen, int code, const char *fmt, long a, long b) {
@@ -133,20 +135,20 @@ static int refuse(char *err, size_t errlen, int code, const char *fmt, long a, l
 
 int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
-    if (!s || !r || !r->cb || (!r->prompt && r->n_prompt > 0)) return refuse(err, errlen, KV_ERR_NULL, "missing argument", 0, 0);
-    if (r->n_prompt < 1) return refuse(err, errlen, KV_ERR_SHAPE, "the prompt is empty", 0, 0);
+    if (!s || !r || !r->cb || (!r->prompt && r->n_prompt > 0)) return refuse(err, errlen, LLM_ERR_NULL, "missing argument", 0, 0);
+    if (r->n_prompt < 1) return refuse(err, errlen, LLM_ERR_PARAM, "the prompt is empty", 0, 0);
     if (r->n_choices < 1 || r->n_choices > LLM_SCHED_MAX_CHOICES)
-        return refuse(err, errlen, KV_ERR_SHAPE, "n must be in [1, %ld]", LLM_SCHED_MAX_CHOICES, 0);
+        return refuse(err, errlen, LLM_ERR_PARAM, "n must be in [1, %ld]", LLM_SCHED_MAX_CHOICES, 0);
     if (r->n_choices > s->n_slots)
         return refuse(err, errlen, LLM_ERR_TOO_LARGE, "n = %ld exceeds the %ld parallel sequences", r->n_choices,
                       s->n_slots);
     if (r->top_logprobs > LLM_SCHED_MAX_TOP)
-        return refuse(err, errlen, KV_ERR_SHAPE, "top_logprobs must be in [0, %ld]", LLM_SCHED_MAX_TOP, 0);
+        return refuse(err, errlen, LLM_ERR_PARAM, "top_logprobs must be in [0, %ld]", LLM_SCHED_MAX_TOP, 0);
     if (r->n_stops < 0 || r->n_stops > LLM_MAX_STOPS || (r->n_stops && !r->stops))
-        return refuse(err, errlen, KV_ERR_SHAPE, "at most %ld stop strings", LLM_MAX_STOPS, 0);
+        return refuse(err, errlen, LLM_ERR_PARAM, "at most %ld stop strings", LLM_MAX_STOPS, 0);
     for (int32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->V)
-            return refuse(err, errlen, KV_ERR_SHAPE, "token id %ld is outside the vocabulary of %ld", r->prompt[i], s->V);
+            return refuse(err, errlen, LLM_ERR_PARAM, "token id %ld is outside the vocabulary of %ld", r->prompt[i], s->V);
     if (r->n_prompt >= s->n_ctx)
         return refuse(err, errlen, LLM_ERR_TOO_LARGE, "request of %ld tokens exceeds the context of %ld",
                       r->n_prompt, s->n_ctx);
@@ -156,7 +158,7 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
         return refuse(err, errlen, LLM_ERR_TOO_LARGE, "request needs %ld KV pages; the pool has %ld", need, s->n_pages);
 
     sched_req *q = calloc(1, sizeof *q + sizeof(sched_seq) * (size_t)r->n_choices);
-    if (!q) return refuse(err, errlen, KV_ERR_NOMEM, "out of memory", 0, 0);
+    if (!q) return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
     q->cb = r->cb, q->user = r->user, q->n_prompt = r->n_prompt, q->n_choices = r->n_choices;
     q->top = r->top_logprobs;
     int64_t gen = r->max_tokens < 0 || r->max_tokens > s->n_ctx ? s->n_ctx : r->max_tokens;
@@ -170,11 +172,11 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
         int bad = !ch->tokens;
         if (!bad && llm_sampler_init(&ch->sampler, &sp, s->V)) {
             req_free(q);
-            return refuse(err, errlen, KV_ERR_SHAPE, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
+            return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
         }
-        if (bad || llm_textstream_create(s->m, r->stops, r->n_stops, r->max_tokens, &ch->ts)) {
+        if (bad || llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, r->max_tokens, 0, &ch->ts)) {
             req_free(q);
-            return refuse(err, errlen, KV_ERR_NOMEM, "out of memory", 0, 0);
+            return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
         }
         memcpy(ch->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
         ch->n_tokens = r->n_prompt;
@@ -228,7 +230,7 @@ llm_sched_stats llm_sched_get_stats(llm_sched *s) {
 /* ---------------------------------------------------------------- ending */
 
 static void release(llm_sched *s, sched_seq *ch) {
-    if (ch->seq >= 0) kv_seq_remove(s->cache, ch->seq);
+    if (ch->seq >= 0) llm_seq_remove(s->c, ch->seq);
     ch->seq = -1, ch->n_cached = 0;
 }
 
@@ -327,16 +329,16 @@ static int try_admit(llm_sched *s, sched_req *r) {
         sched_seq *ch = &r->ch[i];
         if (ch->stop != LLM_STOP_NONE) continue;
         placed++;
-        if (kv_seq_new(s->cache, &ch->seq) != KV_OK) { ch->seq = -1; goto undo; }
+        if (llm_seq_new(s->c, &ch->seq) != LLM_OK) { ch->seq = -1; goto undo; }
         int32_t matched = 0;
         /* keep one token to feed: its logits choose the next token */
-        if (ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+        if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
         ch->n_cached = matched;
         queried += ch->n_tokens - 1, hit += matched;
         need += pages_for(ch->n_tokens + 1, s->page_size) - matched / s->page_size;
     }
     if (s->n_running > 0) {
-        kv_cache_stats cs = kv_cache_get_stats(s->cache);
+        kv_cache_stats cs = llm_context_stats(s->c);
         /* headroom: every running sequence may open a page this step */
         if (cs.pages_free + cs.pages_cached < need + slots_held(s)) goto undo;
     }
@@ -471,7 +473,7 @@ static void deliver(llm_sched *s, int32_t nb) {
             for (int32_t j = 1; j < r->n_choices; j++) {
                 sched_seq *cj = &r->ch[j];
                 if (cj->stop != LLM_STOP_NONE) continue;
-                if (kv_seq_fork(s->cache, ch->seq, &cj->seq) != KV_OK) {
+                if (llm_seq_fork(s->c, ch->seq, &cj->seq) != LLM_OK) {
                     cj->seq = -1;
                     finish_choice(s, r, j, LLM_STOP_ERROR, "could not fork the sequence");
                     continue;
@@ -487,7 +489,7 @@ static void deliver(llm_sched *s, int32_t nb) {
 }
 
 static void snapshot(llm_sched *s) {
-    kv_cache_stats cs = kv_cache_get_stats(s->cache);
+    kv_cache_stats cs = llm_context_stats(s->c);
     pthread_mutex_lock(&s->mu);
     s->snap = s->st;
     s->snap.running = s->n_running, s->snap.waiting = s->n_waiting;
@@ -543,22 +545,22 @@ int llm_sched_step(llm_sched *s) {
     reap(s);
     admit(s);
     int32_t nb, no, rows;
-    int rc = KV_OK;
+    int rc = LLM_OK;
     for (;;) {
         rows = build_batch(s, &nb, &no);
         if (rows == 0) break;
         llm_batch b = {.n_seqs = nb, .seqs = s->b_seqs, .row_start = s->b_rows, .tokens = s->b_tokens,
                        .want = s->b_want};
         rc = llm_forward(s->c, &b, s->logits);
-        if (rc != KV_ERR_OUT_OF_PAGES) break;
+        if (rc != LLM_ERR_OUT_OF_PAGES) break;
         if (s->n_running > 1) {
             preempt_newest(s);
         } else {   /* alone and still out of pages: it has outgrown the pool */
             end_request(s, s->running[0], LLM_STOP_CONTEXT, NULL);
-            rc = KV_OK;
+            rc = LLM_OK;
         }
     }
-    if (rows > 0 && rc == KV_OK) {
+    if (rows > 0 && rc == LLM_OK) {
         s->st.steps++, s->st.rows += (uint64_t)rows;
         deliver(s, nb);
     } else if (rows > 0) {
@@ -572,7 +574,7 @@ int llm_sched_step(llm_sched *s) {
     reap(s);
     admit(s);   /* slots freed by this step's endings are taken before the next */
     snapshot(s);
-    return rc == KV_OK ? rows : rc;
+    return rc == LLM_OK ? rows : rc;
 }
 
 int llm_sched_run(llm_sched *s) {

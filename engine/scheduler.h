@@ -36,7 +36,7 @@
 #include "sampler.h"
 #include "session.h"
 
-/* Submit refusals (beside the library's KV_ERR_* codes). */
+/* Submit refusals, beside the llm_status codes (engine/status.h). */
 #define LLM_ERR_QUEUE_FULL (-201)   /* too many requests waiting: try later (HTTP 503) */
 #define LLM_ERR_TOO_LARGE (-202)    /* the request can never fit the context or the pool */
 #define LLM_ERR_STOPPED (-203)      /* the scheduler is shutting down */
@@ -103,14 +103,14 @@ typedef struct {
 typedef struct llm_sched llm_sched;
 
 /* The scheduler borrows c (and its model) for its lifetime and owns every
- * sequence of c's cache while it lives. 0, or a KV_ERR_* code. */
+ * sequence of its caches while it lives. LLM_OK, or an llm_status code. */
 int llm_sched_create(llm_context *c, const llm_sched_params *p, llm_sched **out);
 /* Ends every request (LLM_STOP_CANCEL, callbacks run) and frees. */
 void llm_sched_free(llm_sched *s);
 
 /* Queues a request; *id names it for llm_sched_cancel. 0, or
- * LLM_ERR_TOO_LARGE / LLM_ERR_QUEUE_FULL / LLM_ERR_STOPPED / KV_ERR_SHAPE /
- * KV_ERR_NULL with a sentence in err (err may be NULL). A refused request gets
+ * LLM_ERR_TOO_LARGE / LLM_ERR_QUEUE_FULL / LLM_ERR_STOPPED / LLM_ERR_PARAM /
+ * LLM_ERR_NULL with a sentence in err (err may be NULL). A refused request gets
  * no callback. */
 int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, char *err, size_t errlen);
 /* Ends the request at the next step (LLM_STOP_CANCEL); its pages are freed

@@ -74,9 +74,9 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
     *out = NULL, *n = 0;
     if (r->tokens) {   /* a completion prompt given as ids */
         for (int32_t i = 0; i < r->n_tokens; i++)
-            if (r->tokens[i] >= s->m->hp.n_vocab)
+            if (r->tokens[i] >= llm_model_n_vocab(s->m))
                 return srv_error_set(e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
-                                     (int)r->tokens[i], (int)s->m->hp.n_vocab);
+                                     (int)r->tokens[i], (int)llm_model_n_vocab(s->m));
         *out = malloc(sizeof(int32_t) * (size_t)(r->n_tokens ? r->n_tokens : 1));
         if (!*out) return srv_error_set(e, 500, "server_error", "out of memory");
         memcpy(*out, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
@@ -87,25 +87,25 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
     const char *text = r->prompt;
     size_t len = r->prompt_len;
     if (r->kind == SRV_CHAT) {
-        if (s->m->chat.kind == LLM_CHAT_UNKNOWN)
+        if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
-        int32_t need = llm_chat_render(&s->m->chat, r->msgs, r->n_msgs, 1, NULL, 0);
+        int32_t need = llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, NULL, 0);
         if (need == LLM_CHAT_ERR || need >= 0)
             return srv_error_set(e, 400, "invalid_request_error", "the messages cannot be rendered");
         rendered = malloc((size_t)-need);
-        if (!rendered || llm_chat_render(&s->m->chat, r->msgs, r->n_msgs, 1, rendered, -need) < 0) {
+        if (!rendered || llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, rendered, -need) < 0) {
             free(rendered);
             return srv_error_set(e, 500, "server_error", "out of memory");
         }
         text = rendered, len = strlen(rendered);
     }
-    int32_t need = llm_tokenize(s->m->tok, text, len, 1, 1, NULL, 0);
+    int32_t need = llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, NULL, 0);
     int32_t cap = need < 0 ? -need : need;
     if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1)))) {
         free(rendered);
         return srv_error_set(e, 400, "invalid_request_error", "the prompt cannot be tokenized (too long?)");
     }
-    *n = cap ? llm_tokenize(s->m->tok, text, len, 1, 1, *out, cap) : 0;
+    *n = cap ? llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, *out, cap) : 0;
     free(rendered);
     return 0;
 }
@@ -164,11 +164,11 @@ static json_t *chunk(gen_out *o, json_t *choices) {
  * completions add to {"tokens","token_logprobs","top_logprobs","text_offset"}. */
 static json_t *chat_logprob(gen_out *o, const gen_event *g) {
     int32_t len = 0;
-    const char *piece = llm_token_piece(o->s->m->tok, g->token, &len);
+    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
     json_t *top = json_array();
     for (int32_t i = 0; i < g->n_top; i++) {
         int32_t tl = 0;
-        const char *tp = llm_token_piece(o->s->m->tok, g->top_ids[i], &tl);
+        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
         json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", srv_json_text(tp, (size_t)tl), "logprob",
                                              (double)g->top_lps[i], "bytes", srv_json_bytes(tp, (size_t)tl)));
     }
@@ -178,11 +178,11 @@ static json_t *chat_logprob(gen_out *o, const gen_event *g) {
 
 static void completion_logprob(gen_out *o, json_t *lp, const gen_event *g, size_t offset) {
     int32_t len = 0;
-    const char *piece = llm_token_piece(o->s->m->tok, g->token, &len);
+    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
     json_t *top = json_object();
     for (int32_t i = 0; i < g->n_top; i++) {
         int32_t tl = 0;
-        const char *tp = llm_token_piece(o->s->m->tok, g->top_ids[i], &tl);
+        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
         json_t *key = srv_json_text(tp, (size_t)tl);
         json_object_set_new(top, json_string_value(key), json_real(g->top_lps[i]));
         json_decref(key);
@@ -336,12 +336,12 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                                       .top_p = (float)r.top_p,
                                       .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial};
     char msg[200];
-    int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : KV_ERR_NOMEM;
+    int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;
     free(ids);
     int status;
     if (rc) {
         if (rc == LLM_ERR_QUEUE_FULL || rc == LLM_ERR_STOPPED) srv_error_set(&e, 503, "unavailable_error", "%s", msg);
-        else if (rc == KV_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
+        else if (rc == LLM_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
         else srv_error_set(&e, 400, "invalid_request_error", "%s", msg);
         status = srv_reply_error(s, conn, &e);
     } else {

@@ -73,7 +73,7 @@ static int models(srv *s, struct mg_connection *conn) {
 }
 
 static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
-    const llm_tokenizer *tok = s->m->tok;
+    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
     int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, NULL, 0);
     srv_error e;
     if (need == LLM_TOK_ERR)
@@ -98,14 +98,14 @@ static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
 static int detokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
     srv_error e;
     for (int32_t i = 0; i < r->n_tokens; i++)
-        if (r->tokens[i] >= s->m->hp.n_vocab)
+        if (r->tokens[i] >= llm_model_n_vocab(s->m))
             return srv_error_set(&e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
-                                 (int)r->tokens[i], (int)s->m->hp.n_vocab),
+                                 (int)r->tokens[i], (int)llm_model_n_vocab(s->m)),
                    srv_reply_error(s, conn, &e);
-    int32_t need = llm_detokenize(s->m->tok, r->tokens, r->n_tokens, 0, NULL, 0);
+    int32_t need = llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, NULL, 0);
     size_t cap = need < 0 ? (size_t)-need : (size_t)need + 1;
     char *text = malloc(cap);
-    int32_t n = text ? llm_detokenize(s->m->tok, r->tokens, r->n_tokens, 0, text, (int32_t)cap) : -1;
+    int32_t n = text ? llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, text, (int32_t)cap) : -1;
     json_t *body = n >= 0 ? json_pack("{s:o}", "content", srv_json_text(text, (size_t)n)) : NULL;
     free(text);
     if (!body) return srv_error_set(&e, 500, "server_error", "detokenize failed"), srv_reply_error(s, conn, &e);

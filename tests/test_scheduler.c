@@ -58,16 +58,16 @@ static llm_context *make_ctx(const llm_model *m, int32_t seqs, int32_t pages, in
 static int32_t solo(llm_context *c, const int32_t *prompt, int32_t n_prompt, int32_t max_tokens,
                     const llm_sampler_params *sp, int32_t *out, double *lp0) {
     const llm_model *m = llm_context_model(c);
-    const int32_t V = m->hp.n_vocab;
+    const int32_t V = llm_model_n_vocab(m);
     float *logits = malloc(sizeof(float) * (size_t)V);
     llm_sampler smp;
     llm_sampler_init(&smp, sp, V);
     int32_t seq, n = 0;
-    kv_seq_new(llm_context_cache(c), &seq);
+    llm_seq_new(c, &seq);
     int rc = llm_eval(c, seq, prompt, n_prompt, 0, logits, NULL, NULL);
     while (rc == KV_OK && n < max_tokens && n < MAX_OUT) {
         int32_t t = llm_sample(&smp, logits);
-        if (llm_token_is_eog(m->tok, t)) break;
+        if (llm_token_is_eog(llm_model_tokenizer(m), t)) break;
         if (lp0 && n == 0) { /* log-softmax in double, for the logprobs check */
             double mx = logits[0], z = 0;
             for (int32_t v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
@@ -79,7 +79,7 @@ static int32_t solo(llm_context *c, const int32_t *prompt, int32_t n_prompt, int
         rc = llm_eval(c, seq, &t, 1, 0, logits, NULL, NULL);
     }
     CHECK_EQ_INT(rc, KV_OK);
-    kv_seq_remove(llm_context_cache(c), seq);
+    llm_seq_remove(c, seq);
     llm_sampler_free(&smp);
     free(logits);
     return n;
@@ -203,13 +203,13 @@ TEST(sched_refuses_requests_that_can_never_fit) {
     CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), LLM_ERR_TOO_LARGE);
     CHECK(strstr(err, "KV pages") != NULL);
     r.n_prompt = 0;
-    CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), KV_ERR_SHAPE);
+    CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), LLM_ERR_PARAM);
     r.n_prompt = 4, r.n_choices = 3;   /* more choices than sequences */
     CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), LLM_ERR_TOO_LARGE);
     r.n_choices = 1;
     int32_t bad[2] = {1, FX_VOCAB};
     r.prompt = bad, r.n_prompt = 2;
-    CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), KV_ERR_SHAPE);
+    CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, err, sizeof err), LLM_ERR_PARAM);
     /* a request that fits alone but outgrows the pool while generating ends
      * with "context" instead of looping */
     r.prompt = p, r.n_prompt = 30, r.max_tokens = -1;
