@@ -178,6 +178,9 @@ TEST(sched_greedy_tokens_equal_solo_runs_under_preemption) {
     CHECK_EQ_INT(cs.pages_used, 0);
     CHECK_EQ_INT(cs.seqs, 0);
     CHECK_EQ_INT(cs.pages_free + cs.pages_cached, cs.pages_total);
+    CHECK(cs.pages_cached > 0);   /* the finished requests' full pages stay findable ... */
+    CHECK_EQ_INT(kv_prefix_clear(llm_context_cache(c)), KV_OK);
+    CHECK_EQ_INT(kv_cache_get_stats(llm_context_cache(c)).pages_free, cs.pages_total);   /* ... until cleared */
     llm_sched_free(s);
     llm_context_free(c), llm_context_free(ref);
     llm_model_free(m);
