@@ -339,8 +339,8 @@ static int try_admit(llm_sched *s, sched_req *r) {
     }
     if (s->n_running > 0) {
         kv_cache_stats cs = llm_context_stats(s->c);
-        /* headroom: every running sequence may open a page this step */
-        if (cs.pages_free + cs.pages_cached < need + slots_held(s)) goto undo;
+        /* a small watermark (vLLM's 1%): growth past it preempts the newest */
+        if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
     }
     if (!r->admitted) {
         r->admitted = 1;

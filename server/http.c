@@ -204,7 +204,9 @@ static int handle(struct mg_connection *conn, void *cbdata) {
     }
     int status;
     if (rt->kind == SRV_CHAT || rt->kind == SRV_COMPLETION) {
+        atomic_fetch_add(&s->generating, 1);
         status = srv_handle_generate(s, conn, (srv_kind)rt->kind, body, len);
+        atomic_fetch_sub(&s->generating, 1);
     } else {
         srv_request r;
         if (srv_request_parse((srv_kind)rt->kind, body, len, &r, &e)) {
@@ -236,6 +238,7 @@ int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
     s->created = (int64_t)time(NULL);
     atomic_init(&s->state, SRV_LOADING);
     atomic_init(&s->next_id, 1);
+    atomic_init(&s->generating, 0);
     srv_metrics_init(&s->metrics);
     char ports[96], threads[16];
     snprintf(ports, sizeof ports, strchr(s->host, ':') ? "[%s]:%d" : "%s:%d", s->host, p->port);
@@ -292,6 +295,9 @@ void srv_shutdown(srv *s) {
         llm_sched_stop(s->sched);             /* in-flight requests end; their workers finish the replies */
         pthread_join(s->sched_thread, NULL);
     }
+    /* civetweb refuses writes once stopping: let the handlers write their
+     * last chunks and [DONE] first (bounded: a stalled client cannot hold us) */
+    for (int i = 0; i < 1000 && atomic_load(&s->generating) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     mg_stop(s->mg);                           /* waits for every worker */
     mg_exit_library();
     llm_sched_free(s->sched);

@@ -60,6 +60,7 @@ struct srv {
     llm_sched *sched;
     pthread_t sched_thread;
     int sched_started;
+    atomic_int generating;             /* generation handlers still writing a reply */
     int64_t created;                   /* Unix time of srv_start (models' "created") */
     atomic_uint_fast64_t next_id;      /* response ids */
     srv_metrics metrics;

@@ -22,7 +22,7 @@ def stream_one(client, i, out, errors):
     try:
         text, finish = [], None
         for ch in client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt(i)}],
-                                                 max_tokens=24, temperature=0, stream=True):
+                                                 max_tokens=32, temperature=0, stream=True):
             for c in ch.choices:
                 text.append(c.delta.content or "")
                 finish = c.finish_reason or finish
@@ -32,8 +32,8 @@ def stream_one(client, i, out, errors):
 
 
 def test_32_concurrent_streams_equal_their_solo_runs():
-    # 32 sequences of ~80 positions want ~170 pages; the pool has 96
-    s = Server("-t", "2", "--parallel", "32", "--ctx", "512", "--kv-pages", "96", "--batch-tokens", "256")
+    # 32 sequences of ~80 positions want ~170 pages; the pool has 80
+    s = Server("-t", "2", "--parallel", "32", "--ctx", "512", "--kv-pages", "80", "--batch-tokens", "256")
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         out, errors = [None] * CLIENTS, []
@@ -50,7 +50,7 @@ def test_32_concurrent_streams_equal_their_solo_runs():
         assert value(busy, "kvcache_kv_pages_used") == 0
         for i in range(CLIENTS):   # the same request, alone
             r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt(i)}],
-                                               max_tokens=24, temperature=0)
+                                               max_tokens=32, temperature=0)
             assert (r.choices[0].message.content, r.choices[0].finish_reason) == out[i], f"request {i} differs"
         print(f"\n32 streams, {int(preempted)} preemptions, prefix hits "
               f"{int(value(busy, 'kvcache_prefix_cache_hits_total'))} of "
