@@ -174,9 +174,13 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
             req_free(q);
             return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
         }
-        if (bad || llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, r->max_tokens, 0, &ch->ts)) {
+        int ts = bad ? LLM_ERR_NOMEM
+                     : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, r->max_tokens, 0, &ch->ts);
+        if (ts) {
             req_free(q);
-            return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
+            return ts == LLM_ERR_NOMEM ? refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0)
+                                       : refuse(err, errlen, LLM_ERR_PARAM, "bad stop strings (at most %ld, none empty)",
+                                                LLM_MAX_STOPS, 0);
         }
         memcpy(ch->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
         ch->n_tokens = r->n_prompt;
