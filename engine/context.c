@@ -37,6 +37,8 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.n_pages < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "the page count must be >= 0");
     if (p.kv_type == KV_F64)
         return llm_errf(err, errlen, LLM_ERR_PARAM, "f64 K/V is for the library's reference path; use f32, f16, bf16 or q8");
+    if (m->n_groups < 1 || m->n_groups > LLM_MAX_GROUPS)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "the architecture declared %d cache groups", (int)m->n_groups);
     for (int32_t g = 0; g < m->n_groups; g++)
         if ((int64_t)p.n_seqs * pages_per_seq(&p, m->groups[g].window) > INT32_MAX)
             return llm_errf(err, errlen, LLM_ERR_PARAM, "n_seqs x n_ctx is too large");
