@@ -115,6 +115,7 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
 typedef struct {
     char *text;                          /* [len] accumulated (non-stream) */
     size_t len, cap;
+    size_t streamed;                     /* bytes of text sent so far (stream): the next text_offset */
     json_t *lp;                          /* logprobs so far (non-stream) */
     llm_stop_reason finish;
     double t_last;                       /* the previous token's time, 0 before the first */
@@ -205,8 +206,9 @@ static void stream_piece(gen_out *o, int32_t i, const char *text, size_t len, co
     if (lpg && o->r->logprobs) {
         lp = new_logprobs(o);
         if (is_chat(o)) json_array_append_new(json_object_get(lp, "content"), chat_logprob(o, lpg));
-        else completion_logprob(o, lp, lpg, 0);
+        else completion_logprob(o, lp, lpg, o->ch[i].streamed);
     }
+    o->ch[i].streamed += len;
     json_t *fr = finish != LLM_STOP_NONE ? json_string(srv_finish_reason(finish)) : json_null();
     json_t *c = is_chat(o) ? json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta",
                                        finish != LLM_STOP_NONE && !len ? json_object()

@@ -120,6 +120,13 @@ def test_completions_with_logprobs(client):
     assert "".join(lp.tokens) == c.text
     for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert l <= 0 and len(top) == 2 and max(top.values()) == pytest.approx(l, abs=1e-6)   # greedy
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+    pieces = [ch.choices[0] for ch in client.completions.create(model="m", prompt="The capital of France is",
+                                                                max_tokens=8, temperature=0, logprobs=2, stream=True)]
+    with_lp = [p for p in pieces if p.logprobs]
+    assert "".join(p.text for p in pieces) == c.text
+    assert [p.logprobs.text_offset[0] for p in with_lp] == \
+        [sum(len(p.text) for p in with_lp[:k]) for k in range(len(with_lp))]
 
 
 def test_chat_logprobs_greedy_token_is_the_best(client):
