@@ -1,9 +1,10 @@
 # kvcache - attention with a KV cache.
 #
 #   make            the library (build/libkvcache.{a,so}) and the `kvcache` command
-#   make test       build and run every test (C suite, examples, Python binding); first
-#                   installs the Debian packages it needs (scripts/deps.sh) and the Python
-#                   ones into build/venv (python/requirements-test.txt)
+#   make test       build and run every test (C suite, examples, Python binding, HTTP server);
+#                   first installs the Debian packages it needs (scripts/deps.sh) and the
+#                   Python ones into build/venv (python/requirements-test.txt)
+#   make test-server  kvcache serve through the openai client and curl (tests/server)
 #   make test-threads  the Python thread tests and the C concurrent-call tests under
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -25,6 +26,7 @@ MARCH   ?= -march=native
 PREFIX  ?= /usr/local
 PYTHON  ?= python3
 VENV    ?= build/venv
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 TEST_PYTHON ?= $(VENV)/bin/python
 # the venv is made and filled only when the tests run with it
 PY_DEPS := $(if $(filter $(VENV)/bin/python,$(TEST_PYTHON)),$(VENV)/.installed)
@@ -36,11 +38,13 @@ LDLIBS_ALL := -lpthread -lm
 LIB_SRC    := $(wildcard src/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
+SERVER_SRC := $(wildcard server/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
 
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 # The library exports only what include/kvcache.h marks KV_API.
@@ -51,13 +55,21 @@ $(LIB_OBJ): CFLAGS_ALL += -fvisibility=hidden
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
-.PHONY: all lib test test-all test-c test-python test-asan test-portable test-threads deps run bench \
-        model install uninstall clean fuzz examples test-install install-python
+# Only server/ (and so the kvcache binary) uses these Debian-packaged
+# libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships
+# no pkg-config file on Debian 12, hence the fallback.
+SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg-config --cflags jansson 2>/dev/null)
+SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
+                   echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
+$(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+
+.PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
+        bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -72,8 +84,9 @@ $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/kvcache: $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
-	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
+$(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
+	    $(SERVER_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
@@ -86,7 +99,12 @@ test-c: $(BUILD)/run_tests $(BUILD)/kvcache
 test: deps
 	@$(MAKE) --no-print-directory test-all
 
-test-all: test-c examples test-install test-python
+# kvcache serve over HTTP with the official openai client (and curl), on the
+# real model: each test starts its own server on a free loopback port.
+test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
+
+test-all: test-c examples test-install test-python test-server
 
 deps:
 	@sh scripts/deps.sh
@@ -141,7 +159,6 @@ examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(if $(PY_EXAMPLES),$(PY_DEPS))
 	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
-MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 model: $(MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
@@ -211,8 +228,9 @@ fuzz: deps
 	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
 	@for src in tests/fuzz/fuzz_*.c; do \
 	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
+	    extra=; case $$name in fuzz_request) extra="server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)";; esac; \
 	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	        -Iinclude -Iengine $$src build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
+	        -Iinclude -Iengine $$src $$extra build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
 	        -o build-fuzz/$$name || exit 1; \
 	    mkdir -p build-fuzz/corpus_$$name; \
 	    echo "== $$name: $(FUZZ_SECONDS) s"; \
