@@ -3,7 +3,7 @@
 #   make            the library (build/libkvcache.{a,so}) and the `kvcache` command
 #   make test       build and run every test (C suite, examples, Python binding)
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make test-portable  the C suite built without -march=native (scalar paths)
+#   make test-portable  the C suite built without -march=native, with the SIMD kernels and forced scalar
 #   make run        build, fetch the default model if missing, run the main job
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
@@ -37,6 +37,12 @@ TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 # picked at run time by CPU feature (src/attend.c).
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+$(BUILD)/engine/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
+$(BUILD)/engine/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+# The int8-activation kernels promise the scalar reference's bits: no mul+add
+# may be fused into an FMA behind their back (clang fuses by default).
+$(BUILD)/engine/quant%.o: CFLAGS_ALL += -ffp-contract=off
+$(BUILD)/engine/quant_avx512.o: engine/quant_avx2.c engine/quant_act_avx2.c
 
 .PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples \
         test-install install-python
@@ -79,8 +85,11 @@ test-asan:
 	    CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" test-c
 
+# A portable build still runs the SIMD kernels (chosen by CPUID); the second
+# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
 test-portable:
 	$(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))

@@ -2,9 +2,9 @@
  * F16C: 8 lanes. Compiled with those flags whatever MARCH says; used only
  * when the CPU reports them. */
 #include "simd.h"
+#include "cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <cpuid.h>
 #include <immintrin.h>
 
 static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const float *scales,
@@ -152,13 +152,7 @@ static void axpy_rows(const float *p, const float *v, int32_t n, int32_t d, floa
 
 static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, NULL, NULL, NULL};
 
-const kv_simd *kv_simd_avx2(void) {
-    __builtin_cpu_init();
-    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler names it) */
-    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    return ok ? &avx2 : NULL;
-}
+const kv_simd *kv_simd_avx2(void) { return kv_cpu_avx2() ? &avx2 : NULL; }
 #else
 const kv_simd *kv_simd_avx2(void) { return NULL; }
 #endif
