@@ -28,47 +28,30 @@ static inline __m256i join(__m128i lo, __m128i hi) {
 
 /* Block b of one weight row: its 32 weight bytes in element order (unsigned
  * quants for the formats with an offset, signed values for Q8_0 and Q6_K),
- * the float scale and offset, and (Q6_K) the int16 sub-block scales for
- * vpmaddwd. K-quant scale and offset come from ks (filled per super-block). */
-typedef struct {
-    float wa[8], wb[8];   /* per sub-block of the current super-block (K-quants) */
-} kscales;
-
-static inline void k_fill(int type, const uint8_t *sb, kscales *k) {
-    float d = half_at(sb + offsetof(llm_block_q4_k, d)), dmin = half_at(sb + offsetof(llm_block_q4_k, dmin));
-    for (int s = 0; s < 8; s++) {
-        uint8_t sc, mn;
-        llm_k_scale_min(sb + offsetof(llm_block_q4_k, scales), s, &sc, &mn);
-        k->wa[s] = d * (float)sc;
-        k->wb[s] = -(dmin * (float)mn);
-    }
-    (void)type;
-}
-
+ * where its scale half is (*hd; Q4_1's offset m follows it; K-quants: none,
+ * their scales come per super-block), and (Q6_K) the int16 sub-block scales
+ * for vpmaddwd. */
 static inline __attribute__((always_inline)) __m256i
-wbytes(const int type, const uint8_t *row, int64_t b, float *wa, float *wb, __m256i *sc16, const kscales *ks) {
+wbytes(const int type, const uint8_t *row, int64_t b, const uint8_t **hd, __m256i *sc16) {
     const __m128i m4 = _mm_set1_epi8(15);
     switch (type) {
     case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: {
         const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
         __m128i q = _mm_loadu_si128((const __m128i *)(p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs)
                                                                                  : offsetof(llm_block_q4_1, qs))));
-        *wa = half_at(p);
-        *wb = type == LLM_TYPE_Q4_1 ? half_at(p + offsetof(llm_block_q4_1, m)) : 0.0f;
+        *hd = p;
         return join(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
     }
     case LLM_TYPE_Q5_0: {
         const uint8_t *p = row + b * sizeof(llm_block_q5_0);
         __m128i lo, hi;
         q5_0_unsigned(p, &lo, &hi);
-        *wa = half_at(p);
-        *wb = 0.0f;
+        *hd = p;
         return join(lo, hi);
     }
     case LLM_TYPE_Q8_0: {
         const uint8_t *p = row + b * sizeof(llm_block_q8_0);
-        *wa = half_at(p);
-        *wb = 0.0f;
+        *hd = p;
         return _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q8_0, qs)));
     }
     case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
@@ -83,23 +66,21 @@ wbytes(const int type, const uint8_t *row, int64_t b, float *wa, float *wb, __m2
             v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
                                                     _mm256_set1_epi8(16)));
         }
-        *wa = ks->wa[sub];
-        *wb = ks->wb[sub];
+        *hd = p;
         return v;
     }
-    default: {   /* Q6_K: elements 32s'..32s'+31 of half h, s' = s % 4 */
+    default: {   /* Q6_K: elements 32s..32s+31 of half h */
         const uint8_t *p = row + (b / 8) * sizeof(llm_block_q6_k);
         int e0 = (int)(b % 8) * 32, h = e0 / 128, s = (e0 % 128) / 32;
         __m256i l = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, ql) + 64 * h + 32 * (s & 1)));
         __m256i hb = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, qh) + 32 * h));
         __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(15));
-        /* bits 2s, 2s+1 of qh[l] to bits 4, 5: shift by 2s - 4 (16-bit shifts; the mask drops strays) */
+        /* bits 2s, 2s+1 of qh[l] to bits 4, 5 (16-bit shifts; the mask drops strays) */
         __m256i hi2 = 2 * s >= 4 ? _mm256_srli_epi16(hb, 2 * s - 4) : _mm256_slli_epi16(hb, 4 - 2 * s);
         hi2 = _mm256_and_si256(hi2, _mm256_set1_epi8(0x30));
         const int8_t *sc = (const int8_t *)(p + offsetof(llm_block_q6_k, scales)) + e0 / 16;
         *sc16 = join(_mm_set1_epi16(sc[0]), _mm_set1_epi16(sc[1]));
-        *wa = half_at(p + offsetof(llm_block_q6_k, d));
-        *wb = 0.0f;
+        *hd = p + offsetof(llm_block_q6_k, d);
         return _mm256_sub_epi8(_mm256_or_si256(lo, hi2), _mm256_set1_epi8(32));
     }
     }
@@ -114,48 +95,83 @@ static inline __attribute__((always_inline)) __m256i dot32(const int type, __m25
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
 }
 
-/* R weight rows x T X rows (R*T <= 16), pairs p = r*T + t in groups of 8. */
+static inline uint16_t rd16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return h; }
+
+/* the 8 halves at p[i] + off as floats (exact, as the scalar conversion) */
+static inline __m256 halves8(const uint8_t *const p[8], size_t off) {
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)rd16(p[0] + off), (short)rd16(p[1] + off), (short)rd16(p[2] + off),
+                                          (short)rd16(p[3] + off), (short)rd16(p[4] + off), (short)rd16(p[5] + off),
+                                          (short)rd16(p[6] + off), (short)rd16(p[7] + off)));
+}
+
+/* R weight rows x T X rows (R*T <= 16), pairs p = r*T + t in groups of 8:
+ * lane i of group g is pair 8g + i. */
 static inline __attribute__((always_inline)) void
 act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t nb, float *out,
          const int R, const int T) {
     const int P = R * T, G = (P + 7) / 8;
     const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
     const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K;
+    const size_t kbytes = type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    kscales ks[8];
+    _Alignas(32) float kwa[2][8][8] = {{{0}}}, kwb[2][8][8] = {{{0}}};   /* K-quants: [group][sub-block][lane] */
     for (int64_t b = 0; b < nb; b++) {
-        if (kq && b % 8 == 0)
-            UNROLL for (int r = 0; r < R; r++)
-                k_fill(type, w[r] + (b / 8) * (type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k)
-                                                                     : sizeof(llm_block_q4_k)), &ks[r]);
+        if (kq && b % 8 == 0)   /* this super-block's sub-block scales and offsets, per lane */
+            for (int r = 0; r < R; r++) {
+                const uint8_t *sb = w[r] + (b / 8) * kbytes;
+                float d = half_at(sb + offsetof(llm_block_q4_k, d)), dmin = half_at(sb + offsetof(llm_block_q4_k, dmin));
+                for (int s = 0; s < 8; s++) {
+                    uint8_t sc, mn;
+                    llm_k_scale_min(sb + offsetof(llm_block_q4_k, scales), s, &sc, &mn);
+                    float a = d * (float)sc, c = -(dmin * (float)mn);   /* both exact */
+                    for (int t = 0; t < T; t++) {
+                        int p = r * T + t;
+                        kwa[p / 8][s][p % 8] = a;
+                        kwb[p / 8][s][p % 8] = c;
+                    }
+                }
+            }
         __m256i xv[4];
         UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * b));
+        __m256 dxv;
+        __m256i Bv;
+        if (T == 1) {
+            dxv = _mm256_set1_ps(x[0].d[b]);
+            Bv = _mm256_set1_epi32(x[0].s[b]);
+        } else {   /* lane i holds X row i % 4 */
+            __m128 d4 = _mm_setr_ps(x[0].d[b], x[1 % T].d[b], x[2 % T].d[b], x[3 % T].d[b]);
+            __m128i b4 = _mm_setr_epi32(x[0].s[b], x[1 % T].s[b], x[2 % T].s[b], x[3 % T].s[b]);
+            dxv = _mm256_set_m128(d4, d4);
+            Bv = _mm256_set_m128i(b4, b4);
+        }
         UNROLL for (int g = 0; g < G; g++) {
             __m256i v[8], wv = _mm256_setzero_si256(), sc16 = _mm256_setzero_si256();
-            float wa[8], wb[8], dx[8], war = 0.0f, wbr = 0.0f;
-            int32_t bs[8];
+            const uint8_t *hd[8], *h = w[0];
             UNROLL for (int i = 0; i < 8; i++) {
                 int p = 8 * g + i, r = p / T, t = p % T;
-                if (p >= P) {
+                if (p >= P) {              /* a lane no pair uses: computed and dropped */
                     v[i] = _mm256_setzero_si256();
-                    wa[i] = wb[i] = dx[i] = 0.0f;
-                    bs[i] = 0;
+                    hd[i] = w[0];
                     continue;
                 }
-                if (i == 0 || t == 0) wv = wbytes(type, w[r], b, &war, &wbr, &sc16, &ks[r]);
+                if (i == 0 || t == 0) wv = wbytes(type, w[r], b, &h, &sc16);
                 v[i] = dot32(type, wv, xv[t], sc16);
-                wa[i] = war;
-                wb[i] = wbr;
-                dx[i] = x[t].d[b];
-                bs[i] = x[t].s[b];
+                hd[i] = h;
             }
-            __m256i Bv = _mm256_setr_epi32(bs[0], bs[1], bs[2], bs[3], bs[4], bs[5], bs[6], bs[7]);
             __m256i S = hsum8_epi32(v);
             if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-            __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_setr_ps(wa[0], wa[1], wa[2], wa[3], wa[4], wa[5], wa[6], wa[7]));
-            __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), _mm256_setr_ps(wb[0], wb[1], wb[2], wb[3], wb[4], wb[5], wb[6], wb[7]));
-            __m256 c = _mm256_mul_ps(_mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]),
-                                     _mm256_add_ps(t1, t2));
+            __m256 wa, wb;
+            if (kq) {
+                wa = _mm256_load_ps(kwa[g][b % 8]);
+                wb = _mm256_load_ps(kwb[g][b % 8]);
+            } else {
+                wa = halves8(hd, 0);
+                wb = type == LLM_TYPE_Q4_1 ? halves8(hd, offsetof(llm_block_q4_1, m)) : _mm256_setzero_ps();
+            }
+            /* the reference's operations, in its order: t1 = S wa, t2 = B wb, c = d (t1 + t2), acc += c */
+            __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
+            __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+            __m256 c = _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2));
             acc[g] = _mm256_add_ps(acc[g], c);
         }
     }
