@@ -32,7 +32,7 @@
  * tuned on, 512-bit FMAs gave ~0.6x the FLOP/s of 256-bit ones. Build with
  * -DLLM_QUANT_ZMM for 512-bit kernels (hosts with two 512-bit FMA units).
  * In llm_matmul_rows activations stay f32, so the only error is f32 rounding
- * of the sums (llm_matmul_act below is the int8-activation product). Each (row, X row) result is computed by the same
+ * of the sums (llm_matmul_act below is the integer-activation product). Each (row, X row) result is computed by the same
  * sequence of operations whatever the row range, m or tile it falls in, so
  * splitting rows over threads, or prefill against decode, changes no bit. */
 #ifndef LLM_QUANT_H
@@ -130,45 +130,51 @@ float llm_vec_dot(int type, const void *row, const float *x, int64_t n);
 void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1,
                      const float *X, int64_t m, float *Y, int64_t ldy);
 
-/* ---- int8 activations ----
+/* ---- integer activations ----
  * For the block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) a product
- * can take its X rows quantized to int8 once, in blocks of 32 with an f32
- * scale d = max|x| / 127 each (q = round(x / d), so |x - d q| <= d / 2), and
- * then shared by every matrix that reads the same input (Q, K, V; gate, up).
- * The dot of a weight row with an X row is then, block b by block b in
- * order, with S_b an exact integer sum over the block's 32 elements of
- * (weight integer) * q and B_b the sum of the block's q:
+ * can take its X rows quantized once, in blocks of 32 with an f32 scale each,
+ * and shared by every matrix that reads the same input (Q, K, V; gate, up):
+ *   bits 8:  d = max|x| / 127,   q = round(x / d) in int8
+ *   bits 16: d = max|x| / 16383, q = round(x / d) in int16 (15 bits: Q6_K's
+ *            scaled weights times 32 such q stay inside int32)
+ * so |x - d q| <= d / 2. The dot of a weight row with an X row is then, block
+ * b by block b in order, with S_b an exact integer sum over the block's 32
+ * elements of (weight integer) * q and B_b the sum of the block's q:
  *     acc += d_b * ((float)S_b * wa_b + (float)B_b * wb_b)
  * where wa_b, wb_b are the weight block's scale and offset (Q4_1: d, m;
  * K-quants: d*sc, -dmin*mn of the sub-block; symmetric formats: d, 0). Every
  * kernel (scalar, AVX2) follows this arithmetic exactly, so results are
  * bit-identical across kernels, thread counts and row splits. F32, F16 and
  * BF16 weights stay in f32 against the f32 rows (their 11-bit or 8-bit
- * mantissas are not integers an int8 dot can use without rounding the weight
- * itself). KVCACHE_EXACT_MATMUL=1 (or exact = 1) keeps every product in f32. */
+ * mantissas are not integers an integer dot can use without rounding the
+ * weight itself). bits 0 keeps every product in f32 (the reference).
+ * Which bits the engine uses: llm_act_default_bits(). */
+enum { LLM_ACT_F32 = 0, LLM_ACT_Q8 = 8, LLM_ACT_Q16 = 16 };
 typedef struct {
-    const float *x;   /* [m][n] the f32 rows (float weights and the exact path read them) */
+    const float *x;   /* [m][n] the f32 rows (float weights and bits 0 read them) */
     int64_t m, n;     /* rows, elements per row */
-    int exact;        /* 1: every product uses x (llm_matmul_rows) */
-    int8_t *q;        /* [m][n] quants; NULL when exact */
+    int bits;         /* 0 (every product in f32), 8 or 16 */
+    void *q;          /* [m][n] int8_t or int16_t quants; NULL for bits 0 */
     float *d;         /* [m][n / 32] block scales */
     int32_t *s;       /* [m][n / 32] sum of each block's quants */
 } llm_act;
 
-/* Bytes of the work area llm_act_quantize needs for m rows of n. */
+/* Bytes of the work area llm_act_quantize needs for m rows of n (any bits). */
 size_t llm_act_bytes(int64_t m, int64_t n);
-/* 1 when KVCACHE_EXACT_MATMUL is set to a value other than "0" (read once). */
-int llm_act_exact_default(void);
+/* The engine's choice, read once from the environment: 0 when
+ * KVCACHE_EXACT_MATMUL is set (not "0"), else KVCACHE_ACT_BITS (8 or 16) if
+ * set, else 16. */
+int llm_act_default_bits(void);
 /* Prepare X [m][n] (kept by pointer: it must outlive *a) for llm_matmul_act,
- * quantized into buf (llm_act_bytes(m, n) bytes) unless exact, or n is not a
- * multiple of 32 (then a->exact = 1). Returns 0, or -1 (a untouched) for
- * m < 1, n < 1 or a buffer too small. */
-int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int exact, void *buf, size_t bytes);
-/* As llm_matmul_rows for the rows of a (n_in == a->n): int8 products for the
- * block formats unless a->exact, f32 ones otherwise. */
+ * quantized into buf (llm_act_bytes(m, n) bytes) to `bits` (0, 8, 16; n not a
+ * multiple of 32 gives 0). Returns 0, or -1 (a untouched) for m < 1, n < 1,
+ * other bits or a buffer too small. */
+int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes);
+/* As llm_matmul_rows for the rows of a (n_in == a->n): integer products for
+ * the block formats unless a->bits == 0, f32 ones otherwise. */
 void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
                     float *Y, int64_t ldy);
-/* 1 if llm_matmul_act takes int8 products for this type. */
+/* 1 if llm_matmul_act takes integer products for this type. */
 int llm_type_int8(int type);
 
 /* Kernels are chosen at first use by CPU feature, like the library's: the

@@ -1,7 +1,7 @@
-/* engine/quant_act.c - int8 activations: quantizing X rows into blocks of
- * 32, the scalar int8-activation dot (the reference every SIMD kernel must
- * equal bit for bit), and the matrix-product driver llm_matmul_act. The
- * arithmetic is stated in quant.h above llm_act. */
+/* engine/quant_act.c - integer activations: quantizing X rows into int8 or
+ * int16 blocks of 32, the scalar integer-activation dot (the reference every
+ * SIMD kernel must equal bit for bit), and the matrix-product driver
+ * llm_matmul_act. The arithmetic is stated in quant.h above llm_act. */
 #include "quant.h"
 #include "quant_kern.h"
 #include "../src/half.h"
@@ -20,56 +20,60 @@ static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
 size_t llm_act_bytes(int64_t m, int64_t n) {
     if (m < 1 || n < 1) return 0;
     size_t nb = (size_t)(n / QB);
-    return round64((size_t)m * (size_t)n) + round64((size_t)m * nb * sizeof(float)) +
+    return round64((size_t)m * (size_t)n * sizeof(int16_t)) + round64((size_t)m * nb * sizeof(float)) +
            round64((size_t)m * nb * sizeof(int32_t)) + 64;
 }
 
-static pthread_once_t exact_once = PTHREAD_ONCE_INIT;
-static int exact_env;
-static void read_exact_env(void) {
-    const char *e = getenv("KVCACHE_EXACT_MATMUL");
-    exact_env = e && *e && strcmp(e, "0") != 0;
+static pthread_once_t bits_once = PTHREAD_ONCE_INIT;
+static int bits_env;
+static void read_bits_env(void) {
+    const char *e = getenv("KVCACHE_EXACT_MATMUL"), *b = getenv("KVCACHE_ACT_BITS");
+    bits_env = e && *e && strcmp(e, "0") != 0 ? LLM_ACT_F32 : b && !strcmp(b, "8") ? LLM_ACT_Q8 : LLM_ACT_Q16;
 }
-int llm_act_exact_default(void) {
-    pthread_once(&exact_once, read_exact_env);
-    return exact_env;
+int llm_act_default_bits(void) {
+    pthread_once(&bits_once, read_bits_env);
+    return bits_env;
 }
 
-/* One block: d = max|x| / 127, q = round(x / d) (x * (1/d), nearest even),
- * clamped to [-127, 127] so that negating a quant never overflows. */
-static void quantize_block(const float *x, int8_t *q, float *d, int32_t *s) {
+/* One block: d = max|x| / top, q = round(x / d) (x * (1/d), nearest even),
+ * clamped to [-top, top] (top = 127 or 16383) so that negating a quant never
+ * overflows. */
+static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s) {
     float amax = 0.0f;
     for (int k = 0; k < QB; k++) amax = fmaxf(amax, fabsf(x[k]));
-    float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    float ft = (float)top, dd = amax / ft, id = dd > 0.0f ? 1.0f / dd : 0.0f;
     int32_t sum = 0;
     for (int k = 0; k < QB; k++) {
         float v = rintf(x[k] * id);
-        int iv = v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v;
-        q[k] = (int8_t)iv;
+        int iv = v > ft ? top : v < -ft ? -top : (int)v;
+        if (q8) q8[k] = (int8_t)iv;
+        else q16[k] = (int16_t)iv;
         sum += iv;
     }
     *d = dd;
     *s = sum;
 }
 
-int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int exact, void *buf, size_t bytes) {
-    if (!a || !x || m < 1 || n < 1) return -1;
-    if (exact || n % QB != 0) {
-        *a = (llm_act){.x = x, .m = m, .n = n, .exact = 1};
+int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
+    if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16))
+        return -1;
+    if (bits == LLM_ACT_F32 || n % QB != 0) {
+        *a = (llm_act){.x = x, .m = m, .n = n, .bits = LLM_ACT_F32};
         return 0;
     }
     if (!buf || bytes < llm_act_bytes(m, n)) return -1;
     uintptr_t p = ((uintptr_t)buf + 63) & ~(uintptr_t)63;
-    size_t nb = (size_t)(n / QB);
-    int8_t *q = (int8_t *)p;
-    float *d = (float *)(p + round64((size_t)m * (size_t)n));
+    size_t nb = (size_t)(n / QB), qsize = bits == LLM_ACT_Q8 ? 1 : 2;
+    float *d = (float *)(p + round64((size_t)m * (size_t)n * qsize));
     int32_t *s = (int32_t *)((uintptr_t)d + round64((size_t)m * nb * sizeof(float)));
+    int top = bits == LLM_ACT_Q8 ? 127 : 16383;
     for (int64_t j = 0; j < m; j++)
         for (size_t b = 0; b < nb; b++) {
             size_t i = (size_t)j * nb + b;
-            quantize_block(x + (size_t)j * (size_t)n + b * QB, q + i * QB, &d[i], &s[i]);
+            quantize_block(x + (size_t)j * (size_t)n + b * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)p + i * QB : NULL,
+                           bits == LLM_ACT_Q16 ? (int16_t *)p + i * QB : NULL, &d[i], &s[i]);
         }
-    *a = (llm_act){.x = x, .m = m, .n = n, .exact = 0, .q = q, .d = d, .s = s};
+    *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
     return 0;
 }
 
@@ -166,9 +170,14 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
             float wa, wb;
             weight_block(type, w[r], b, wi, &wa, &wb);
             for (int t = 0; t < nt; t++) {
-                const int8_t *q = x[t].q + b * QB;
                 int32_t S = 0;
-                for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+                if (x[t].bits == LLM_ACT_Q8) {
+                    const int8_t *q = (const int8_t *)x[t].q + b * QB;
+                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+                } else {   /* |wi| <= 32 * 128 (Q6_K), |q| <= 16383: 32 products fit in int32 */
+                    const int16_t *q = (const int16_t *)x[t].q + b * QB;
+                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+                }
                 /* one operation per statement: no compiler may fuse them */
                 float t1 = (float)S * wa;
                 float t2 = (float)x[t].s[b] * wb;
@@ -189,7 +198,7 @@ enum { JB = 64, TR = 4, TX = 4 };   /* X rows per L2 block; prefill tile rows x 
 void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
                     float *Y, int64_t ldy) {
     int64_t rb = llm_row_bytes(type, n_in);
-    if (a->exact || !llm_type_int8(type) || rb < 0 || n_in != a->n) {
+    if (a->bits == LLM_ACT_F32 || !llm_type_int8(type) || rb < 0 || n_in != a->n) {
         llm_matmul_rows(type, W, n_in, row0, row1, a->x, a->m, Y, ldy);
         return;
     }
@@ -200,7 +209,7 @@ void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t
     llm_act_row xr[TX];
     float out[8 * TX];
     if (m == 1) {                                   /* decode: 8 weight rows share one X row */
-        xr[0] = (llm_act_row){a->q, a->d, a->s};
+        xr[0] = (llm_act_row){a->q, a->bits, a->d, a->s};
         int64_t r0 = row0;
         for (; r0 + 8 <= row1; r0 += 8) {
             const uint8_t *w[8];
@@ -227,7 +236,8 @@ void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t
                 int nt = (int)(je - j < TX ? je - j : TX);
                 for (int t = 0; t < TX; t++) {
                     int64_t jj = j + (t < nt ? t : nt - 1);
-                    xr[t] = (llm_act_row){a->q + jj * n_in, a->d + jj * nb, a->s + jj * nb};
+                    const char *q = (const char *)a->q + jj * n_in * (a->bits / 8);
+                    xr[t] = (llm_act_row){q, a->bits, a->d + jj * nb, a->s + jj * nb};
                 }
                 k->act_dot(type, w, TR, xr, TX, nb, out);
                 for (int i = 0; i < nr; i++)

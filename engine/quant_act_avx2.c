@@ -1,7 +1,8 @@
-/* engine/quant_act_avx2.c - int8-activation dot tiles for AVX2: each weight
- * block becomes 32 bytes in element order, multiplied with the activation's
- * 32 int8 quants by vpmaddubsw (unsigned x signed byte pairs into int16) and
- * vpmaddwd (into int32), all exact. The integer block sums S_b of 8 (weight
+/* engine/quant_act_avx2.c - integer-activation dot tiles for AVX2: each
+ * weight block becomes 32 bytes in element order, multiplied with the
+ * activation's 32 int8 quants by vpmaddubsw (unsigned x signed byte pairs
+ * into int16) and vpmaddwd (into int32), or widened to int16 and multiplied
+ * with 16-bit quants by vpmaddwd alone, all exact. The integer block sums S_b of 8 (weight
  * row, X row) pairs are gathered into one vector's lanes, and the float part
  * d_b * ((float)S_b * wa_b + (float)B_b * wb_b) is done 8 pairs at a time by
  * the scalar reference's operations in its order (quant_act.c), so the
@@ -95,6 +96,46 @@ static inline __attribute__((always_inline)) __m256i dot32(const int type, __m25
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
 }
 
+/* The same sum against 16-bit quants xl (elements 0..15) and xh (16..31):
+ * the weight bytes widened to int16 (Q6_K: times its sub-block scales, at
+ * most 32 * 128 in size) and multiplied by vpmaddwd. */
+static inline __attribute__((always_inline)) __m256i
+dot32w(const int type, __m256i wv, __m256i xl, __m256i xh, __m256i sc16) {
+    __m128i w0 = _mm256_castsi256_si128(wv), w1 = _mm256_extracti128_si256(wv, 1);
+    int sgn = type == LLM_TYPE_Q8_0 || type == LLM_TYPE_Q6_K;
+    __m256i lo = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
+    __m256i hi = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
+    if (type == LLM_TYPE_Q6_K) {
+        lo = _mm256_mullo_epi16(lo, _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
+        hi = _mm256_mullo_epi16(hi, _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, xl), _mm256_madd_epi16(hi, xh));
+}
+
+/* For the 16-bit path, Q4_0/Q4_1/Q8_0 widen straight from memory (each byte
+ * of nibbles to one int16 lane: low nibble and >> 4), cheaper than the bytes
+ * of wbytes widened after; 0 for the other types. */
+static inline __attribute__((always_inline)) int
+wwords(const int type, const uint8_t *row, int64_t b, const uint8_t **hd, __m256i *lo, __m256i *hi) {
+    if (type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1) {
+        const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
+        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(
+            p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs) : offsetof(llm_block_q4_1, qs)))));
+        *lo = _mm256_and_si256(q, _mm256_set1_epi16(15));
+        *hi = _mm256_srli_epi16(q, 4);
+        *hd = p;
+        return 1;
+    }
+    if (type == LLM_TYPE_Q8_0) {
+        const uint8_t *p = row + b * sizeof(llm_block_q8_0), *qs = p + offsetof(llm_block_q8_0, qs);
+        *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        *hd = p;
+        return 1;
+    }
+    return 0;
+}
+
 static inline uint16_t rd16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return h; }
 
 /* the 8 halves at p[i] + off as floats (exact, as the scalar conversion) */
@@ -105,10 +146,10 @@ static inline __m256 halves8(const uint8_t *const p[8], size_t off) {
 }
 
 /* R weight rows x T X rows (R*T <= 16), pairs p = r*T + t in groups of 8:
- * lane i of group g is pair 8g + i. */
+ * lane i of group g is pair 8g + i; W16: 16-bit quants. */
 static inline __attribute__((always_inline)) void
 act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t nb, float *out,
-         const int R, const int T) {
+         const int R, const int T, const int W16) {
     const int P = R * T, G = (P + 7) / 8;
     const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
     const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K;
@@ -131,8 +172,17 @@ act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t 
                     }
                 }
             }
-        __m256i xv[4];
-        UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * b));
+        __m256i xv[4], xw[4];
+        UNROLL for (int t = 0; t < T; t++) {
+            if (W16) {
+                const int16_t *q = (const int16_t *)x[t].q + 32 * b;
+                xv[t] = _mm256_loadu_si256((const __m256i *)q);
+                xw[t] = _mm256_loadu_si256((const __m256i *)(q + 16));
+            } else {
+                xv[t] = _mm256_loadu_si256((const __m256i *)((const int8_t *)x[t].q + 32 * b));
+                xw[t] = xv[t];
+            }
+        }
         __m256 dxv;
         __m256i Bv;
         if (T == 1) {
@@ -146,6 +196,8 @@ act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t 
         }
         UNROLL for (int g = 0; g < G; g++) {
             __m256i v[8], wv = _mm256_setzero_si256(), sc16 = _mm256_setzero_si256();
+            __m256i wl = _mm256_setzero_si256(), wh = _mm256_setzero_si256();
+            const int direct = W16 && (type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q8_0);
             const uint8_t *hd[8], *h = w[0];
             UNROLL for (int i = 0; i < 8; i++) {
                 int p = 8 * g + i, r = p / T, t = p % T;
@@ -154,8 +206,13 @@ act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t 
                     hd[i] = w[0];
                     continue;
                 }
-                if (i == 0 || t == 0) wv = wbytes(type, w[r], b, &h, &sc16);
-                v[i] = dot32(type, wv, xv[t], sc16);
+                if (direct) {
+                    if (i == 0 || t == 0) wwords(type, w[r], b, &h, &wl, &wh);
+                    v[i] = _mm256_add_epi32(_mm256_madd_epi16(wl, xv[t]), _mm256_madd_epi16(wh, xw[t]));
+                } else {
+                    if (i == 0 || t == 0) wv = wbytes(type, w[r], b, &h, &sc16);
+                    v[i] = W16 ? dot32w(type, wv, xv[t], xw[t], sc16) : dot32(type, wv, xv[t], sc16);
+                }
                 hd[i] = h;
             }
             __m256i S = hsum8_epi32(v);
@@ -181,14 +238,19 @@ act_tile(const int type, const uint8_t *const *w, const llm_act_row *x, int64_t 
     for (int p = 0; p < P; p++) out[p] = all[p];
 }
 
-#define ACT_SHAPES(T_)                                                        \
-    do {                                                                      \
-        if (nr == 8 && nt == 1) act_tile(T_, w, x, nb, out, 8, 1);           \
-        else if (nr == 4 && nt == 4) act_tile(T_, w, x, nb, out, 4, 4);      \
-        else                                                                  \
-            for (int r = 0; r < nr; r++)                                      \
-                for (int t = 0; t < nt; t++)                                  \
-                    act_tile(T_, &w[r], &x[t], nb, &out[r * nt + t], 1, 1);   \
+#define ACT_SHAPES_W(T_, W_)                                                      \
+    do {                                                                          \
+        if (nr == 8 && nt == 1) act_tile(T_, w, x, nb, out, 8, 1, W_);           \
+        else if (nr == 4 && nt == 4) act_tile(T_, w, x, nb, out, 4, 4, W_);      \
+        else                                                                      \
+            for (int r = 0; r < nr; r++)                                          \
+                for (int t = 0; t < nt; t++)                                      \
+                    act_tile(T_, &w[r], &x[t], nb, &out[r * nt + t], 1, 1, W_);   \
+    } while (0)
+#define ACT_SHAPES(T_)                                \
+    do {                                              \
+        if (x[0].bits == LLM_ACT_Q16) ACT_SHAPES_W(T_, 1); \
+        else ACT_SHAPES_W(T_, 0);                     \
     } while (0)
 
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,

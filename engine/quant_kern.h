@@ -7,9 +7,10 @@
 
 #include "quant.h"
 
-/* One activation row in int8 blocks of 32 (see llm_act in quant.h). */
+/* One activation row in integer blocks of 32 (see llm_act in quant.h). */
 typedef struct {
-    const int8_t *q;    /* [n] quants */
+    const void *q;      /* [n] int8_t (bits 8) or int16_t (bits 16) quants */
+    int bits;           /* 8 or 16, the same for every row of one call */
     const float *d;     /* [n / 32] block scales */
     const int32_t *s;   /* [n / 32] sum of each block's quants */
 } llm_act_row;
@@ -27,7 +28,7 @@ typedef struct {
      * Q4_0/Q4_1/Q5_0/Q8_0 chunk: out[r] = dot(w[r][0..n), x), bit-identical
      * to dequant + dot_tile; -1 where this table has none. */
     int (*fused_dot)(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
-    /* int8-activation products of nb blocks of 32: out[r*nt + t] for weight
+    /* integer-activation products of nb blocks of 32: out[r*nt + t] for weight
      * rows w[r] (r < nr) and activation rows x[t] (t < nt), shapes (8, 1),
      * (4, 4) or (1, 1), by exactly the arithmetic of the scalar reference in
      * quant_act.c (so every table gives the same bits); -1 if the type has no
