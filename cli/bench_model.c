@@ -143,12 +143,14 @@ int cmd_bench_model(int argc, char **argv) {
             json_str(llm_model_name(m));
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
-                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\"}\n",
+                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"act_bits\": %d}\n",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
-                   ppm, pps, tgm, tgs, llm_quant_kernels());
+                   ppm, pps, tgm, tgs, llm_quant_kernels(), (int)llm_context_get_params(c).act_bits);
         } else {
-            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", llm_model_name(m),
-                   (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
+            int ab = llm_context_get_params(c).act_bits;
+            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %s activations, %lld runs each\n",
+                   llm_model_name(m), (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(),
+                   ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
             printf("  %-20s %12s\n", "test", "tokens/s");
             if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
             if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);

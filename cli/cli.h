@@ -46,6 +46,7 @@ typedef struct {
     int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
+    int64_t act_bits;     /* --act-bits 16|8, --exact-matmul (0); -1: the engine's default */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,7 +56,10 @@ typedef struct {
     "  -t, --threads N    threads (default: one per core)\n"                                     \
     "  -c, --ctx N        context: positions the cache holds per sequence\n"                     \
     "  -b, --batch N      prompt rows per forward pass (default 256)\n"                          \
-    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"
+    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"                        \
+    "  --act-bits N       weight products on 16-bit (default) or 8-bit integer activations\n"    \
+    "  --exact-matmul     weight products on f32 activations (the reference; also\n"             \
+    "                     KVCACHE_EXACT_MATMUL=1)\n"
 
 cli_model_opts cli_model_opts_default(void);
 /* Matches one of the options above at argv[*i]. */

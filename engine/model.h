@@ -85,9 +85,12 @@ typedef struct {
     int32_t n_threads;   /* threads for matrix products and attention (1: no workers) */
     kv_dtype kv_type;    /* storage of cached K and V: KV_F32, KV_F16, KV_BF16, KV_Q8 */
     int32_t page_size;   /* positions per cache page */
+    int32_t act_bits;    /* activations of the weight products (engine/quant.h, llm_act): 16 or 8
+                          * (integer dot products), 0 (f32, the reference), -1: the engine's
+                          * default, llm_act_default_bits() (KVCACHE_EXACT_MATMUL, KVCACHE_ACT_BITS) */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, act_bits -1. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;
