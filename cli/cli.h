@@ -34,6 +34,12 @@ bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, in
 bool cli_opt_f64(int argc, char **argv, int *i, const char *s, const char *l, double *out);
 bool cli_is_help(const char *arg);
 
+/* Read bandwidth in GB/s, best of `trials` passes over buf [len] floats (len
+ * a multiple of 4096, buf far larger than the caches) read by the pool's
+ * threads as 4 interleaved streams each (cli/bench_attention.c). */
+struct kv_pool;
+double cli_read_bandwidth(struct kv_pool *pool, const float *buf, size_t len, int trials);
+
 /* ---- running a model (cli/common.c) ---- */
 
 struct llm_model;

@@ -41,8 +41,15 @@ TEST(bench_attention_json_has_every_key_and_sane_ratios) {
     double v[64];
     int nr = numbers_after(text, "ratio", v, 64);
     CHECK_EQ_INT(nr, 8 + 2); /* 8 decode cases, 2 prefill cases in --quick */
-    for (int i = 0; i < nr; i++)
-        if (!(v[i] > 0 && v[i] < 1.5)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, 1.5)", i, v[i]);
+    /* Under KVCACHE_SIMD=scalar (make test-portable's second run) the peak is
+     * a scalar FMA loop's, while the compiler may vectorize the "scalar"
+     * prefill kernel: its ratio to that peak has no upper bound then. */
+    const char *simd = getenv("KVCACHE_SIMD");
+    int scalar = simd && !strcmp(simd, "scalar");
+    for (int i = 0; i < nr; i++) {
+        double hi = scalar && i >= 8 ? INFINITY : 1.5;
+        if (!(v[i] > 0 && v[i] < hi)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, %g)", i, v[i], hi);
+    }
     CHECK(numbers_after(text, "read_gbs", v, 64) >= 1 && v[0] > 0.1);
     CHECK(numbers_after(text, "peak_gflops", v, 1) == 1 && v[0] > 0.1);
     int ns = numbers_after(text, "speedup", v, 64);
