@@ -8,7 +8,7 @@
 #   make test-threads  the Python thread tests and the C concurrent-call tests under
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make test-portable  the C suite built without -march=native (scalar paths)
+#   make test-portable  the C suite built without -march=native, with the SIMD kernels and forced scalar
 #   make run        build, fetch the default model if missing, run the main job
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
@@ -54,6 +54,12 @@ $(LIB_OBJ): CFLAGS_ALL += -fvisibility=hidden
 # picked at run time by CPU feature (src/attend.c).
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+$(BUILD)/engine/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
+$(BUILD)/engine/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+# The int8-activation kernels promise the scalar reference's bits: no mul+add
+# may be fused into an FMA behind their back (clang fuses by default).
+$(BUILD)/engine/quant%.o: CFLAGS_ALL += -ffp-contract=off
+$(BUILD)/engine/quant_avx512.o: engine/quant_avx2.c engine/quant_act_avx2.c
 
 # Only server/ (and so the kvcache binary) uses these Debian-packaged
 # libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships
@@ -143,8 +149,12 @@ test-threads: deps $(PY_DEPS)
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
 	    KVCACHE_LIB=$(abspath build-asan)/libkvcache.so $(PY_THREAD_TESTS)
 
+
+# A portable build still runs the SIMD kernels (chosen by CPUID); the second
+# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
 test-portable: deps
 	$(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))

@@ -69,19 +69,20 @@ static void read_task(void *ctx, int32_t task, int32_t thread) {
     j->sink[thread % 256] += s[0] + s[15];
 }
 
-/* Best of `trials` full passes, in GB/s. */
-static double read_bandwidth(bench *B, int trials) {
-    read_job j = {.buf = B->buf, .len = B->buf_len, .n_tasks = 64};
+double cli_read_bandwidth(kv_pool *pool, const float *buf, size_t len, int trials) {
+    read_job j = {.buf = buf, .len = len, .n_tasks = 64};
     double best = 0;
     for (int t = 0; t < trials; t++) {
         double t0 = cli_now();
-        kv_pool_run(B->pool, j.n_tasks, read_task, &j);
+        kv_pool_run(pool, j.n_tasks, read_task, &j);
         double dt = cli_now() - t0;
-        size_t bytes = B->buf_len / 64 / 64 * 64 * 64 * sizeof(float);
+        size_t bytes = len / 64 / 64 * 64 * 64 * sizeof(float);
         if (bytes / dt / 1e9 > best) best = bytes / dt / 1e9;
     }
     return best;
 }
+
+static double read_bandwidth(bench *B, int trials) { return cli_read_bandwidth(B->pool, B->buf, B->buf_len, trials); }
 
 enum { FMA_ITERS = 1 << 22 };
 

@@ -4,7 +4,12 @@
  * tokens one at a time) in tokens/s, with --depth D tokens already in the
  * cache: the depth is prefilled once, untimed, and every timed run starts
  * from it again (truncated back to D). Both run on the engine's generation
- * loop (engine/session.h), greedy, not stopping at end-of-turn tokens. */
+ * loop (engine/session.h), greedy, not stopping at end-of-turn tokens.
+ * After the runs it measures read bandwidth with the same threads and prints
+ * decode's floor: every decoded token streams all weights (every tensor of
+ * the file: an upper bound where the embedding is untied) plus the K/V of
+ * the positions it attends over, so it cannot take less than those bytes /
+ * bandwidth. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +134,23 @@ int cmd_bench_model(int argc, char **argv) {
             if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
         }
     }
+    /* the floor: bytes per decoded token (mean depth D + n/2) at the read
+     * bandwidth measured now, by as many threads, over 256 MiB */
+    double floor_mb = 0, read_gbs = 0, floor_tps = 0;
+    if (st == LLM_OK && n_gen > 0) {
+        size_t len = (size_t)64 << 20;
+        float *buf = aligned_alloc(4096, len * sizeof(float));
+        kv_pool *pool = NULL;
+        if (buf && kv_pool_create(llm_context_get_params(c).n_threads, &pool) == KV_OK) {
+            for (size_t i = 0; i < len; i++) buf[i] = (float)(i & 1023);
+            read_gbs = cli_read_bandwidth(pool, buf, len, 4);
+            double kv = (double)llm_context_stats(c).bytes_per_token * ((double)depth + (double)n_gen / 2);
+            floor_mb = ((double)llm_model_weight_bytes(m) + kv) / 1e6;
+            floor_tps = read_gbs * 1e3 / floor_mb;
+        }
+        kv_pool_free(pool);
+        free(buf);
+    }
     if (st != LLM_OK) {
         fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
         rc = 1;
@@ -143,15 +165,24 @@ int cmd_bench_model(int argc, char **argv) {
             json_str(llm_model_name(m));
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
-                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\"}\n",
+                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"act_bits\": %d, "
+                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f}\n",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
-                   ppm, pps, tgm, tgs, llm_quant_kernels());
+                   ppm, pps, tgm, tgs, llm_quant_kernels(), (int)llm_context_get_params(c).act_bits, floor_mb * 1e6,
+                   read_gbs, floor_tps);
         } else {
-            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", llm_model_name(m),
-                   (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
+            int ab = llm_context_get_params(c).act_bits;
+            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %s activations, %lld runs each\n",
+                   llm_model_name(m), (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(),
+                   ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
             printf("  %-20s %12s\n", "test", "tokens/s");
             if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
             if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);
+            if (floor_tps > 0)
+                printf("  decode floor: %.1f MB streamed per token (weights + K/V at mean depth %lld) at %.1f GB/s\n"
+                       "  measured now: floor %.2f ms = %.1f tokens/s; decode reached %.2f of it\n",
+                       floor_mb, (long long)(depth + n_gen / 2), read_gbs, floor_mb / read_gbs,
+                       floor_tps, tgm / floor_tps);
         }
     }
     llm_session_free(s);

@@ -35,6 +35,12 @@ bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, in
 bool cli_opt_f64(int argc, char **argv, int *i, const char *s, const char *l, double *out);
 bool cli_is_help(const char *arg);
 
+/* Read bandwidth in GB/s, best of `trials` passes over buf [len] floats (len
+ * a multiple of 4096, buf far larger than the caches) read by the pool's
+ * threads as 4 interleaved streams each (cli/bench_attention.c). */
+struct kv_pool;
+double cli_read_bandwidth(struct kv_pool *pool, const float *buf, size_t len, int trials);
+
 /* ---- running a model (cli/common.c) ---- */
 
 struct llm_model;
@@ -48,6 +54,7 @@ typedef struct {
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
     int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
+    int64_t act_bits;     /* --act-bits 16|8, --exact-matmul (0); -1: the engine's default */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,7 +64,10 @@ typedef struct {
     "  -t, --threads N    threads (default: one per core)\n"                                     \
     "  -c, --ctx N        context: positions the cache holds per sequence\n"                     \
     "  -b, --batch N      prompt rows per forward pass (default 256)\n"                          \
-    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"
+    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"                        \
+    "  --act-bits N       weight products on 16-bit (default) or 8-bit integer activations\n"    \
+    "  --exact-matmul     weight products on f32 activations (the reference; also\n"             \
+    "                     KVCACHE_EXACT_MATMUL=1)\n"
 
 cli_model_opts cli_model_opts_default(void);
 /* Matches one of the options above at argv[*i]. */

@@ -13,7 +13,7 @@
 cli_model_opts cli_model_opts_default(void) {
     const char *env = getenv("KVCACHE_MODEL");
     return (cli_model_opts){.model = env && *env ? env : CLI_DEFAULT_MODEL, .threads = 0, .ctx = 0,
-                            .batch = 256, .kv_type = "f16"};
+                            .batch = 256, .kv_type = "f16", .act_bits = -1};
 }
 
 bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
@@ -21,7 +21,9 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
            cli_opt_int(argc, argv, i, "-t", "--threads", &o->threads) ||
            cli_opt_int(argc, argv, i, "-c", "--ctx", &o->ctx) ||
            cli_opt_int(argc, argv, i, "-b", "--batch", &o->batch) ||
-           cli_opt_str(argc, argv, i, NULL, "--kv-type", &o->kv_type);
+           cli_opt_str(argc, argv, i, NULL, "--kv-type", &o->kv_type) ||
+           cli_opt_int(argc, argv, i, NULL, "--act-bits", &o->act_bits) ||
+           (!strcmp(argv[*i], "--exact-matmul") && (o->act_bits = 0, true));
 }
 
 int32_t cli_threads(const cli_model_opts *o) {
@@ -38,6 +40,11 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
         fprintf(stderr, "kvcache %s: --kv-type must be f32, f16, bf16 or q8 (not '%s')\n", cmd, o->kv_type);
         return 2;
     }
+    if (o->act_bits != -1 && o->act_bits != 0 && o->act_bits != 8 && o->act_bits != 16) {
+        fprintf(stderr, "kvcache %s: --act-bits must be 16 or 8 (or --exact-matmul for f32)\n", cmd);
+        return 2;
+    }
+    p.act_bits = (int32_t)o->act_bits;
     int64_t ctx = o->ctx ? o->ctx : ctx_default;
     if (o->threads < 0 || ctx < 0 || ctx > (1 << 24) || o->batch < 1 || o->batch > 8192 || o->kv_pages < 0 ||
         o->kv_pages > INT32_MAX) {

@@ -103,6 +103,8 @@ typedef struct {
     float *up;          /* [rows][F] up projection */
     int32_t *pos;       /* [rows] absolute position of each row */
     int32_t *out_rows;  /* [rows] rows whose logits are wanted, ascending */
+    void *qa;           /* llm_act work areas of one product job: LLM_MM_INPUTS x qa_bytes */
+    size_t qa_bytes;    /* llm_act_bytes(rows, widest product input) */
 } llm_scratch;
 
 struct llm_context {

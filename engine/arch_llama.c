@@ -90,20 +90,20 @@ static int llama_forward(const llm_pass *ps) {
         llm_mm_add(&j, &w->wq, ws->h, ws->q, qd);
         llm_mm_add(&j, &w->wk, ws->h, ws->k, kvd);
         llm_mm_add(&j, &w->wv, ws->h, ws->v, kvd);
-        llm_mm_run(pool, &j);
+        llm_mm_run(ps, &j);
         int rc = llm_rope_qk(ps, &m->ropes[m->lhp[l].rope]);
         if (!rc) rc = llm_attention(ps, l);
         if (rc) return rc;
-        llm_matmul(pool, &w->wo, ws->att, rows, ws->h);
+        llm_matmul(ps, &w->wo, ws->att, rows, ws->h);
         llm_add_into(ws->x, ws->h, n);
         /* feed-forward block */
         llm_rmsnorm(ws->x, w->ffn_norm, ws->h, rows, D, hp->norm_eps);
         llm_mm_job g = llm_mm_begin(rows);
         llm_mm_add(&g, &w->w_gate, ws->h, ws->gate, F);
         llm_mm_add(&g, &w->w_up, ws->h, ws->up, F);
-        llm_mm_run(pool, &g);
+        llm_mm_run(ps, &g);
         llm_swiglu(pool, ws->gate, ws->up, rows, F);
-        llm_matmul(pool, &w->w_down, ws->gate, rows, ws->h);
+        llm_matmul(ps, &w->w_down, ws->gate, rows, ws->h);
         llm_add_into(ws->x, ws->h, n);
     }
     llm_logits(ps, m->output_norm);

@@ -13,7 +13,7 @@
 
 llm_context_params llm_context_default_params(void) {
     return (llm_context_params){.n_ctx = 0, .n_seqs = 1, .n_batch = 256, .n_threads = 1,
-                                .kv_type = KV_F16, .page_size = 16};
+                                .kv_type = KV_F16, .page_size = 16, .act_bits = -1};
 }
 
 /* Pages one sequence needs in a cache: n_ctx positions, or for a window
@@ -35,6 +35,9 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.n_threads < 1 || p.n_threads > 256) return llm_errf(err, errlen, LLM_ERR_PARAM, "threads must be in [1, 256]");
     if (p.page_size < 1 || p.page_size > 4096) return llm_errf(err, errlen, LLM_ERR_PARAM, "page size must be in [1, 4096]");
     if (p.n_pages < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "the page count must be >= 0");
+    if (p.act_bits == -1) p.act_bits = llm_act_default_bits();
+    if (p.act_bits != LLM_ACT_F32 && p.act_bits != LLM_ACT_Q8 && p.act_bits != LLM_ACT_Q16)
+        return llm_errf(err, errlen, LLM_ERR_PARAM, "activation bits must be 0 (f32), 8 or 16, or -1 (default)");
     if (p.kv_type == KV_F64)
         return llm_errf(err, errlen, LLM_ERR_PARAM, "f64 K/V is for the library's reference path; use f32, f16, bf16 or q8");
     if (m->n_groups < 1 || m->n_groups > LLM_MAX_GROUPS)

@@ -19,7 +19,7 @@ enum { MM_ROWS = 32, EW_ROWS = 16 };
 
 void llm_scratch_free(llm_scratch *s) {
     free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att);
-    free(s->gate), free(s->up), free(s->pos), free(s->out_rows);
+    free(s->gate), free(s->up), free(s->pos), free(s->out_rows), free(s->qa);
     memset(s, 0, sizeof *s);
 }
 
@@ -37,7 +37,12 @@ int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows) {
     s->up = malloc(sizeof(float) * r * (size_t)hp->ffn_dim);
     s->pos = malloc(sizeof(int32_t) * r);
     s->out_rows = malloc(sizeof(int32_t) * r);
-    if (s->x && s->h && s->q && s->k && s->v && s->att && s->gate && s->up && s->pos && s->out_rows) return LLM_OK;
+    int64_t widest = hp->dim > (int64_t)qd ? hp->dim : (int64_t)qd;
+    if (hp->ffn_dim > widest) widest = hp->ffn_dim;
+    s->qa_bytes = llm_act_bytes(rows, widest);
+    s->qa = malloc(LLM_MM_INPUTS * s->qa_bytes);
+    if (s->x && s->h && s->q && s->k && s->v && s->att && s->gate && s->up && s->pos && s->out_rows && s->qa)
+        return LLM_OK;
     llm_scratch_free(s);
     return LLM_ERR_NOMEM;
 }
@@ -54,7 +59,7 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     const llm_matrix *w = j->part[i].w;
     int64_t r0 = (int64_t)(task - j->part[i].first_task) * MM_ROWS;
     int64_t r1 = r0 + MM_ROWS < w->rows ? r0 + MM_ROWS : w->rows;
-    llm_matmul_rows(w->type, w->data, w->cols, r0, r1, j->part[i].x, j->m, j->part[i].y, j->part[i].ldy);
+    llm_matmul_act(w->type, w->data, w->cols, r0, r1, &j->act[j->part[i].input], j->part[i].y, j->part[i].ldy);
 }
 
 llm_mm_job llm_mm_begin(int32_t m) { return (llm_mm_job){.m = m}; }
@@ -66,15 +71,31 @@ void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, in
     j->n_parts++;
 }
 
-void llm_mm_run(kv_pool *pool, llm_mm_job *j) {
+void llm_mm_run(const llm_pass *ps, llm_mm_job *j) {
+    /* each distinct input quantized once, on this thread, before the tasks;
+     * its rows have the width of the matrices that read it */
+    int n_inputs = 0;
+    for (int i = 0; i < j->n_parts; i++) {
+        int k = 0;
+        while (k < i && !(j->part[k].x == j->part[i].x && j->part[k].w->cols == j->part[i].w->cols)) k++;
+        if (k < i) {
+            j->part[i].input = j->part[k].input;
+            continue;
+        }
+        j->part[i].input = n_inputs;
+        /* cannot fail: the scratch holds m <= rows rows of the widest input at any bits */
+        llm_act_quantize(&j->act[n_inputs], j->part[i].x, j->m, j->part[i].w->cols, ps->c->p.act_bits,
+                         (char *)ps->ws->qa + (size_t)n_inputs * ps->ws->qa_bytes, ps->ws->qa_bytes);
+        n_inputs++;
+    }
     int32_t n_tasks = j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w);
-    kv_pool_run(pool, n_tasks, mm_task, j);
+    kv_pool_run(ps->c->pool, n_tasks, mm_task, j);
 }
 
-void llm_matmul(kv_pool *pool, const llm_matrix *w, const float *x, int32_t m, float *y) {
+void llm_matmul(const llm_pass *ps, const llm_matrix *w, const float *x, int32_t m, float *y) {
     llm_mm_job j = llm_mm_begin(m);
     llm_mm_add(&j, w, x, y, w->rows);
-    llm_mm_run(pool, &j);
+    llm_mm_run(ps, &j);
 }
 
 /* ---------------------------------------------------------------- element-wise */
@@ -187,5 +208,5 @@ void llm_logits(const llm_pass *ps, const float *out_norm) {
     for (int32_t i = 0; i < ps->n_out; i++)
         memmove(ws->h + (size_t)i * (size_t)D, ws->x + (size_t)ws->out_rows[i] * (size_t)D, sizeof(float) * (size_t)D);
     llm_rmsnorm(ws->h, out_norm, ws->h, ps->n_out, D, m->hp.norm_eps);
-    llm_matmul(ps->c->pool, &m->output, ws->h, ps->n_out, ps->logits);
+    llm_matmul(ps, &m->output, ws->h, ps->n_out, ps->logits);
 }

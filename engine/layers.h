@@ -12,6 +12,7 @@
 #define LLM_LAYERS_H
 
 #include "arch.h"
+#include "quant.h"
 
 /* ---- scratch */
 int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows); /* LLM_OK or LLM_ERR_NOMEM */
@@ -20,7 +21,10 @@ void llm_scratch_free(llm_scratch *s);
 /* ---- matrix products: y = x W^T for m rows of x */
 
 /* Up to three products run as one pool job (Q, K and V share an input; so
- * do gate and up). */
+ * do gate and up). Run quantizes each distinct input once (the context's
+ * act_bits, engine/quant.h llm_act) before the job starts, into the pass's
+ * scratch; products sharing an input share its quantized rows. */
+enum { LLM_MM_INPUTS = 3 };
 typedef struct {
     struct {
         const llm_matrix *w;    /* [rows][cols] */
@@ -28,17 +32,19 @@ typedef struct {
         float *y;               /* [m][ldy] */
         int64_t ldy;            /* row stride of y (>= w->rows) */
         int32_t first_task;     /* index of this part's first task in the job */
-    } part[3];
+        int input;              /* index into act of this part's input (set by run) */
+    } part[LLM_MM_INPUTS];
     int n_parts;
     int32_t m;                  /* rows of x */
+    llm_act act[LLM_MM_INPUTS]; /* the distinct inputs, prepared by run */
 } llm_mm_job;
 
 /* A job over m rows; add 1-3 products, then run. */
 llm_mm_job llm_mm_begin(int32_t m);
 void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, int64_t ldy);
-void llm_mm_run(kv_pool *pool, llm_mm_job *j);
+void llm_mm_run(const llm_pass *ps, llm_mm_job *j);
 /* One product: y [m][w->rows] = x [m][w->cols] W^T. */
-void llm_matmul(kv_pool *pool, const llm_matrix *w, const float *x, int32_t m, float *y);
+void llm_matmul(const llm_pass *ps, const llm_matrix *w, const float *x, int32_t m, float *y);
 
 /* ---- element-wise */
 

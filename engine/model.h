@@ -87,9 +87,12 @@ typedef struct {
     int32_t page_size;   /* positions per cache page */
     int32_t n_pages;     /* pages in the KV pool; 0: n_seqs x ceil(n_ctx / page_size), room for
                           * every sequence at full length (fewer: sequences share the pool) */
+    int32_t act_bits;    /* activations of the weight products (engine/quant.h, llm_act): 16 or 8
+                          * (integer dot products), 0 (f32, the reference), -1: the engine's
+                          * default, llm_act_default_bits() (KVCACHE_EXACT_MATMUL, KVCACHE_ACT_BITS) */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, n_pages 0. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, n_pages 0, act_bits -1. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;

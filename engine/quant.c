@@ -3,6 +3,11 @@
  * SIMD ones in quant_avx2.c and the whole path of a portable build), the Q8_0
  * quantizer, and the blocked matrix-product driver. */
 #include "quant.h"
+#include "quant_kern.h"
+#include "../src/half.h"
+
+#include <pthread.h>
+#include <stdlib.h>
 
 #include <math.h>
 #include <stdatomic.h>
@@ -67,52 +72,15 @@ int64_t llm_row_bytes(int type, int64_t n) {
 
 /* ------------------------------------------------------------ conversions */
 
-static float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-float llm_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0) {                       /* zero or subnormal: man * 2^-24 */
-        float mag = (float)man * 0x1p-24f;
-        return bits_to_f32(f32_to_bits(mag) | sign);
-    }
-    if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (man << 13));
-    /* rebias: half exponent bias 15, float bias 127 */
-    return bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
+/* The project's one conversion (src/half.h), exported under engine names. */
+float llm_f16_to_f32(uint16_t h) { return kv_f16_to_f32(h); }
+uint16_t llm_f32_to_f16(float f) { return kv_f32_to_f16(f); }
+float llm_bf16_to_f32(uint16_t h) { return kv_bf16_to_f32(h); }
+uint16_t llm_f32_to_bf16(float f) { return kv_f32_to_bf16(f); }
 
-uint16_t llm_f32_to_f16(float f) {
-    uint32_t x = f32_to_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return sign | 0x7e00;             /* NaN stays NaN */
-    if (ax >= 0x477ff000u) return sign | 0x7c00;           /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                  /* below 2^-14: subnormal */
-        uint32_t e = ax >> 23;
-        if (e < 102) return sign;                            /* < 2^-25 rounds to 0 */
-        uint32_t m = (ax & 0x7fffff) | 0x800000;            /* value = m * 2^(e-150) */
-        uint32_t shift = 126 - e;                            /* value / 2^-24 = m >> shift */
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;   /* a carry moves the exponent up */
-    return (uint16_t)(sign | h);
-}
-
-float llm_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
-
-uint16_t llm_f32_to_bf16(float f) {
-    uint32_t x = f32_to_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);                           /* round to nearest even */
-    return (uint16_t)(x >> 16);
-}
-
-static float half_at(const uint8_t *p) { return llm_f16_to_f32(rd16(p)); }
+static float half_at(const uint8_t *p) { return kv_f16_to_f32(rd16(p)); }
 
 /* ------------------------------------------------------------ scalar decoders */
 
@@ -238,7 +206,7 @@ static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) 
     switch (type) {
     case LLM_TYPE_F32:  memcpy(dst, src, (size_t)n * 4); break;
     case LLM_TYPE_F16:  for (int64_t i = 0; i < n; i++) dst[i] = half_at(src + 2 * i); break;
-    case LLM_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = llm_bf16_to_f32(rd16(src + 2 * i)); break;
+    case LLM_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(rd16(src + 2 * i)); break;
     case LLM_TYPE_Q4_0: deq_q4_0(src, dst, nb); break;
     case LLM_TYPE_Q4_1: deq_q4_1(src, dst, nb); break;
     case LLM_TYPE_Q5_0: deq_q5_0(src, dst, nb); break;
@@ -252,33 +220,6 @@ static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) 
 
 /* ------------------------------------------------------------ kernel choice */
 
-/* Tests flip this between runs; relaxed atomics keep concurrent readers defined. */
-static atomic_int force_scalar_flag;
-
-void llm_quant_force_scalar(int on) {
-    atomic_store_explicit(&force_scalar_flag, on != 0, memory_order_relaxed);
-}
-
-static int use_simd(void) {
-    return !atomic_load_explicit(&force_scalar_flag, memory_order_relaxed) && llm_simd_level() > 0;
-}
-
-const char *llm_quant_kernels(void) {
-    if (!use_simd()) return "scalar";
-    return llm_simd_level() == 2 ? "avx512" : "avx2";
-}
-
-static void dequant_any(int type, const uint8_t *src, float *dst, int64_t n, int simd) {
-    if (simd && llm_simd_dequant(type, src, dst, n) == 0) return;
-    dequant_scalar(type, src, dst, n);
-}
-
-int llm_dequant_row(int type, const void *src, float *dst, int64_t n) {
-    if (llm_row_bytes(type, n) < 0) return -1;
-    dequant_any(type, src, dst, n, use_simd());
-    return 0;
-}
-
 /* One accumulator per (r, t), summed in k order: the same arithmetic for
  * every tile shape, which keeps results independent of how rows are split. */
 static void scalar_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
@@ -291,6 +232,75 @@ static void scalar_dot_tile(const float *const *w, int nr, const float *const *x
         }
 }
 
+static int scalar_dequant(int type, const void *src, float *dst, int64_t n) {
+    dequant_scalar(type, src, dst, n);
+    return 0;
+}
+
+static int scalar_fused(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
+    (void)type; (void)w; (void)nr; (void)x; (void)n; (void)out;
+    return -1;
+}
+
+const llm_qkern llm_qkern_scalar = {"scalar", scalar_dequant, scalar_dot_tile, scalar_fused, llm_act_dot_scalar};
+
+static const llm_qkern *by_name(const char *name) {
+    if (!strcmp(name, "scalar")) return &llm_qkern_scalar;
+    if (!strcmp(name, "avx2")) return llm_qkern_avx2();
+    if (!strcmp(name, "avx512")) return llm_qkern_avx512();
+    return NULL;
+}
+
+static const llm_qkern *best(void) {
+    const llm_qkern *k = llm_qkern_avx512();
+    if (!k) k = llm_qkern_avx2();
+    return k ? k : &llm_qkern_scalar;
+}
+
+/* The first-use choice and the one in force; tests switch between runs, so
+ * the pointer is atomic to keep concurrent readers defined. */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const llm_qkern *chosen;
+static _Atomic(const llm_qkern *) active;
+
+static void choose(void) {
+    const char *env = getenv("KVCACHE_SIMD");
+    const llm_qkern *k = env && *env && strcmp(env, "auto") ? by_name(env) : NULL;
+    chosen = k ? k : best();
+    atomic_store_explicit(&active, chosen, memory_order_relaxed);
+}
+
+const llm_qkern *llm_qkern_active(void) {
+    pthread_once(&once, choose);
+    return atomic_load_explicit(&active, memory_order_relaxed);
+}
+
+int llm_quant_select(const char *name) {
+    if (!name) return -1;
+    pthread_once(&once, choose);
+    const llm_qkern *k = strcmp(name, "auto") ? by_name(name) : best();
+    if (!k) return -1;
+    atomic_store_explicit(&active, k, memory_order_relaxed);
+    return 0;
+}
+
+void llm_quant_force_scalar(int on) {
+    pthread_once(&once, choose);
+    atomic_store_explicit(&active, on ? &llm_qkern_scalar : chosen, memory_order_relaxed);
+}
+
+const char *llm_quant_kernels(void) { return llm_qkern_active()->name; }
+
+static void dequant_any(int type, const uint8_t *src, float *dst, int64_t n, const llm_qkern *k) {
+    if (k->dequant(type, src, dst, n) != 0) dequant_scalar(type, src, dst, n);
+}
+
+int llm_dequant_row(int type, const void *src, float *dst, int64_t n) {
+    if (llm_row_bytes(type, n) < 0) return -1;
+    dequant_any(type, src, dst, n, llm_qkern_active());
+    return 0;
+}
+
 /* ------------------------------------------------------------ matrix product */
 
 enum {
@@ -300,9 +310,8 @@ enum {
 };
 
 static void dot_tile(const float *const *w, int nr, const float *const *x, int nt, int64_t n,
-                     float *out, int simd) {
-    if (simd) llm_simd_dot_tile(w, nr, x, nt, n, out);
-    else scalar_dot_tile(w, nr, x, nt, n, out);
+                     float *out, const llm_qkern *k) {
+    k->dot_tile(w, nr, x, nt, n, out);
 }
 
 /* Y[j*ldy + r0 + r] = out[r*nt + t] on the first chunk of k, += after it. */
@@ -325,7 +334,8 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
             for (int64_t r = row0; r < row1; r++) Y[j * ldy + r] = v;
         return;
     }
-    int simd = use_simd();
+    const llm_qkern *kern = llm_qkern_active();
+    int simd = kern != &llm_qkern_scalar;
     _Alignas(64) float buf[8][CHUNK];        /* decoded chunks of up to 8 weight rows */
     const uint8_t *Wb = W;
     int64_t elems = type_size_of(type).elems, bbytes = type_size_of(type).bytes;
@@ -352,13 +362,13 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                     const uint8_t *src[8];
                     for (int i = 0; i < nr; i++) src[i] = Wb + (r0 + i) * rb + k0 / elems * bbytes;
                     const float *xp = X + jb * n_in + k0;
-                    if (nr == 8 && llm_simd_fused_dot(type, src, 8, xp, kc, out) == 0) {
+                    if (nr == 8 && kern->fused_dot(type, src, 8, xp, kc, out) == 0) {
                         store_tile(Y, ldy, jb, r0, out, 8, 1, 1, first);
                         continue;
                     }
                     if (nr < 8) {              /* the last few rows, one at a time */
                         int i = 0;
-                        for (; i < nr && llm_simd_fused_dot(type, &src[i], 1, xp, kc, out) == 0; i++)
+                        for (; i < nr && kern->fused_dot(type, &src[i], 1, xp, kc, out) == 0; i++)
                             store_tile(Y, ldy, jb, r0 + i, out, 1, 1, 1, first);
                         if (i == nr) continue;
                         /* i == 0: no fused kernel for this type */
@@ -370,18 +380,18 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                     if (type == LLM_TYPE_F32 && ((uintptr_t)src & 3) == 0) {
                         wp[i] = (const float *)(const void *)src;   /* no copy needed */
                     } else {
-                        dequant_any(type, src, buf[i], kc, simd);
+                        dequant_any(type, src, buf[i], kc, kern);
                         wp[i] = buf[i];
                     }
                 }
                 if (decode) {
                     const float *xp = X + jb * n_in + k0;
                     if (nr == 8) {
-                        dot_tile(wp, 8, &xp, 1, kc, out, simd);
+                        dot_tile(wp, 8, &xp, 1, kc, out, kern);
                         store_tile(Y, ldy, jb, r0, out, 8, 1, 1, first);
                     } else {                 /* the last few rows, one at a time */
                         for (int i = 0; i < nr; i++) {
-                            dot_tile(&wp[i], 1, &xp, 1, kc, out, simd);
+                            dot_tile(&wp[i], 1, &xp, 1, kc, out, kern);
                             store_tile(Y, ldy, jb, r0 + i, out, 1, 1, 1, first);
                         }
                     }
@@ -394,7 +404,7 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                     int nt = (int)(je - j < XT ? je - j : XT);
                     const float *xp[XT];
                     for (int t = 0; t < XT; t++) xp[t] = X + (j + (t < nt ? t : nt - 1)) * n_in + k0;
-                    dot_tile(wp, 4, xp, XT, kc, out, simd);
+                    dot_tile(wp, 4, xp, XT, kc, out, kern);
                     store_tile(Y, ldy, j, r0, out, nr, nt, XT, first);
                 }
             }

@@ -31,8 +31,8 @@
  * (AVX2+FMA+F16C; 32 registers with AVX-512VL): on the Zen 4 host they were
  * tuned on, 512-bit FMAs gave ~0.6x the FLOP/s of 256-bit ones. Build with
  * -DLLM_QUANT_ZMM for 512-bit kernels (hosts with two 512-bit FMA units).
- * Activations stay f32 (no 8-bit quantization of X), so the only error is f32
- * rounding of the sums. Each (row, X row) result is computed by the same
+ * In llm_matmul_rows activations stay f32, so the only error is f32 rounding
+ * of the sums (llm_matmul_act below is the integer-activation product). Each (row, X row) result is computed by the same
  * sequence of operations whatever the row range, m or tile it falls in, so
  * splitting rows over threads, or prefill against decode, changes no bit. */
 #ifndef LLM_QUANT_H
@@ -130,10 +130,65 @@ float llm_vec_dot(int type, const void *row, const float *x, int64_t n);
 void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1,
                      const float *X, int64_t m, float *Y, int64_t ldy);
 
-/* on != 0: use the plain C kernels even where SIMD ones are compiled in
- * (tests compare both). Process-wide; set it before starting threads. */
+/* ---- integer activations ----
+ * For the block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) a product
+ * can take its X rows quantized once, in blocks of 32 with an f32 scale each,
+ * and shared by every matrix that reads the same input (Q, K, V; gate, up):
+ *   bits 8:  d = max|x| / 127,   q = round(x / d) in int8
+ *   bits 16: d = max|x| / 16383, q = round(x / d) in int16 (15 bits: Q6_K's
+ *            scaled weights times 32 such q stay inside int32)
+ * so |x - d q| <= d / 2. The dot of a weight row with an X row is then, block
+ * b by block b in order, with S_b an exact integer sum over the block's 32
+ * elements of (weight integer) * q and B_b the sum of the block's q:
+ *     acc += d_b * ((float)S_b * wa_b + (float)B_b * wb_b)
+ * where wa_b, wb_b are the weight block's scale and offset (Q4_1: d, m;
+ * K-quants: d*sc, -dmin*mn of the sub-block; symmetric formats: d, 0). Every
+ * kernel (scalar, AVX2) follows this arithmetic exactly, so results are
+ * bit-identical across kernels, thread counts and row splits. F32, F16 and
+ * BF16 weights stay in f32 against the f32 rows (their 11-bit or 8-bit
+ * mantissas are not integers an integer dot can use without rounding the
+ * weight itself). bits 0 keeps every product in f32 (the reference).
+ * Which bits the engine uses: llm_act_default_bits(). */
+enum { LLM_ACT_F32 = 0, LLM_ACT_Q8 = 8, LLM_ACT_Q16 = 16 };
+typedef struct {
+    const float *x;   /* [m][n] the f32 rows (float weights and bits 0 read them) */
+    int64_t m, n;     /* rows, elements per row */
+    int bits;         /* 0 (every product in f32), 8 or 16 */
+    void *q;          /* [m][n] int8_t or int16_t quants; NULL for bits 0 */
+    float *d;         /* [m][n / 32] block scales */
+    int32_t *s;       /* [m][n / 32] sum of each block's quants */
+} llm_act;
+
+/* Bytes of the work area llm_act_quantize needs for m rows of n (any bits). */
+size_t llm_act_bytes(int64_t m, int64_t n);
+/* The engine's choice, read once from the environment: 0 when
+ * KVCACHE_EXACT_MATMUL is set (not "0"), else KVCACHE_ACT_BITS (8 or 16) if
+ * set, else 16. */
+int llm_act_default_bits(void);
+/* Prepare X [m][n] (kept by pointer: it must outlive *a) for llm_matmul_act,
+ * quantized into buf (llm_act_bytes(m, n) bytes) to `bits` (0, 8, 16; n not a
+ * multiple of 32 gives 0). Returns 0, or -1 (a untouched) for m < 1, n < 1,
+ * other bits or a buffer too small. */
+int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes);
+/* As llm_matmul_rows for the rows of a (n_in == a->n): integer products for
+ * the block formats unless a->bits == 0, f32 ones otherwise. */
+void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
+                    float *Y, int64_t ldy);
+/* 1 if llm_matmul_act takes integer products for this type. */
+int llm_type_int8(int type);
+
+/* Kernels are chosen at first use by CPU feature, like the library's: the
+ * best of "avx512" (256-bit vectors with 32 registers; 512-bit ones in
+ * -DLLM_QUANT_ZMM builds), "avx2" and "scalar", or the one named by the
+ * environment variable KVCACHE_SIMD when this CPU runs it. Every build
+ * compiles the SIMD files with their own -m flags and runs them only after a
+ * CPUID check, so a portable build runs them too.
+ * llm_quant_select changes the choice process-wide ("auto": the best); -1 if
+ * this CPU or build lacks it. Call it before starting threads. */
+int llm_quant_select(const char *name);
+/* on != 0: llm_quant_select("scalar"); 0: back to the first-use choice. */
 void llm_quant_force_scalar(int on);
-/* "avx512" (-DLLM_QUANT_ZMM builds), "avx2" or "scalar": the kernels that run now. */
+/* The name of the kernels that run now. */
 const char *llm_quant_kernels(void);
 
 /* Quantize n floats (n a multiple of 32) to Q8_0 blocks: d = max|x| / 127
@@ -149,21 +204,5 @@ uint16_t llm_f32_to_bf16(float f);
 
 /* The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block. */
 void llm_k_scale_min(const uint8_t scales[12], int s, uint8_t *sc, uint8_t *mn);
-
-/* ---- internal: shared by quant.c and quant_avx2.c, not for callers ---- */
-/* Decode n elements (whole blocks) with SIMD; 0 if done, -1 if this type or
- * build has no SIMD decoder (the caller then uses the scalar one). */
-int llm_simd_dequant(int type, const void *src, float *dst, int64_t n);
-/* out[r*nt + t] = sum_k w[r][k] * x[t][k] for r < nr, t < nt over n floats.
- * Shapes (nr, nt) are (8, 1), (4, 4) or (1, 1); any other shape is computed
- * one (1, 1) pair at a time. */
-void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
-                       int64_t n, float *out);
-/* Decode-and-dot without the float buffer for nr (8 or 1) rows of a
- * Q4_0/Q4_1/Q5_0/Q8_0 chunk: out[r] = dot(w[r][0..n), x). Bit-identical to
- * llm_simd_dequant + llm_simd_dot_tile; -1 where not compiled in. */
-int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
-/* 2 for the 512-bit kernels, 1 for the 256-bit ones, 0 if none were compiled in. */
-int llm_simd_level(void);
 
 #endif

@@ -1,25 +1,18 @@
 /* engine/quant_avx2.c - SIMD decoders (AVX2 + F16C), dot-product tiles and
  * fused decode-and-dot kernels (256-bit by default, 512-bit with
- * -DLLM_QUANT_ZMM) behind the internal hooks declared at the end of quant.h.
- * Compiled for whatever -march the build uses; without AVX2 every hook
- * reports "no SIMD" and quant.c runs its scalar code.
+ * -DLLM_QUANT_ZMM), the "avx2" table of quant_kern.h. Compiled with -mavx2
+ * -mfma -mf16c whatever MARCH says and used only when CPUID reports them;
+ * quant_avx512.c compiles this same file again with AVX-512 flags (32
+ * registers) as the "avx512" table.
  *
  * Decoders write floats equal to the scalar decoders' up to one rounding
  * (Q4_1 and the K-quants use a fused multiply-add here, two roundings there). */
-#include "quant.h"
+#include "quant_kern.h"
+#include "quant_simd.h"
 
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-
-#define UNROLL _Pragma("GCC unroll 16")
-
-static float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 /* ------------------------------------------------------------ decoders */
 
@@ -56,22 +49,12 @@ static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
-/* The 32 values q - 16 of a Q5_0 block: elements 0..15 in *lo, 16..31 in
- * *hi. Byte i of each half picks the fifth bit i of its 16 with a shuffle
- * (byte i/8 of the bit field) and a per-byte bit mask. */
+/* The 32 values q - 16 of a Q5_0 block: elements 0..15 in *lo, 16..31 in *hi. */
 static inline void q5_0_bytes(const uint8_t *p, __m128i *lo, __m128i *hi) {
-    const __m128i m4 = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
-    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
-    uint32_t h;
-    memcpy(&h, p + offsetof(llm_block_q5_0, qh), 4);
-    __m128i hv = _mm_cvtsi32_si128((int)h);
-    __m128i h0 = _mm_shuffle_epi8(hv, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-    __m128i h1 = _mm_shuffle_epi8(hv, _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h0, bit), bit), sixteen);
-    h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h1, bit), bit), sixteen);
-    __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q5_0, qs)));
-    *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(q, m4), h0), sixteen);
-    *hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), h1), sixteen);
+    const __m128i sixteen = _mm_set1_epi8(16);
+    q5_0_unsigned(p, lo, hi);
+    *lo = _mm_sub_epi8(*lo, sixteen);
+    *hi = _mm_sub_epi8(*hi, sixteen);
 }
 
 static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
@@ -185,7 +168,7 @@ static void deq_bf16(const uint8_t *src, float *y, int64_t n) {
     }
 }
 
-int llm_simd_dequant(int type, const void *src, float *dst, int64_t n) {
+static int simd_dequant(int type, const void *src, float *dst, int64_t n) {
     const uint8_t *b = src;
     switch (type) {
     case LLM_TYPE_F16:  deq_f16(b, dst, n); return 0;
@@ -313,10 +296,8 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     reduce16(acc, out, R);
 }
 
-int llm_simd_level(void) { return 2; }
-
-void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
-                       int64_t n, float *out) {
+static void simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
+                          int64_t n, float *out) {
     if (nr == 8 && nt == 1) tile_v(w, x, n, out, 8, 1);
     else if (nr == 4 && nt == 4) tile_v(w, x, n, out, 4, 4);
     else
@@ -434,10 +415,8 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     reduce8(acc, out, R);
 }
 
-int llm_simd_level(void) { return 1; }
-
-void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
-                       int64_t n, float *out) {
+static void simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
+                          int64_t n, float *out) {
     if (nr == 8 && nt == 1) {
         tile_v(w, x, n, out, 8, 1);
     } else if (nr == 4 && nt == 4) {
@@ -460,7 +439,7 @@ void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int
 
 /* Both vector widths define fused_v; the type and row count become constants
  * of its inlined instances. */
-int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
+static int simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
     if (nr != 8 && nr != 1) return -1;
 #define FUSED(T) (nr == 8 ? fused_v(T, w, x, n, out, 8) : fused_v(T, w, x, n, out, 1))
     switch (type) {
@@ -473,28 +452,13 @@ int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x
 #undef FUSED
 }
 
-#else /* no AVX2: quant.c uses its scalar code */
+static const llm_qkern table = {QK_STR(QK_TABLE), simd_dequant, simd_dot_tile, simd_fused_dot,
+                                QK_CAT(llm_act_dot_, QK_TABLE)};
 
-int llm_simd_dequant(int type, const void *src, float *dst, int64_t n) {
-    (void)type; (void)src; (void)dst; (void)n;
-    return -1;
-}
+const llm_qkern *QK_CAT(llm_qkern_, QK_TABLE)(void) { return QK_CPU_OK() ? &table : NULL; }
 
-void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
-                       int64_t n, float *out) {
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < n; k++) acc += w[r][k] * x[t][k];
-            out[r * nt + t] = acc;
-        }
-}
+#else /* a compiler without these instruction sets: the table is absent */
 
-int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out) {
-    (void)type; (void)w; (void)nr; (void)x; (void)n; (void)out;
-    return -1;
-}
-
-int llm_simd_level(void) { return 0; }
+const llm_qkern *QK_CAT(llm_qkern_, QK_TABLE)(void) { return NULL; }
 
 #endif

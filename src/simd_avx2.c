@@ -4,9 +4,9 @@
  * and the prefill tile kernel. Compiled with those flags whatever MARCH says;
  * used only when the CPU reports them. */
 #include "simd.h"
+#include "cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 
@@ -545,13 +545,7 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
 
 static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
 
-const kv_simd *kv_simd_avx2(void) {
-    __builtin_cpu_init();
-    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler names it) */
-    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    return ok ? &avx2 : NULL;
-}
+const kv_simd *kv_simd_avx2(void) { return kv_cpu_avx2() ? &avx2 : NULL; }
 #else
 const kv_simd *kv_simd_avx2(void) { return NULL; }
 #endif

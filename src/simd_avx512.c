@@ -3,6 +3,7 @@
  * file is compiled with -mavx512f... whatever MARCH says; it is used only
  * when the CPU reports those features. */
 #include "simd.h"
+#include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -409,12 +410,7 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
 
 static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
 
-const kv_simd *kv_simd_avx512(void) {
-    __builtin_cpu_init();
-    bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    return ok ? &avx512 : NULL;
-}
+const kv_simd *kv_simd_avx512(void) { return kv_cpu_avx512() ? &avx512 : NULL; }
 #else
 const kv_simd *kv_simd_avx512(void) { return NULL; }
 #endif

@@ -178,49 +178,17 @@ void gw_add_arr_u32(gw *w, const char *k, const uint32_t *v, uint64_t n) { gw_ad
 
 /* ------------------------------------------------------------ conversions */
 
-uint16_t gw_f32_to_f16(float f) {
-    /* by arithmetic on the value rather than on bits */
-    if (isnan(f)) return 0x7e00;
-    uint16_t sign = signbit(f) ? 0x8000 : 0;
-    double a = fabs((double)f);
-    if (a >= 65520.0) return sign | 0x7c00;                  /* rounds past the largest half */
-    if (a < ldexp(1.0, -14)) return sign | (uint16_t)rint(a * ldexp(1.0, 24)); /* subnormal */
-    int e;
-    double m = frexp(a, &e);                                 /* a = m 2^e, m in [0.5, 1) */
-    int exp = e - 1 + 15;
-    double man = rint((2.0 * m - 1.0) * 1024.0);
-    if (man == 1024.0) { man = 0; exp++; }
-    if (exp >= 31) return sign | 0x7c00;
-    return sign | (uint16_t)(exp << 10) | (uint16_t)man;
-}
-
-float gw_f16_to_f32(uint16_t h) {
-    int exp = (h >> 10) & 31, man = h & 1023;
-    double v = exp == 0 ? ldexp(man, -24) : exp == 31 ? (man ? NAN : INFINITY)
-                                                      : ldexp(1024 + man, exp - 25);
-    return (float)((h & 0x8000) ? -v : v);
-}
-
-uint16_t gw_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (isnan(f)) return (uint16_t)((u >> 16) | 0x40);
-    uint32_t low = u & 0xffff, hi = u >> 16;
-    if (low > 0x8000 || (low == 0x8000 && (hi & 1))) hi++;
-    return (uint16_t)hi;
-}
-
 /* ------------------------------------------------------------ reference quantizers */
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static float half_round(float f) { return gw_f16_to_f32(gw_f32_to_f16(f)); }
+static float half_round(float f) { return kv_f16_to_f32(kv_f32_to_f16(f)); }
 static int clampi(long v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : (int)v; }
 
 static void quant_q8_0(const float *x, uint8_t *b) {
     float amax = 0;
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
     float d = half_round(amax / 127);
-    put16(b, gw_f32_to_f16(d));
+    put16(b, kv_f32_to_f16(d));
     for (int i = 0; i < 32; i++) b[2 + i] = (uint8_t)(int8_t)clampi(d ? lrintf(x[i] / d) : 0, -128, 127);
 }
 
@@ -229,7 +197,7 @@ static void quant_q4_0(const float *x, uint8_t *b) {
     float mx = 0;
     for (int i = 0; i < 32; i++) if (fabsf(x[i]) > fabsf(mx)) mx = x[i];
     float d = half_round(mx / -8);
-    put16(b, gw_f32_to_f16(d));
+    put16(b, kv_f32_to_f16(d));
     for (int j = 0; j < 16; j++) {
         int lo = clampi(d ? lrintf(x[j] / d) + 8 : 8, 0, 15);
         int hi = clampi(d ? lrintf(x[j + 16] / d) + 8 : 8, 0, 15);
@@ -242,7 +210,7 @@ static void quant_q5_0(const float *x, uint8_t *b) {
     float mx = 0;
     for (int i = 0; i < 32; i++) if (fabsf(x[i]) > fabsf(mx)) mx = x[i];
     float d = half_round(mx / -16);
-    put16(b, gw_f32_to_f16(d));
+    put16(b, kv_f32_to_f16(d));
     uint32_t qh = 0;
     for (int j = 0; j < 32; j++) {
         int q = clampi(d ? lrintf(x[j] / d) + 16 : 16, 0, 31);
@@ -257,8 +225,8 @@ static void quant_q4_1(const float *x, uint8_t *b) {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < 32; i++) { mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); }
     float d = half_round((mx - mn) / 15), m = half_round(mn);
-    put16(b, gw_f32_to_f16(d));
-    put16(b + 2, gw_f32_to_f16(m));
+    put16(b, kv_f32_to_f16(d));
+    put16(b + 2, kv_f32_to_f16(m));
     for (int j = 0; j < 16; j++) {
         int lo = clampi(d ? lrintf((x[j] - m) / d) : 0, 0, 15);
         int hi = clampi(d ? lrintf((x[j + 16] - m) / d) : 0, 0, 15);
@@ -294,8 +262,8 @@ static void quant_k45(const float *x, uint8_t *b, int levels) {
         sc[s] = d > 0 ? clampi((long)ceilf(scale[s] / d), 0, 63) : 0;
         mq[s] = dmin > 0 ? clampi((long)ceilf(neg_min[s] / dmin), 0, 63) : 0;
     }
-    put16(b, gw_f32_to_f16(d));
-    put16(b + 2, gw_f32_to_f16(dmin));
+    put16(b, kv_f32_to_f16(d));
+    put16(b + 2, kv_f32_to_f16(dmin));
     pack_scales(sc, mq, b + 4);
     int five = levels == 31;
     uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
@@ -325,7 +293,7 @@ static void quant_q6_k(const float *x, uint8_t *b) {
     float d = half_round(max_abs / 127);
     int8_t *scales = (int8_t *)(b + 192);
     for (int s = 0; s < 16; s++) scales[s] = (int8_t)(d > 0 ? clampi(lrintf(sub[s] / d), -128, 127) : 0);
-    put16(b + 208, gw_f32_to_f16(d));
+    put16(b + 208, kv_f32_to_f16(d));
     uint8_t *ql = b, *qh = b + 128;
     memset(ql, 0, 128);
     memset(qh, 0, 64);
@@ -371,8 +339,8 @@ int gw_quantize(int type, const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n / elems; i++, b += bsize, src += elems) {
         switch (type) {
         case GW_F32:  memcpy(b, src, 4); break;   /* little-endian host */
-        case GW_F16:  put16(b, gw_f32_to_f16(*src)); break;
-        case GW_BF16: put16(b, gw_f32_to_bf16(*src)); break;
+        case GW_F16:  put16(b, kv_f32_to_f16(*src)); break;
+        case GW_BF16: put16(b, kv_f32_to_bf16(*src)); break;
         case GW_Q4_0: quant_q4_0(src, b); break;
         case GW_Q4_1: quant_q4_1(src, b); break;
         case GW_Q5_0: quant_q5_0(src, b); break;

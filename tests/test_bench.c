@@ -46,9 +46,16 @@ TEST(bench_attention_json_has_every_key_and_sane_ratios) {
     /* a sanity bound, not a speed claim: on a machine shared with other builds
      * a --quick decode call (well under a millisecond) can land in a quiet
      * moment that no bandwidth trial caught, so a ratio may pass 1; a byte or
-     * FLOP count wrong by a factor (what this catches) lands far outside */
-    for (int i = 0; i < nr; i++)
-        if (!(v[i] > 0 && v[i] < 4)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, 4)", i, v[i]);
+     * FLOP count wrong by a factor (what this catches) lands far outside.
+     * Under KVCACHE_SIMD=scalar (make test-portable's second run) the peak is
+     * a scalar FMA loop's, while the compiler may vectorize the "scalar"
+     * prefill kernel: its ratio to that peak has no upper bound then. */
+    const char *simd = getenv("KVCACHE_SIMD");
+    int scalar = simd && !strcmp(simd, "scalar");
+    for (int i = 0; i < nr; i++) {
+        double hi = scalar && i >= 8 ? INFINITY : 4;
+        if (!(v[i] > 0 && v[i] < hi)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, %g)", i, v[i], hi);
+    }
     CHECK(numbers_after(text, "read_gbs", v, 64) >= 1 && v[0] > 0.1);
     CHECK(numbers_after(text, "peak_gflops", v, 1) == 1 && v[0] > 0.1);
     /* each decode case against its roofline: min(its read bandwidth, peak / FLOP per byte),

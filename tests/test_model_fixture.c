@@ -13,7 +13,7 @@
 
 /* ---------------------------------------------------------------- decoding */
 
-static double half(const uint8_t *p) { return gw_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static double half(const uint8_t *p) { return kv_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* 6-bit scale (sc) and min (mn) of sub-block j in a Q4_K/Q5_K scales[12]:
  * j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split between a nibble

@@ -1,0 +1,248 @@
+/* engine/quant_act.c - integer activations: quantizing X rows into int8 or
+ * int16 blocks of 32, the scalar integer-activation dot (the reference every
+ * SIMD kernel must equal bit for bit), and the matrix-product driver
+ * llm_matmul_act. The arithmetic is stated in quant.h above llm_act. */
+#include "quant.h"
+#include "quant_kern.h"
+#include "../src/half.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { QB = 32 };   /* elements per activation block */
+
+/* ------------------------------------------------------------ quantizing */
+
+static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
+
+size_t llm_act_bytes(int64_t m, int64_t n) {
+    if (m < 1 || n < 1) return 0;
+    size_t nb = (size_t)(n / QB);
+    return round64((size_t)m * (size_t)n * sizeof(int16_t)) + round64((size_t)m * nb * sizeof(float)) +
+           round64((size_t)m * nb * sizeof(int32_t)) + 64;
+}
+
+static pthread_once_t bits_once = PTHREAD_ONCE_INIT;
+static int bits_env;
+static void read_bits_env(void) {
+    const char *e = getenv("KVCACHE_EXACT_MATMUL"), *b = getenv("KVCACHE_ACT_BITS");
+    bits_env = e && *e && strcmp(e, "0") != 0 ? LLM_ACT_F32 : b && !strcmp(b, "8") ? LLM_ACT_Q8 : LLM_ACT_Q16;
+}
+int llm_act_default_bits(void) {
+    pthread_once(&bits_once, read_bits_env);
+    return bits_env;
+}
+
+/* One block: d = max|x| / top, q = round(x / d) (x * (1/d), nearest even),
+ * clamped to [-top, top] (top = 127 or 16383) so that negating a quant never
+ * overflows. */
+static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s) {
+    float amax = 0.0f;
+    for (int k = 0; k < QB; k++) amax = fmaxf(amax, fabsf(x[k]));
+    float ft = (float)top, dd = amax / ft, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int32_t sum = 0;
+    for (int k = 0; k < QB; k++) {
+        float v = rintf(x[k] * id);
+        int iv = v > ft ? top : v < -ft ? -top : (int)v;
+        if (q8) q8[k] = (int8_t)iv;
+        else q16[k] = (int16_t)iv;
+        sum += iv;
+    }
+    *d = dd;
+    *s = sum;
+}
+
+int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
+    if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16))
+        return -1;
+    if (bits == LLM_ACT_F32 || n % QB != 0) {
+        *a = (llm_act){.x = x, .m = m, .n = n, .bits = LLM_ACT_F32};
+        return 0;
+    }
+    if (!buf || bytes < llm_act_bytes(m, n)) return -1;
+    uintptr_t p = ((uintptr_t)buf + 63) & ~(uintptr_t)63;
+    size_t nb = (size_t)(n / QB), qsize = bits == LLM_ACT_Q8 ? 1 : 2;
+    float *d = (float *)(p + round64((size_t)m * (size_t)n * qsize));
+    int32_t *s = (int32_t *)((uintptr_t)d + round64((size_t)m * nb * sizeof(float)));
+    int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+    for (int64_t j = 0; j < m; j++)
+        for (size_t b = 0; b < nb; b++) {
+            size_t i = (size_t)j * nb + b;
+            quantize_block(x + (size_t)j * (size_t)n + b * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)p + i * QB : NULL,
+                           bits == LLM_ACT_Q16 ? (int16_t *)p + i * QB : NULL, &d[i], &s[i]);
+        }
+    *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
+    return 0;
+}
+
+int llm_type_int8(int type) {
+    switch (type) {
+    case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: case LLM_TYPE_Q5_0: case LLM_TYPE_Q8_0:
+    case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: case LLM_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------ the reference */
+
+static float half_at(const uint8_t *p) { return kv_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* Block b (32 elements) of a weight row as integers w[32], with its scale wa
+ * and offset wb: the weight values are wa * w[k] + wb (Q6_K: wa * w[k], the
+ * sub-block scales folded into w). */
+static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB], float *wa, float *wb) {
+    *wb = 0.0f;
+    switch (type) {
+    case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: {
+        const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
+        const uint8_t *qs = p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs) : offsetof(llm_block_q4_1, qs));
+        int off = type == LLM_TYPE_Q4_0 ? 8 : 0;
+        for (int j = 0; j < 16; j++) { w[j] = (qs[j] & 15) - off; w[j + 16] = (qs[j] >> 4) - off; }
+        *wa = half_at(p);
+        if (type == LLM_TYPE_Q4_1) *wb = half_at(p + offsetof(llm_block_q4_1, m));
+        return;
+    }
+    case LLM_TYPE_Q5_0: {
+        const uint8_t *p = row + b * sizeof(llm_block_q5_0), *qh = p + offsetof(llm_block_q5_0, qh);
+        const uint8_t *qs = p + offsetof(llm_block_q5_0, qs);
+        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        for (int j = 0; j < 16; j++) {
+            w[j] = ((qs[j] & 15) | (int)((h >> j) & 1) << 4) - 16;
+            w[j + 16] = ((qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4) - 16;
+        }
+        *wa = half_at(p);
+        return;
+    }
+    case LLM_TYPE_Q8_0: {
+        const uint8_t *p = row + b * sizeof(llm_block_q8_0);
+        for (int j = 0; j < QB; j++) w[j] = (int8_t)p[offsetof(llm_block_q8_0, qs) + j];
+        *wa = half_at(p);
+        return;
+    }
+    case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
+        int five = type == LLM_TYPE_Q5_K;
+        const uint8_t *p = row + (b / 8) * (five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k));
+        int sub = (int)(b % 8), g = sub / 2, hi = sub % 2;
+        const uint8_t *qs = p + (five ? offsetof(llm_block_q5_k, qs) : offsetof(llm_block_q4_k, qs)) + 32 * g;
+        const uint8_t *qh = p + offsetof(llm_block_q5_k, qh);
+        for (int l = 0; l < QB; l++) {
+            int q = hi ? qs[l] >> 4 : qs[l] & 15;
+            if (five) q |= ((qh[l] >> sub) & 1) << 4;
+            w[l] = q;
+        }
+        uint8_t sc, mn;
+        llm_k_scale_min(p + offsetof(llm_block_q4_k, scales), sub, &sc, &mn);
+        *wa = half_at(p + offsetof(llm_block_q4_k, d)) * (float)sc;        /* exact: 11 x 6 bits */
+        *wb = -(half_at(p + offsetof(llm_block_q4_k, dmin)) * (float)mn);
+        return;
+    }
+    case LLM_TYPE_Q6_K: {
+        const uint8_t *p = row + (b / 8) * sizeof(llm_block_q6_k);
+        int e0 = (int)(b % 8) * QB, h = e0 / 128, s = (e0 % 128) / 32;
+        const uint8_t *ql = p + offsetof(llm_block_q6_k, ql) + 64 * h + 32 * (s & 1);
+        const uint8_t *qh = p + offsetof(llm_block_q6_k, qh) + 32 * h;
+        const int8_t *sc = (const int8_t *)(p + offsetof(llm_block_q6_k, scales));
+        for (int l = 0; l < QB; l++) {
+            int q = (s >= 2 ? ql[l] >> 4 : ql[l] & 15) | ((qh[l] >> (2 * s)) & 3) << 4;
+            w[l] = (q - 32) * sc[(e0 + l) / 16];
+        }
+        *wa = half_at(p + offsetof(llm_block_q6_k, d));
+        return;
+    }
+    default:
+        memset(w, 0, QB * sizeof *w);
+        *wa = 0.0f;
+        return;
+    }
+}
+
+int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                       float *out) {
+    if (!llm_type_int8(type)) return -1;
+    for (int r = 0; r < nr; r++) {
+        float acc[8] = {0};   /* nt <= 8 here */
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t wi[QB];
+            float wa, wb;
+            weight_block(type, w[r], b, wi, &wa, &wb);
+            for (int t = 0; t < nt; t++) {
+                int32_t S = 0;
+                if (x[t].bits == LLM_ACT_Q8) {
+                    const int8_t *q = (const int8_t *)x[t].q + b * QB;
+                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+                } else {   /* |wi| <= 32 * 128 (Q6_K), |q| <= 16383: 32 products fit in int32 */
+                    const int16_t *q = (const int16_t *)x[t].q + b * QB;
+                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+                }
+                /* one operation per statement: no compiler may fuse them */
+                float t1 = (float)S * wa;
+                float t2 = (float)x[t].s[b] * wb;
+                float u = t1 + t2;
+                float c = x[t].d[b] * u;
+                acc[t] = acc[t] + c;
+            }
+        }
+        for (int t = 0; t < nt; t++) out[r * nt + t] = acc[t];
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ the product */
+
+enum { JB = 64, TR = 4, TX = 4 };   /* X rows per L2 block; prefill tile rows x X rows */
+
+void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
+                    float *Y, int64_t ldy) {
+    int64_t rb = llm_row_bytes(type, n_in);
+    if (a->bits == LLM_ACT_F32 || !llm_type_int8(type) || rb < 0 || n_in != a->n) {
+        llm_matmul_rows(type, W, n_in, row0, row1, a->x, a->m, Y, ldy);
+        return;
+    }
+    if (row0 < 0 || row1 <= row0) return;
+    const llm_qkern *k = llm_qkern_active();
+    const uint8_t *Wb = W;
+    int64_t nb = n_in / QB, m = a->m;
+    llm_act_row xr[TX];
+    float out[8 * TX];
+    if (m == 1) {                                   /* decode: 8 weight rows share one X row */
+        xr[0] = (llm_act_row){a->q, a->bits, a->d, a->s};
+        int64_t r0 = row0;
+        for (; r0 + 8 <= row1; r0 += 8) {
+            const uint8_t *w[8];
+            for (int i = 0; i < 8; i++) w[i] = Wb + (r0 + i) * rb;
+            k->act_dot(type, w, 8, xr, 1, nb, out);
+            for (int i = 0; i < 8; i++) Y[r0 + i] = out[i];
+        }
+        for (; r0 < row1; r0++) {
+            const uint8_t *w = Wb + r0 * rb;
+            k->act_dot(type, &w, 1, xr, 1, nb, out);
+            Y[r0] = out[0];
+        }
+        return;
+    }
+    /* prefill: tiles of 4 weight rows x 4 X rows; a short tile repeats its
+     * last row, computed and dropped, so one kernel shape serves */
+    for (int64_t jb = 0; jb < m; jb += JB) {
+        int64_t je = m - jb < JB ? m : jb + JB;
+        for (int64_t r0 = row0; r0 < row1; r0 += TR) {
+            int nr = (int)(row1 - r0 < TR ? row1 - r0 : TR);
+            const uint8_t *w[TR];
+            for (int i = 0; i < TR; i++) w[i] = Wb + (r0 + (i < nr ? i : nr - 1)) * rb;
+            for (int64_t j = jb; j < je; j += TX) {
+                int nt = (int)(je - j < TX ? je - j : TX);
+                for (int t = 0; t < TX; t++) {
+                    int64_t jj = j + (t < nt ? t : nt - 1);
+                    const char *q = (const char *)a->q + jj * n_in * (a->bits / 8);
+                    xr[t] = (llm_act_row){q, a->bits, a->d + jj * nb, a->s + jj * nb};
+                }
+                k->act_dot(type, w, TR, xr, TX, nb, out);
+                for (int i = 0; i < nr; i++)
+                    for (int t = 0; t < nt; t++) Y[(j + t) * ldy + r0 + i] = out[i * TX + t];
+            }
+        }
+    }
+}

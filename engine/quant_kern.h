@@ -1,0 +1,58 @@
+/* engine/quant_kern.h - internal to the engine's quant_*.c files: the table of
+ * weight kernels one instruction set provides, and how one is chosen at run
+ * time (by CPU feature, or by KVCACHE_SIMD as for the library's kernels).
+ * Not for callers: engine/quant.h is the interface. */
+#ifndef LLM_QUANT_KERN_H
+#define LLM_QUANT_KERN_H
+
+#include "quant.h"
+
+/* One activation row in integer blocks of 32 (see llm_act in quant.h). */
+typedef struct {
+    const void *q;      /* [n] int8_t (bits 8) or int16_t (bits 16) quants */
+    int bits;           /* 8 or 16, the same for every row of one call */
+    const float *d;     /* [n / 32] block scales */
+    const int32_t *s;   /* [n / 32] sum of each block's quants */
+} llm_act_row;
+
+typedef struct {
+    const char *name;   /* "scalar", "avx2", "avx512" */
+    /* Decode n elements (whole blocks); 0 if done, -1 if this table has no
+     * decoder for the type (the caller then uses the scalar one). */
+    int (*dequant)(int type, const void *src, float *dst, int64_t n);
+    /* out[r*nt + t] = sum_k w[r][k] * x[t][k] for r < nr, t < nt over n floats.
+     * Shapes (nr, nt) are (8, 1), (4, 4) or (1, 1); any other shape is computed
+     * one (1, 1) pair at a time. */
+    void (*dot_tile)(const float *const *w, int nr, const float *const *x, int nt, int64_t n, float *out);
+    /* Decode-and-dot without the float buffer for nr (8 or 1) rows of a
+     * Q4_0/Q4_1/Q5_0/Q8_0 chunk: out[r] = dot(w[r][0..n), x), bit-identical
+     * to dequant + dot_tile; -1 where this table has none. */
+    int (*fused_dot)(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
+    /* integer-activation products of nb blocks of 32: out[r*nt + t] for weight
+     * rows w[r] (r < nr) and activation rows x[t] (t < nt), shapes (8, 1),
+     * (4, 4) or (1, 1), by exactly the arithmetic of the scalar reference in
+     * quant_act.c (so every table gives the same bits); -1 if the type has no
+     * int8 path in this table. */
+    int (*act_dot)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                   float *out);
+} llm_qkern;
+
+/* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
+ * set and supported, else the best this CPU runs; llm_quant_force_scalar
+ * overrides it. */
+const llm_qkern *llm_qkern_active(void);
+extern const llm_qkern llm_qkern_scalar;
+/* NULL when not compiled in or when the CPU lacks the instructions */
+const llm_qkern *llm_qkern_avx2(void);
+const llm_qkern *llm_qkern_avx512(void);
+
+/* The int8-activation tiles: scalar (quant_act.c, the reference), AVX2
+ * (quant_act_avx2.c) and the same compiled with AVX-512 flags. */
+int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                       float *out);
+int llm_act_dot_avx2(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out);
+int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                       float *out);
+
+#endif

@@ -1,0 +1,261 @@
+/* tests/test_quant_act.c - integer activations (int8 and int16): the
+ * quantizer, every block format's integer-activation product against the
+ * float64 oracle (quant_oracle.c) within a bound derived from the
+ * quantization, and the bit-for-bit promises: scalar == SIMD kernels, any row
+ * split, decode (one X row) == prefill (many). */
+#include "test.h"
+#include "../engine/quant.h"
+#include "quant_oracle.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const int int8_types[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0,
+                                 LLM_TYPE_Q4_K, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
+#define N_INT8 (int)(sizeof int8_types / sizeof int8_types[0])
+static const char *const kernels[] = {"scalar", "avx2", "avx512"};
+
+/* X [m][n]: normal values at a scale that changes from block to block, and an
+ * all-zero block, so block scales matter */
+static float *random_x(test_rng *r, int64_t m, int64_t n) {
+    float *x = malloc((size_t)(m * n) * sizeof *x);
+    for (int64_t i = 0; i < m * n; i++) {
+        double scale = ldexp(1.0, (int)((i / 32) % 5) - 2);
+        x[i] = (float)(test_rng_normal(r) * scale);
+    }
+    if (n >= 64) memset(x + 32, 0, 32 * sizeof *x);
+    return x;
+}
+
+typedef struct {
+    llm_act a;
+    void *buf;
+} act_buf;
+
+static int quantize(act_buf *ab, const float *x, int64_t m, int64_t n, int bits) {
+    size_t bytes = llm_act_bytes(m, n);
+    ab->buf = malloc(bytes);
+    return llm_act_quantize(&ab->a, x, m, n, bits, ab->buf, bytes);
+}
+
+static int quant_at(const llm_act *a, int64_t i) {
+    return a->bits == LLM_ACT_Q8 ? ((const int8_t *)a->q)[i] : ((const int16_t *)a->q)[i];
+}
+
+TEST(quant_act_quantizer_keeps_every_element_within_half_a_step) {
+    test_rng r = {31};
+    int64_t m = 3, n = 32 * 9;
+    float *x = random_x(&r, m, n);
+    x[5] = 0x1p-30f;                                   /* tiny next to its block's max */
+    for (int bits = 8; bits <= 16; bits += 8) {
+        int top = bits == 8 ? 127 : 16383;
+        act_buf ab;
+        CHECK(quantize(&ab, x, m, n, bits) == 0);
+        CHECK(ab.a.bits == bits && ab.a.x == x && ab.a.m == m && ab.a.n == n);
+        for (int64_t b = 0; b < m * n / 32; b++) {
+            double amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmax(amax, fabs(x[32 * b + k]));
+            double d = ab.a.d[b];
+            CHECK_NEAR(d, amax / top, amax / top * 1e-6 + 1e-37);
+            int32_t sum = 0;
+            for (int k = 0; k < 32; k++) {
+                int q = quant_at(&ab.a, 32 * b + k);
+                sum += q;
+                if (!(q >= -top && q <= top && fabs(x[32 * b + k] - d * q) <= d * 0.5 * (1 + 1e-3) + 1e-37)) {
+                    test_fail(__FILE__, __LINE__, "bits %d block %lld element %d: x %.9g, d %.9g, q %d",
+                              bits, (long long)b, k, x[32 * b + k], d, q);
+                    break;
+                }
+            }
+            CHECK_EQ_INT(ab.a.s[b], sum);
+        }
+        free(ab.buf);
+    }
+    /* n not a whole number of blocks, or bits 0 asked: no quantization */
+    llm_act e;
+    CHECK(llm_act_quantize(&e, x, 1, 31, 8, NULL, 0) == 0 && e.bits == 0 && e.q == NULL);
+    CHECK(llm_act_quantize(&e, x, 2, 64, 0, NULL, 0) == 0 && e.bits == 0);
+    /* bad arguments leave *a as it was */
+    llm_act keep = e;
+    char small[16];
+    CHECK(llm_act_quantize(&e, x, 2, 64, 8, small, sizeof small) != 0);
+    CHECK(llm_act_quantize(&e, x, 0, 64, 8, small, sizeof small) != 0);
+    CHECK(llm_act_quantize(&e, NULL, 1, 64, 8, small, sizeof small) != 0);
+    CHECK(llm_act_quantize(&e, x, 1, 64, 4, small, sizeof small) != 0);
+    CHECK(memcmp(&e, &keep, sizeof e) == 0);
+    free(x);
+}
+
+/* Y[j][i] against the f64 oracle. Bound: the integer product is exactly
+ * sum_k w_k * d_b q_k up to f32 rounding, and |x_k - d_b q_k| <= d_b / 2 with
+ * d_b = max_b|x| / top, top = 127 (int8) or 16383 (int16) (the quantizer's
+ * promise, plus its own rounding of x / d_b, under 1e-4 relative), so
+ *   |Y - sum w x| <= sum_b (max_b|x| / (2 top)) (1 + 1e-4) sum_{k in b} |w_k|
+ * plus f32 rounding: a few roundings of 2^-24 per block on terms no larger
+ * than 3 * 32 * max_b|w| * max_b|x| (offset formats: |d q| + |m| <= 3 max|w|),
+ * and the running sum over at most 70 blocks; 1e-4 of that sum covers it. */
+static int check_against_oracle(int type, int bits, const uint8_t *W, int64_t rb, int64_t rows, const float *X,
+                                int64_t m, int64_t n, const float *Y, int64_t ldy) {
+    double top = bits == 8 ? 127 : 16383;
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t i = 0; i < rows; i++) {
+            double want = 0, qbound = 0, fbound = 0;
+            for (int64_t b = 0; b < n / 32; b++) {
+                double xmax = 0, wsum = 0, wmax = 0;
+                for (int k = 0; k < 32; k++) {
+                    double w = ref_value(type, W + i * rb, 32 * b + k);
+                    want += w * X[j * n + 32 * b + k];
+                    xmax = fmax(xmax, fabs(X[j * n + 32 * b + k]));
+                    wsum += fabs(w);
+                    wmax = fmax(wmax, fabs(w));
+                }
+                qbound += xmax / (2 * top) * (1 + 1e-4) * wsum;
+                fbound += 3 * 32 * wmax * xmax;
+            }
+            double got = Y[j * ldy + i], bound = qbound + 1e-4 * fbound + 1e-30;
+            if (!(fabs(got - want) <= bound)) {
+                test_fail(__FILE__, __LINE__, "%s (%s, bits %d) m=%lld Y[%lld][%lld]: %.9g vs %.9g, bound %.3g",
+                          llm_type_name(type), llm_quant_kernels(), bits, (long long)m, (long long)j,
+                          (long long)i, got, want, bound);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+typedef struct {
+    int type;
+    int64_t rows, n, m, rb;
+    uint8_t *W;
+    float *X;
+    act_buf ab;
+} problem;
+
+static void make_problem(problem *p, test_rng *r, int type, int64_t rows, int64_t n, int64_t m, int bits) {
+    p->type = type, p->rows = rows, p->n = n, p->m = m;
+    p->rb = llm_row_bytes(type, n);
+    p->W = malloc((size_t)(p->rb * rows));
+    for (int64_t i = 0; i < rows; i++) random_row(r, type, n, p->W + i * p->rb);
+    p->X = random_x(r, m, n);
+    CHECK(quantize(&p->ab, p->X, m, n, bits) == 0);
+}
+
+static void free_problem(problem *p) { free(p->W); free(p->X); free(p->ab.buf); }
+
+static float *product(const problem *p) {
+    float *Y = malloc((size_t)(p->m * p->rows) * sizeof *Y);
+    llm_matmul_act(p->type, p->W, p->n, 0, p->rows, &p->ab.a, Y, p->rows);
+    return Y;
+}
+
+TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
+    test_rng r = {32};
+    static const int64_t ms[] = {1, 5};
+    for (int ki = 0; ki < 3; ki++) {
+        if (llm_quant_select(kernels[ki]) != 0) continue;
+        for (int bits = 8; bits <= 16; bits += 8)
+            for (int ti = 0; ti < N_INT8; ti++)
+                for (int mi = 0; mi < 2; mi++) {
+                    int type = int8_types[ti];
+                    CHECK(llm_type_int8(type));
+                    int64_t n = llm_type_block_elems(type) == 32 ? 32 * 21 : 256 * 3;
+                    problem p;
+                    make_problem(&p, &r, type, 19, n, ms[mi], bits);
+                    float *Y = product(&p);
+                    check_against_oracle(type, bits, p.W, p.rb, p.rows, p.X, p.m, n, Y, p.rows);
+                    free(Y);
+                    free_problem(&p);
+                }
+    }
+    llm_quant_select("auto");
+}
+
+/* int16 quants at their extremes (every |q| = 16383) against the largest
+ * Q6_K and Q8_0 weights: the int32 block sums must not overflow. */
+TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
+    for (int ti = 0; ti < 2; ti++) {
+        int type = ti ? LLM_TYPE_Q8_0 : LLM_TYPE_Q6_K;
+        int64_t n = 256, rb = llm_row_bytes(type, n);
+        uint8_t *W = calloc(1, (size_t)rb);
+        if (type == LLM_TYPE_Q6_K) {   /* every q = 0 (value -32), every scale -128, d = 1 */
+            memset(W + 192, 0x80, 16);
+            put_half(W + 208, 1.0f);
+        } else {                        /* every q = -128, d = 1 */
+            for (int b = 0; b < 8; b++) { put_half(W + 34 * b, 1.0f); memset(W + 34 * b + 2, 0x80, 32); }
+        }
+        float x[256];
+        for (int k = 0; k < 256; k++) x[k] = 1.0f;
+        act_buf ab;
+        CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
+        for (int ki = 0; ki < 3; ki++) {
+            if (llm_quant_select(kernels[ki]) != 0) continue;
+            float y;
+            llm_matmul_act(type, W, n, 0, 1, &ab.a, &y, 1);
+            CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
+        }
+        free(ab.buf);
+        free(W);
+    }
+    llm_quant_select("auto");
+}
+
+/* The integer arithmetic is exact and the float part follows one stated
+ * order, so every kernel gives the same bits, whatever the row split or the
+ * number of X rows per call. */
+TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_vs_prefill) {
+    test_rng r = {33};
+    for (int tb = 0; tb < 2 * N_INT8; tb++) {   /* every type at both widths */
+        int ti = tb / 2, type = int8_types[ti];
+        int64_t n = llm_type_block_elems(type) == 32 ? 32 * 18 : 256 * 2;
+        int bits = tb % 2 ? LLM_ACT_Q8 : LLM_ACT_Q16;
+        problem p;
+        make_problem(&p, &r, type, 21, n, 6, bits);
+        llm_quant_select("scalar");
+        float *Y0 = product(&p);
+        int tried = 0;
+        for (int ki = 0; ki < 3; ki++) {
+            if (llm_quant_select(kernels[ki]) != 0) continue;
+            tried++;
+            float *Y1 = product(&p);
+            if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
+                test_fail(__FILE__, __LINE__, "%s: %s differs from scalar", llm_type_name(type), kernels[ki]);
+            /* rows in uneven pieces (as threads split them), X rows one at a time (decode) */
+            static const int64_t cut[] = {0, 1, 6, 9, 16, 21};
+            for (int c = 0; c < 5; c++)
+                for (int64_t j = 0; j < p.m; j++) {
+                    act_buf one;
+                    CHECK(quantize(&one, p.X + j * n, 1, n, bits) == 0);
+                    llm_matmul_act(type, p.W, n, cut[c], cut[c + 1], &one.a, Y1 + j * p.rows, p.rows);
+                    free(one.buf);
+                }
+            if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
+                test_fail(__FILE__, __LINE__, "%s (%s): decode or row split differs from prefill",
+                          llm_type_name(type), kernels[ki]);
+            free(Y1);
+        }
+        CHECK(tried >= 1);
+        free(Y0);
+        free_problem(&p);
+    }
+    llm_quant_select("auto");
+}
+
+TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
+    test_rng r = {34};
+    static const int types[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K};
+    for (int ti = 0; ti < 5; ti++) {
+        int type = types[ti];
+        int64_t n = 512, rows = 10, m = 3, rb = llm_row_bytes(type, n);
+        uint8_t *W = malloc((size_t)(rb * rows));
+        for (int64_t i = 0; i < rows; i++) random_row(&r, type, n, W + i * rb);
+        float *X = random_x(&r, m, n);
+        float *Y0 = malloc((size_t)(m * rows) * sizeof *Y0), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
+        llm_matmul_rows(type, W, n, 0, rows, X, m, Y0, rows);
+        act_buf ab;
+        CHECK(quantize(&ab, X, m, n, llm_type_int8(type) ? LLM_ACT_F32 : LLM_ACT_Q8) == 0);
+        llm_matmul_act(type, W, n, 0, rows, &ab.a, Y1, rows);
+        CHECK(memcmp(Y0, Y1, (size_t)(m * rows) * sizeof *Y0) == 0);
+        CHECK_EQ_INT(llm_type_int8(type), type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q6_K);
+        free(ab.buf); free(W); free(X); free(Y0); free(Y1);
+    }
+}
