@@ -332,6 +332,17 @@ KV_API int kv_read_f64(const kv_cache *cache, int32_t layer, int32_t seq, int32_
 KV_API int kv_read_f32(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, float *k,
                        float *v);
 
+/* NaN and infinity, the same on every path (dense and paged, f64 and f32,
+ * every SIMD variant and storage type): IEEE arithmetic on the softmax over a
+ * row's visible keys, where a score q.k*scale that is not finite (a NaN or an
+ * infinity in q or in a visible key, or an overflow) makes that output vector
+ * all NaN; a NaN in element e of a visible value makes element e NaN, and an
+ * infinity there makes it infinite of its sign (NaN if both signs meet), since
+ * no weight of a finite score rounds to 0. Keys a row does not see never touch
+ * it, whatever they hold. Storage keeps NaN and infinity (f16 also turns
+ * values beyond 65504 into infinity); KV_Q8 stores a row holding either as a
+ * NaN scale, so the whole row reads back NaN. */
+
 /* Attends q [rows, H, d] over the cache of `layer`; out [rows, H, d].
  * H % Hkv == 0; scale 0 means 1/sqrt(d). Online softmax: no score row of
  * length S is ever materialized. */

@@ -109,7 +109,7 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
                 const int32_t len = jhi - jlo + 1;
                 float mx = m[i];
                 for (int32_t e = 0; e < len; e++) mx = si[e] > mx ? si[e] : mx;
-                const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                const float corr = kv_corr_exp(m[i], mx);
                 l[i] = l[i] * corr + simd->exp_sum(si, len, mx);
                 simd->axpy_rows(si, vc + (size_t)(jlo - j0) * d, len, d, corr, acc + (size_t)i * d);
                 m[i] = mx;
@@ -151,6 +151,30 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
     }
 }
 
+/* Decode streams K/V from memory at a few keys per step: ask for the rows of
+ * one (block, K or V, head) slot of the item's traversal ahead of their use,
+ * all of their lines at once. Slot f of a block: f < n_heads K of head f,
+ * else V of head f - n_heads; past the last slot, the next block's. */
+enum { DECODE_PREFETCH_AHEAD = 2 };
+
+static void prefetch_slot(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
+    const int32_t hn = it->n_heads;
+    if (f >= 2 * hn) { /* the next block: it starts where this one ends */
+        j0 += n, f -= 2 * hn;
+        if (j0 > it->khi) return;
+        n = 16;
+    }
+    const key_source src = head_source(j, it, it->head + f % hn);
+    const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
+    if (n > src.block - in_blk) n = src.block - in_blk;
+    if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+    const key_block kb = source_block(&src, blk);
+    const unsigned char *p = (f < hn ? kb.k : kb.v) + (size_t)in_blk * src.stride;
+    const size_t row = (size_t)src.d * kv_dtype_size(src.dtype);
+    for (int32_t r = 0; r < n; r++)
+        for (size_t o = 0; o < row; o += 64) __builtin_prefetch(p + (size_t)r * src.stride + o);
+}
+
 /* The decode path: blocks of up to 16 keys (never across a page), and for
  * each block every KV head of the item in turn, so one item streams its pages
  * front to back. State index a * nv + i: head a of the item, vector i. */
@@ -177,12 +201,14 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                 const size_t off = (size_t)in_blk * src.stride;
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
+                prefetch_slot(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
                 if (pass == 0)
                     j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride,
                                            kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
                                            n, lo, hi, m + at, l + at, w[a], corr[a]);
                 else
-                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, w[a], corr[a], acc + at * d);
+                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
+                                           acc + at * d);
             }
         j0 += n;
     }
@@ -258,7 +284,7 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
             for (int32_t k = 0; k < n; k++) {
                 const float *p = j->partials + j->items[first + k].partial + head_off;
                 if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
-                const float w = expf(p[i] - M);
+                const float w = kv_corr_exp(p[i], M); /* never 0: an infinite acc stays infinite */
                 L += p[nv + i] * w;
                 const float *ai = p + 2 * nv + (size_t)i * d;
                 for (int32_t e = 0; e < d; e++) o[e] += ai[e] * w;

@@ -101,7 +101,15 @@ void kv_store_row(kv_dtype t, void *dst, float *scale, const float *src, int32_t
         /* symmetric: x ~ scale * q, q in [-127, 127], scale = max|x| / 127 */
         int8_t *d = dst;
         float amax = 0;
-        for (int32_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(src[i]));
+        for (int32_t i = 0; i < n; i++) {
+            const float a = fabsf(src[i]);
+            amax = a > amax || a != a ? a : amax; /* a NaN wins (fmaxf would drop it) */
+        }
+        if (!(amax <= 3.4e38f)) { /* a NaN or infinity: the row reads back as NaN (include/kvcache.h) */
+            memset(d, 0, (size_t)n);
+            *scale = NAN;
+            break;
+        }
         float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
         for (int32_t i = 0; i < n; i++) d[i] = (int8_t)lrintf(src[i] * inv);
         *scale = s;
