@@ -41,6 +41,7 @@ fi
 [ "${KVCACHE_DEPS:-}" = skip ] && exit 0
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
+    # shellcheck disable=SC2086  # one line of names
     echo "deps: not a Debian system (no dpkg-query). Install the equivalents of:" $names >&2
     echo "deps: then run with KVCACHE_DEPS=skip" >&2
     exit 1

@@ -283,16 +283,34 @@ static void *attend_on_small_stack(void *arg) {
         float *qf = to_f32(q, nq), *kf = to_f32(k, nk), *vf = to_f32(v, nk), *of = malloc(nq * sizeof(float));
         r->rc |= kv_attention_f32(T, S, H, H, dd, qf, kf, vf, of, 0, 0);
         r->rc |= kv_attention_f64(T, S, H, H, dd, q, k, v, o, 0, 0);
-        for (size_t i = 0; i < nq; i++) r->rc |= fabs(o[i] - of[i]) > 1e-4;
+        double worst = 0;
+        for (size_t i = 0; i < nq; i++) worst = fmax(worst, fabs(o[i] - of[i]));
+        if (!(worst <= 1e-4)) {
+            fprintf(stderr, "     shape %d: f32 vs f64 differ by %g\n", s, worst);
+            r->rc |= 1;
+        }
         free(q), free(k), free(v), free(o), free(qf), free(kf), free(vf), free(of);
     }
     return NULL;
 }
 
+/* AddressSanitizer puts redzones around every stack array: frames grow
+ * about threefold, so the promise is checked at 4 x 512 KiB there. */
+#if defined(__SANITIZE_ADDRESS__)
+#define STACK_SCALE 4u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define STACK_SCALE 4u
+#endif
+#endif
+#ifndef STACK_SCALE
+#define STACK_SCALE 1u
+#endif
+
 TEST(kernels_attention_runs_on_a_thread_with_512_KiB_of_stack) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    CHECK_EQ_INT(pthread_attr_setstacksize(&attr, 512u << 10), 0);
+    CHECK_EQ_INT(pthread_attr_setstacksize(&attr, STACK_SCALE * (512u << 10)), 0);
     small_stack_result r = {-1};
     pthread_t t;
     CHECK_EQ_INT(pthread_create(&t, &attr, attend_on_small_stack, &r), 0);
