@@ -1,8 +1,12 @@
 # kvcache - attention with a KV cache.
 #
 #   make            the library (build/libkvcache.{a,so}) and the `kvcache` command
-#   make test       build and run every test (C suite, examples, Python binding, HTTP server)
+#   make test       build and run every test (C suite, examples, Python binding, HTTP server);
+#                   first installs the Debian packages it needs (scripts/deps.sh) and the
+#                   Python ones into build/venv (python/requirements-test.txt)
 #   make test-server  kvcache serve through the openai client and curl (tests/server)
+#   make test-threads  the Python thread tests and the C concurrent-call tests under
+#                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-portable  the C suite built without -march=native (scalar paths)
 #   make run        build, fetch the default model if missing, run the main job
@@ -11,7 +15,9 @@
 #   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
 #   make install-python pip install ./python (the ctypes binding, shipping build/libkvcache.so)
 #
-# Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build).
+# Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build),
+# PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
+# any interpreter that has numpy and pytest, which then skips the venv).
 
 CC      ?= cc
 BUILD   ?= build
@@ -19,6 +25,11 @@ OPT     ?= -O2
 MARCH   ?= -march=native
 PREFIX  ?= /usr/local
 PYTHON  ?= python3
+VENV    ?= build/venv
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+TEST_PYTHON ?= $(VENV)/bin/python
+# the venv is made and filled only when the tests run with it
+PY_DEPS := $(if $(filter $(VENV)/bin/python,$(TEST_PYTHON)),$(VENV)/.installed)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -g $(WARN) -fPIC -Iinclude $(CFLAGS)
@@ -36,6 +47,9 @@ CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
+# The library exports only what include/kvcache.h marks KV_API.
+$(LIB_OBJ): CFLAGS_ALL += -fvisibility=hidden
+
 # SIMD variants are compiled for their instruction set whatever MARCH says and
 # picked at run time by CPU feature (src/attend.c).
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
@@ -49,8 +63,8 @@ SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
 
-.PHONY: all lib test test-c test-server test-asan test-portable run bench model install uninstall clean fuzz examples \
-        test-install install-python
+.PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
+        bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
@@ -81,25 +95,55 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 test-c: $(BUILD)/run_tests $(BUILD)/kvcache
 	KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
-test: test-c examples test-install
-	@if [ -d python/tests ] && $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
-	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) -m pytest -q python/tests; \
-	elif [ -d python/tests ]; then echo "python tests need numpy and pytest (pip install numpy pytest)"; exit 1; fi
-	@$(MAKE) --no-print-directory test-server
+# The Debian packages first (scripts/deps.sh installs or says how), then the rest.
+test: deps
+	@$(MAKE) --no-print-directory test-all
 
 # kvcache serve over HTTP with the official openai client (and curl), on the
 # real model: each test starts its own server on a free loopback port.
-test-server: $(BUILD)/kvcache $(MODEL)
-	@if ! $(PYTHON) -c 'import openai, pytest' 2>/dev/null; then \
-	    echo "the server tests need the openai and pytest packages (pip install openai pytest)"; exit 1; fi
-	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(PYTHON) -m pytest -q tests/server
+test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
 
-test-asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 CC=clang \
-	    CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	    LDFLAGS="-fsanitize=address,undefined" test-c
+test-all: test-c examples test-install test-python test-server
 
-test-portable:
+deps:
+	@sh scripts/deps.sh
+
+# A virtual environment with the Python test packages, made on first use.
+$(VENV)/.installed: python/requirements-test.txt
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV) || { \
+	    echo "make: '$(PYTHON) -m venv $(VENV)' failed (Debian: python3-venv, see scripts/deps.sh)"; exit 1; }
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
+	@touch $@
+
+test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
+	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
+
+test-asan: deps
+	$(MAKE) $(ASAN_FLAGS) test-c
+
+# The Python thread tests and the C concurrent-call tests under ThreadSanitizer
+# (gcc's: its runtime can be preloaded into a Python that was not built with it,
+# clang 14's faults when preloaded), then the Python thread tests once more
+# under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
+TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
+              LDFLAGS="-fsanitize=thread"
+ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
+              CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+              LDFLAGS="-fsanitize=address,undefined"
+PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider --capture=sys \
+                   python/tests/test_threads.py
+test-threads: deps $(PY_DEPS)
+	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests thread_count
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" LD_PRELOAD=$$(gcc -print-file-name=libtsan.so) \
+	    KVCACHE_LIB=$(abspath build-tsan)/libkvcache.so $(PY_THREAD_TESTS)
+	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/libkvcache.so
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
+	    KVCACHE_LIB=$(abspath build-asan)/libkvcache.so $(PY_THREAD_TESTS)
+
+test-portable: deps
 	$(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
@@ -108,16 +152,13 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 PY_EXAMPLES := $(wildcard examples/*.py)
-examples: $(EXAMPLES) $(BUILD)/libkvcache.so
+examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(if $(PY_EXAMPLES),$(PY_DEPS))
 	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
-	@if [ -n "$(PY_EXAMPLES)" ] && ! $(PYTHON) -c 'import numpy' 2>/dev/null; then \
-	    echo "the Python examples need numpy (pip install numpy)"; exit 1; fi
 	@for e in $(PY_EXAMPLES); do echo "== $$e"; \
-	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) $$e > /dev/null || exit 1; done
+	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
-MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 model: $(MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
@@ -181,7 +222,7 @@ install-python: lib
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from
 # tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
-fuzz:
+fuzz: deps
 	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 \
 	    CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
@@ -200,4 +241,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf build build-asan build-portable build-fuzz
+	rm -rf build build-asan build-portable build-fuzz build-tsan
