@@ -511,7 +511,8 @@ static int take_inbox(llm_sched *s) {
     s->in_head = s->in_tail = NULL, s->n_inbox = 0;
     int32_t nc = s->n_cancels;
     uint64_t few[64], *ids = nc <= 64 ? few : malloc(sizeof *ids * (size_t)nc);
-    if (ids) memcpy(ids, s->cancels, sizeof *ids * (size_t)nc); else nc = 0;
+    if (!ids) nc = 0;
+    else if (nc) memcpy(ids, s->cancels, sizeof *ids * (size_t)nc);
     s->n_cancels = 0;
     int stopping = s->stopping;
     if (n_in) {   /* visible as waiting at once, so the queue limit holds */
