@@ -223,10 +223,10 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     if (!s.dim) s.dim = 256;
     if (!s.layers) s.layers = 2;
     if (!s.heads) s.heads = 4;
-    if (!s.kv_heads) s.kv_heads = 2;
     if (!s.ffn) s.ffn = 512;
     if (!s.arch) s.arch = "llama";
     m->gemma = strcmp(s.arch, "gemma3") == 0;
+    if (!s.kv_heads) s.kv_heads = m->gemma ? 1 : 2;
     if (m->gemma) {
         if (!spec->layers) s.layers = 6;
         if (!s.window) s.window = 8;

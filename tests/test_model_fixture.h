@@ -37,7 +37,7 @@ typedef struct {
     int32_t dim;              /* D (default 256: whole K-quant super-blocks) */
     int32_t layers;           /* default 2 */
     int32_t heads;            /* H (default 4) */
-    int32_t kv_heads;         /* Hkv (default 2) */
+    int32_t kv_heads;         /* Hkv (default 2; gemma3 1) */
     int32_t ffn;              /* F (default 512) */
     int32_t rot_dim;          /* rotated dims per head (default head_dim) */
     double theta;             /* RoPE base (default 10000) */
