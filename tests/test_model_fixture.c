@@ -232,6 +232,7 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         if (!s.window) s.window = 8;
         s.tied = !s.untied;
         s.rot_dim = 0; /* Gemma rotates whole heads */
+        if (!s.head_dim) s.head_dim = 2 * s.dim / s.heads; /* wider than D / H, as 270M: 4 x 256 over 640 */
     }
     if (!s.theta) s.theta = m->gemma ? 1e6 : 10000;
     m->s = s;

@@ -46,7 +46,7 @@ typedef struct {
     uint64_t seed;            /* weights' random seed */
     /* gemma3 (arch "gemma3": theta defaults to 1e6 for the global layers, layers to 6,
      * tied to 1 unless untied is set) */
-    int32_t head_dim;         /* d written as attention.key_length (default D / H) */
+    int32_t head_dim;         /* d written as attention.key_length (default D / H; gemma3 2D / H) */
     int32_t window;           /* attention.sliding_window (default 8) */
     int untied;               /* write output.weight after all */
     /* for the loader's error tests */
