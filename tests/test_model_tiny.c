@@ -16,7 +16,7 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/model.h"
+#include "../engine/arch.h"
 
 enum { N_TOK = 12, STEPS = 32 };
 
@@ -72,6 +72,7 @@ TEST(model_tiny_bf16_matches_f64_reference) { check_against_reference(&(fx_spec)
 TEST(model_tiny_q8_0_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q8_0, .seed = 4, .tied = 1}, "Q8_0"); }
 TEST(model_tiny_q4_0_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_0, .seed = 5}, "Q4_0"); }
 TEST(model_tiny_q4_1_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_1, .seed = 6, .tied = 1}, "Q4_1"); }
+TEST(model_tiny_q5_0_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q5_0, .seed = 12}, "Q5_0"); }
 TEST(model_tiny_q4_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_K, .seed = 7}, "Q4_K"); }
 TEST(model_tiny_q5_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q5_K, .seed = 8, .tied = 1}, "Q5_K"); }
 TEST(model_tiny_q6_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q6_K, .seed = 9}, "Q6_K"); }
@@ -304,7 +305,7 @@ static void check_load_error(const fx_spec *spec, const char *expect) {
     if (fx_build(spec, &fx)) return;
     llm_model *m = (llm_model *)1;
     char err[256] = "";
-    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), -1);
+    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), LLM_ERR_MODEL);
     CHECK(m == NULL);
     if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
     fx_free(&fx);
@@ -322,6 +323,6 @@ TEST(model_load_names_what_is_wrong) {
     check_load_error(&(fx_spec){.type = GW_F32, .extra_tokens = 3}, "token_embd.weight has shape");
     llm_model *m;
     char err[256];
-    CHECK_EQ_INT(llm_model_load("/nonexistent/model.gguf", &m, err, sizeof err), -1);
+    CHECK_EQ_INT(llm_model_load("/nonexistent/model.gguf", &m, err, sizeof err), LLM_ERR_MODEL);
     CHECK(strstr(err, "/nonexistent/model.gguf") != NULL);
 }
