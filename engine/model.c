@@ -14,7 +14,7 @@
 
 /* ---------------------------------------------------------------- architectures */
 
-static const llm_arch *const archs[] = {&llm_arch_llama};
+static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3};
 
 const llm_arch *llm_arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
@@ -22,7 +22,7 @@ const llm_arch *llm_arch_find(const char *name, size_t len) {
     return NULL;
 }
 
-const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama"; }
+const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama; 'gemma3': Gemma 3"; }
 
 static const llm_arch *arch_of(const llm_gguf *g, char *err, size_t errlen) {
     llm_gguf_str arch;

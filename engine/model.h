@@ -4,7 +4,9 @@
  * The architecture is chosen by the file's `general.architecture` from a
  * small table (engine/arch.h); each one is a file that composes the shared
  * layer toolkit (engine/layers.h). Today: `llama` (engine/arch_llama.c:
- * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows).
+ * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows) and
+ * `gemma3` (engine/arch_gemma3.c: Gemma 3 270M and 1B, whose window layers
+ * share a sliding-window cache).
  *
  * Weights stay in the file mapping in their block format; only the small
  * norm vectors are decoded to f32 at load. An llm_model is immutable once

@@ -10,6 +10,7 @@
 
 #include "gguf_writer.h"
 #include "test.h"
+#include "../engine/model.h"
 
 /* ---------------------------------------------------------------- decoding */
 
@@ -460,4 +461,15 @@ double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax) {
     }
     if (bmax) *bmax = mx;
     return d;
+}
+
+void fx_check_load_error(const fx_spec *spec, const char *expect) {
+    fx_model fx;
+    if (fx_build(spec, &fx)) return;
+    llm_model *m = (llm_model *)1;
+    char err[256] = "";
+    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), LLM_ERR_MODEL);
+    CHECK(m == NULL);
+    if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
+    fx_free(&fx);
 }

@@ -104,6 +104,10 @@ void fx_free(fx_model *m);
 /* logits [n][V] of every position of tokens [n], in float64. */
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits);
 
+/* Builds spec's file and checks that loading it fails with LLM_ERR_MODEL and
+ * an error message containing expect. */
+void fx_check_load_error(const fx_spec *spec, const char *expect);
+
 /* max |a - b| over n, and max |b| into *bmax */
 double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax);
 
