@@ -87,9 +87,12 @@ typedef struct {
     int32_t n_threads;   /* threads for matrix products and attention (1: no workers) */
     kv_dtype kv_type;    /* storage of cached K and V: KV_F32, KV_F16, KV_BF16, KV_Q8 */
     int32_t page_size;   /* positions per cache page */
+    int32_t no_window;   /* 1: sliding-window layers keep every position, in caches sized as
+                          * full ones (attention still sees only the window, so the results
+                          * are the same): to compare memory with and without windows */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, no_window 0. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;

@@ -248,6 +248,52 @@ TEST(gemma3_tiny_window_layers_memory_stays_flat_over_4096_generated_tokens) {
     fx_free(&fx);
 }
 
+/* no_window (`--no-window`): the window layers keep every position in a cache
+ * sized as a full one; attention still sees only the window, so every logit
+ * is the same, bit for bit, while the window group's memory grows with the
+ * sequence instead of staying flat. */
+TEST(gemma3_tiny_no_window_gives_the_same_logits_with_full_size_caches) {
+    enum { LEN = 80 };
+    fx_model fx;
+    if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 14), &fx)) return;
+    llm_model *m = load(&fx);
+    if (!m) return fx_free(&fx);
+    const int32_t V = fx.vocab;
+    int32_t toks[LEN];
+    prompt(toks, LEN, 14);
+    float *lg[2] = {malloc(sizeof(float) * LEN * V), malloc(sizeof(float) * LEN * V)};
+    uint64_t local_bytes[2], global_bytes[2];
+    for (int nw = 0; nw < 2; nw++) {
+        llm_context_params p = llm_context_default_params();
+        p.n_ctx = 256, p.n_threads = 2, p.n_batch = 16, p.page_size = PAGE, p.kv_type = KV_F16, p.no_window = nw;
+        llm_context *c = NULL;
+        CHECK_EQ_INT(llm_context_create(m, &p, &c, NULL, 0), LLM_OK);
+        if (!c) break;
+        int32_t seq;
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_eval(c, seq, toks, LEN, 1, lg[nw], NULL, NULL), LLM_OK);
+        global_bytes[nw] = kv_cache_get_stats(llm_context_cache_at(c, 0)).bytes_in_use;
+        local_bytes[nw] = kv_cache_get_stats(llm_context_cache_at(c, 1)).bytes_in_use;
+        llm_context_free(c);
+    }
+    printf("     window group: %llu B with windows, %llu B with no_window; global group %llu B both\n",
+           (unsigned long long)local_bytes[0], (unsigned long long)local_bytes[1], (unsigned long long)global_bytes[0]);
+    CHECK(memcmp(lg[0], lg[1], sizeof(float) * LEN * V) == 0);
+    CHECK(global_bytes[0] == global_bytes[1]);
+    /* 5 window layers vs 1 global layer: no_window keeps 5x the global group's bytes */
+    CHECK(local_bytes[1] == 5 * global_bytes[1]);
+    CHECK(local_bytes[0] < local_bytes[1] / 2);
+    llm_context_params bad = llm_context_default_params();
+    bad.no_window = 2;
+    llm_context *c = (llm_context *)1;
+    char err[128] = "";
+    CHECK_EQ_INT(llm_context_create(m, &bad, &c, err, sizeof err), LLM_ERR_PARAM);
+    CHECK(c == NULL && strstr(err, "no_window") != NULL);
+    free(lg[0]), free(lg[1]);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
 TEST(gemma3_tiny_results_are_bit_identical_for_1_2_3_threads) {
     fx_model fx;
     if (fx_build(GEMMA(.type = GW_Q4_K, .seed = 8), &fx)) return;
