@@ -113,6 +113,10 @@ int cmd_bench_model(int argc, char **argv) {
     llm_gen_params gp = llm_gen_default_params();
     gp.sampler.temp = 0, gp.ignore_eog = 1;
     llm_gen_result res;
+    enum { MAX_GROUPS = 4 };
+    uint64_t in_use[MAX_GROUPS] = {0};
+    int32_t in_use_len = 0;
+    const int32_t n_groups = llm_model_n_groups(m) < MAX_GROUPS ? llm_model_n_groups(m) : MAX_GROUPS;
     for (int64_t r = 0; r < reps && st == LLM_OK; r++) {
         if (n_prompt > 0) { /* one batched pass over n_prompt tokens after the depth */
             gp.max_tokens = 0;
@@ -126,6 +130,9 @@ int cmd_bench_model(int argc, char **argv) {
             st = llm_session_generate(s, toks, (int32_t)(depth + 1), &gp, &res);
             tg[r] = (double)n_gen / (res.t_prefill + res.t_decode);
             if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
+            for (int32_t g = 0; g < n_groups; g++) /* what each cache holds at the run's end */
+                in_use[g] = kv_cache_get_stats(llm_context_cache_at(c, g)).bytes_in_use;
+            in_use_len = llm_seq_length(c, llm_session_seq(s));
             if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
         }
     }
@@ -143,15 +150,25 @@ int cmd_bench_model(int argc, char **argv) {
             json_str(llm_model_name(m));
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
-                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\"}\n",
+                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"kv_bytes_in_use\": [",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
                    ppm, pps, tgm, tgs, llm_quant_kernels());
+            for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
+            printf("]}\n");
         } else {
             printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", llm_model_name(m),
                    (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
             printf("  %-20s %12s\n", "test", "tokens/s");
             if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
             if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);
+            if (n_gen) {
+                printf("  KV bytes in use after a decode run (%d positions):", (int)in_use_len);
+                for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(m, g, &nl, &w) == LLM_OK; g++) {
+                    if (w) printf("%s %d window-%d layers %llu", g ? ";" : "", (int)nl, (int)w, (unsigned long long)in_use[g]);
+                    else printf("%s %d full layers %llu", g ? ";" : "", (int)nl, (unsigned long long)in_use[g]);
+                }
+                printf("\n");
+            }
         }
     }
     llm_session_free(s);

@@ -5,6 +5,7 @@
 #define KV_CLI_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,7 @@ typedef struct {
     int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
+    int no_window;        /* --no-window: window layers keep every position (llm_context_params) */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,7 +57,9 @@ typedef struct {
     "  -t, --threads N    threads (default: one per core)\n"                                     \
     "  -c, --ctx N        context: positions the cache holds per sequence\n"                     \
     "  -b, --batch N      prompt rows per forward pass (default 256)\n"                          \
-    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"
+    "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"                         \
+    "  --no-window        sliding-window layers (Gemma 3) keep every position, as caches\n"      \
+    "                     without windows do: same results, for comparing memory\n"
 
 cli_model_opts cli_model_opts_default(void);
 /* Matches one of the options above at argv[*i]. */
@@ -66,6 +70,9 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
  * failure: 2 for bad options, 1 for an unreadable model. */
 int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default,
              struct llm_model **m, struct llm_context **c);
+/* Per cache of c (one per layer group): its layers, window and bytes in use,
+ * one indented line each; nothing for a model with one group. */
+void cli_print_cache_groups(FILE *f, struct llm_context *c);
 /* Threads -t resolves to. */
 int32_t cli_threads(const cli_model_opts *o);
 /* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:

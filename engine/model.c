@@ -392,3 +392,11 @@ const char *llm_model_name(const llm_model *m) { return m->name; }
 const char *llm_model_arch(const llm_model *m) { return m->arch->name; }
 uint64_t llm_model_weight_bytes(const llm_model *m) { return m->weight_bytes; }
 int32_t llm_model_n_vocab(const llm_model *m) { return m->hp.n_vocab; }
+int32_t llm_model_n_groups(const llm_model *m) { return m->n_groups; }
+
+int llm_model_group(const llm_model *m, int32_t g, int32_t *n_layers, int32_t *window) {
+    if (!m || g < 0 || g >= m->n_groups) return LLM_ERR_SHAPE;
+    if (n_layers) *n_layers = m->groups[g].n_layers;
+    if (window) *window = m->groups[g].window;
+    return LLM_OK;
+}

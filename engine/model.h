@@ -77,6 +77,12 @@ const char *llm_model_name(const llm_model *m);            /* general.name, or t
 const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
 int32_t llm_model_n_vocab(const llm_model *m);
+/* The layer groups: layers that share a sliding window share one cache, and
+ * a context makes one cache per group, in this order (llm_context_cache_at).
+ * Group g's layer count and window (0: full attention) into the pointers
+ * (either may be NULL); LLM_ERR_SHAPE for a g outside [0, n_groups). */
+int32_t llm_model_n_groups(const llm_model *m);
+int llm_model_group(const llm_model *m, int32_t g, int32_t *n_layers, int32_t *window);
 
 /* ---------------------------------------------------------------- contexts */
 

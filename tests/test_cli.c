@@ -267,6 +267,52 @@ TEST(cli_price_reproduces_the_seed_figures_for_llama_3_1_8b) {
     fx_free(&fx);
 }
 
+/* A model with window layers is priced per group: the full layers per token,
+ * the window layers bounded by their window and one chunk. */
+TEST(cli_price_prices_gemma3_window_and_full_layers_apart) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 78}, &fx)) return;
+    char args[512];
+    snprintf(args, sizeof args, "price -m %s --kv-type f32 --ctx 1000 -b 64", fx.path);
+    result r = EXPECT(args, NULL, 0);
+    /* one full layer and five window layers (W = 8) of one KV head of 128: 1,024 B per layer and position */
+    CHECK(strstr(r.out, "6,144 B (6.0 KiB) = 2 x 6 x 1 x 128 x 4 B") != NULL);
+    CHECK(strstr(r.out, " 1 full layers   1,024 B per token, every position kept: 1,024,000 B at 1,000 tokens") != NULL);
+    CHECK(strstr(r.out, " 5 window layers 5,120 B per position, window 8: at most 368,640 B (72 positions") != NULL);
+    CHECK(strstr(r.out, "1,392,640 B (0.00 GiB) at 1,000 tokens; 6,144,000 B without windows (4.4x)") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+/* generate on a gemma3 model reports each layer group's bytes; with
+ * --no-window the window layers keep every position (5 window layers hold 5x
+ * the one full layer's bytes) and the text is the same. */
+TEST(cli_generate_reports_bytes_per_layer_group_and_no_window_keeps_them_all) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 79}, &fx)) return;
+    char args[512], text[2][4096];
+    const char *flags[2] = {"", " --no-window"};
+    unsigned long long full[2] = {0, 0}, win[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "generate -m %s -p abcdefghijklmnopqrstuvwxyz0123456789 -n 40 --temp 0 -t 2%s",
+                 fx.path, flags[k]);
+        result r = EXPECT(args, NULL, 0);
+        snprintf(text[k], sizeof text[k], "%s", r.out);
+        const char *g = strstr(r.err, "1 full-attention layers"), *w = strstr(r.err, "5 window-8 layers");
+        CHECK(g && w);
+        if (g && w) {
+            full[k] = strtoull(g + strlen("1 full-attention layers"), NULL, 10);
+            win[k] = strtoull(w + strlen("5 window-8 layers") + (k ? strlen(" (--no-window)") : 0), NULL, 10);
+        }
+        done(&r);
+    }
+    CHECK(strcmp(text[0], text[1]) == 0);
+    CHECK(full[0] > 0 && full[0] == full[1]);
+    CHECK(win[1] == 5 * full[1]);     /* every position of 77, in pages of 16 */
+    CHECK(win[0] < 5 * full[0] / 2);  /* the window (8) and the last page or two */
+    fx_free(&fx);
+}
+
 TEST(cli_chat_keeps_the_cache_and_prefills_only_the_new_turn) {
     fx_model fx;
     const char *path = tiny_model(&fx);
