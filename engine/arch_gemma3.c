@@ -111,8 +111,9 @@ static int gemma3_load(llm_model *m, char *err, size_t errlen) {
     if (hp->rope.rot_dim != hp->head_dim)
         return llm_errf(err, errlen, LLM_ERR_MODEL, "gemma3 rotates whole heads; rope.dimension_count is %d of %d",
                         (int)hp->rope.rot_dim, (int)hp->head_dim);
-    /* the norm vectors are in the file at 4 bytes per element: a header
-     * claiming more cannot be right, and must not make us allocate */
+    /* the norm vectors are in the file (F32: 4 bytes per element), so a
+     * header claiming more elements than the file has bytes cannot be right,
+     * and must not make us allocate */
     if ((uint64_t)per_layer * (uint64_t)hp->n_layers > llm_gguf_file_size(m->gguf))
         return llm_errf(err, errlen, LLM_ERR_MODEL, "the file (%llu bytes) is too small for %d layers of width %d",
                         (unsigned long long)llm_gguf_file_size(m->gguf), (int)hp->n_layers, (int)D);

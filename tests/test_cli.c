@@ -167,6 +167,20 @@ TEST(cli_bench_model_json_has_the_documented_keys) {
     snprintf(args, sizeof args, "bench model -m %s -p 0 -n 0", path);
     r = EXPECT(args, NULL, 2), done(&r);
     fx_free(&fx);
+    /* gemma3: each run passes the window (8), so the depth is prefilled again between
+     * runs; the bytes each layer group holds after a decode run come as an array */
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 80}, &fx)) return;
+    snprintf(args, sizeof args, "bench model -m %s -p 32 -n 8 -r 2 --depth 40 -t 2 --json", fx.path);
+    r = EXPECT(args, NULL, 0);
+    const char *arr = strstr(r.out, "\"kv_bytes_in_use\": [");
+    CHECK(arr != NULL && json_num(r.out, "decode_tps") > 0);
+    unsigned long long full = 0, win = 0;
+    if (arr) sscanf(arr + strlen("\"kv_bytes_in_use\": ["), "%llu, %llu", &full, &win);
+    /* 48 positions (pages of 16 positions x K and V x 128 x 2 B): 3 pages in the one full
+     * layer; the window of 8 keys, 40..47, one page in each of the 5 window layers */
+    CHECK(full == 3 * 16 * 2 * 128 * 2ull && win == 5 * 16 * 2 * 128 * 2ull);
+    done(&r);
+    fx_free(&fx);
 }
 
 /* The last line of s that starts with prefix, or NULL. */
