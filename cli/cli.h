@@ -23,6 +23,7 @@ int cmd_bench_attention(int argc, char **argv); /* cli/bench_attention.c */
 int cmd_verify(int argc, char **argv);       /* cli/verify.c */
 int cmd_price(int argc, char **argv);        /* cli/price.c */
 int cmd_info(int argc, char **argv);         /* cli/price.c */
+int cmd_serve(int argc, char **argv);        /* cli/serve.c */
 
 /* Seconds on a monotonic clock. */
 double cli_now(void);
@@ -48,6 +49,7 @@ typedef struct {
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
     int no_window;        /* --no-window: window layers keep every position (llm_context_params) */
+    int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

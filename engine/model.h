@@ -96,9 +96,11 @@ typedef struct {
     int32_t no_window;   /* 1: sliding-window layers keep every position, in caches sized as
                           * full ones (attention still sees only the window, so the results
                           * are the same): to compare memory with and without windows */
+    int32_t n_pages;     /* pages in the KV pool; 0: n_seqs x ceil(n_ctx / page_size), room for
+                          * every sequence at full length (fewer: sequences share the pool) */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, no_window 0. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, no_window 0, n_pages 0. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;
