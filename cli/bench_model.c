@@ -71,6 +71,15 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
+/* Back to the depth's tokens before the next run. A window cache (Gemma 3)
+ * has evicted the keys a truncation back would need once a run passes the
+ * window, so the session starts over: prefill the depth again, untimed. */
+static int back_to_depth(llm_session *s, const int32_t *toks, int32_t depth) {
+    int st = llm_session_truncate(s, depth);
+    if (st == LLM_OK && llm_session_n_cached(s) < depth) st = llm_session_feed(s, toks, depth);
+    return st;
+}
+
 int cmd_bench_model(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     int64_t n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
@@ -118,12 +127,16 @@ int cmd_bench_model(int argc, char **argv) {
     llm_gen_params gp = llm_gen_default_params();
     gp.sampler.temp = 0, gp.ignore_eog = 1;
     llm_gen_result res;
+    enum { MAX_GROUPS = 4 };
+    uint64_t in_use[MAX_GROUPS] = {0};
+    int32_t in_use_len = 0;
+    const int32_t n_groups = llm_model_n_groups(m) < MAX_GROUPS ? llm_model_n_groups(m) : MAX_GROUPS;
     for (int64_t r = 0; r < reps && st == LLM_OK; r++) {
         if (n_prompt > 0) { /* one batched pass over n_prompt tokens after the depth */
             gp.max_tokens = 0;
             st = llm_session_generate(s, toks, (int32_t)(depth + n_prompt), &gp, &res);
             pp[r] = (double)n_prompt / res.t_prefill;
-            if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
+            if (st == LLM_OK) st = back_to_depth(s, toks, (int32_t)depth);
         }
         if (n_gen > 0 && st == LLM_OK) { /* n_gen forward passes of one token: the first fed
                                           * as a one-token prompt, the rest sampled */
@@ -131,7 +144,10 @@ int cmd_bench_model(int argc, char **argv) {
             st = llm_session_generate(s, toks, (int32_t)(depth + 1), &gp, &res);
             tg[r] = (double)n_gen / (res.t_prefill + res.t_decode);
             if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
-            if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
+            for (int32_t g = 0; g < n_groups; g++) /* what each cache holds at the run's end */
+                in_use[g] = kv_cache_get_stats(llm_context_cache_at(c, g)).bytes_in_use;
+            in_use_len = llm_seq_length(c, llm_session_seq(s));
+            if (st == LLM_OK) st = back_to_depth(s, toks, (int32_t)depth);
         }
     }
     /* the floor: bytes per decoded token (mean depth D + n/2) at the read
@@ -166,10 +182,12 @@ int cmd_bench_model(int argc, char **argv) {
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
                    "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"act_bits\": %d, "
-                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f}\n",
+                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"kv_bytes_in_use\": [",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
                    ppm, pps, tgm, tgs, llm_quant_kernels(), (int)llm_context_get_params(c).act_bits, floor_mb * 1e6,
                    read_gbs, floor_tps);
+            for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
+            printf("]}\n");
         } else {
             int ab = llm_context_get_params(c).act_bits;
             printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %s activations, %lld runs each\n",
@@ -183,6 +201,14 @@ int cmd_bench_model(int argc, char **argv) {
                        "  measured now: floor %.2f ms = %.1f tokens/s; decode reached %.2f of it\n",
                        floor_mb, (long long)(depth + n_gen / 2), read_gbs, floor_mb / read_gbs,
                        floor_tps, tgm / floor_tps);
+            if (n_gen) {
+                printf("  KV bytes in use after a decode run (%d positions):", (int)in_use_len);
+                for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(m, g, &nl, &w) == LLM_OK; g++) {
+                    if (w) printf("%s %d window-%d layers %llu", g ? ";" : "", (int)nl, (int)w, (unsigned long long)in_use[g]);
+                    else printf("%s %d full layers %llu", g ? ";" : "", (int)nl, (unsigned long long)in_use[g]);
+                }
+                printf("\n");
+            }
         }
     }
     llm_session_free(s);

@@ -5,6 +5,7 @@
 #define KV_CLI_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,7 @@ typedef struct {
     int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
+    int no_window;        /* --no-window: window layers keep every position (llm_context_params) */
     int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
     int64_t act_bits;     /* --act-bits 16|8, --exact-matmul (0); -1: the engine's default */
 } cli_model_opts;
@@ -67,7 +69,9 @@ typedef struct {
     "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"                        \
     "  --act-bits N       weight products on 16-bit (default) or 8-bit integer activations\n"    \
     "  --exact-matmul     weight products on f32 activations (the reference; also\n"             \
-    "                     KVCACHE_EXACT_MATMUL=1)\n"
+    "                     KVCACHE_EXACT_MATMUL=1)\n" \
+    "  --no-window        sliding-window layers (Gemma 3) keep every position, as caches\n"      \
+    "                     without windows do: same results, for comparing memory\n"
 
 cli_model_opts cli_model_opts_default(void);
 /* Matches one of the options above at argv[*i]. */
@@ -78,6 +82,9 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
  * failure: 2 for bad options, 1 for an unreadable model. */
 int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default,
              struct llm_model **m, struct llm_context **c);
+/* Per cache of c (one per layer group): its layers, window and bytes in use,
+ * one indented line each; nothing for a model with one group. */
+void cli_print_cache_groups(FILE *f, struct llm_context *c);
 /* Threads -t resolves to. */
 int32_t cli_threads(const cli_model_opts *o);
 /* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:

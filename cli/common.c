@@ -17,6 +17,7 @@ cli_model_opts cli_model_opts_default(void) {
 }
 
 bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
+    if (!strcmp(argv[*i], "--no-window")) return o->no_window = 1, true;
     return cli_opt_str(argc, argv, i, "-m", "--model", &o->model) ||
            cli_opt_int(argc, argv, i, "-t", "--threads", &o->threads) ||
            cli_opt_int(argc, argv, i, "-c", "--ctx", &o->ctx) ||
@@ -55,7 +56,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
         fprintf(stderr,
                 "kvcache %s: cannot read model '%s': %s\n"
                 "  Get the default model (SmolLM2-135M-Instruct, Q4_1, 98 MB) with `make model`,\n"
-                "  or pass -m PATH to a Llama-architecture GGUF file.\n",
+                "  or pass -m PATH to a Llama or Gemma 3 GGUF file.\n",
                 cmd, o->model, strerror(errno));
         return 1;
     }
@@ -68,6 +69,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     p.n_seqs = n_seqs;
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
+    p.no_window = o->no_window;
     p.n_pages = (int32_t)o->kv_pages;
     if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
@@ -76,6 +78,20 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
         return 1;
     }
     return 0;
+}
+
+void cli_print_cache_groups(FILE *f, llm_context *c) {
+    const llm_model *m = llm_context_model(c);
+    if (llm_model_n_groups(m) < 2) return;
+    int no_window = llm_context_get_params(c).no_window;
+    for (int32_t g = 0, n, w; llm_model_group(m, g, &n, &w) == LLM_OK; g++) {
+        kv_cache_stats s = kv_cache_get_stats(llm_context_cache_at(c, g));
+        char what[64];
+        if (w == 0) snprintf(what, sizeof what, "%d full-attention layers", (int)n);
+        else snprintf(what, sizeof what, "%d window-%d layers%s", (int)n, (int)w, no_window ? " (--no-window)" : "");
+        fprintf(f, "  %-36s %llu bytes in use (%d pages), %llu bytes/token\n", what,
+                (unsigned long long)s.bytes_in_use, (int)s.pages_used, (unsigned long long)s.bytes_per_token);
+    }
 }
 
 void cli_progress(void *user, int64_t done, int64_t total) {

@@ -69,6 +69,7 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
     fprintf(stderr, "KV cache: %s, %llu bytes/token, %llu bytes in use (%d tokens in %d pages), %d threads\n",
             kv_dtype_name(cp.kv_type), (unsigned long long)cs.bytes_per_token, (unsigned long long)cs.bytes_in_use,
             (int)llm_seq_length(c, llm_session_seq(s)), (int)cs.pages_used, (int)cp.n_threads);
+    cli_print_cache_groups(stderr, c);
     return 0;
 }
 

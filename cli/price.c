@@ -35,13 +35,16 @@ enum { N_PRESETS = sizeof presets / sizeof presets[0] };
 
 static void usage(void) {
     printf("usage: kvcache price (-m MODEL.gguf | --preset NAME) [--ctx N] [--kv-type T]\n"
-           "                     [--bandwidth GB/s] [--weight-bits B]\n"
+           "                     [--bandwidth GB/s] [--weight-bits B] [-b N]\n"
            "KV bytes per token and per sequence, weight bytes, and the bandwidth-bound decode floor\n"
-           "(weights + one sequence's KV, read once per step at batch 1).\n\n"
+           "(weights + one sequence's KV, read once per step at batch 1). A model with sliding-window\n"
+           "layers (Gemma 3) is priced per layer group: its window layers hold a bounded number of\n"
+           "positions, shown against the same model without windows.\n\n"
            "  -m, --model PATH   read the shape from a GGUF file (weights: the file's tensor bytes)\n"
            "  --preset NAME      a published model:");
     for (int i = 0; i < N_PRESETS; i++) printf("%s%s", i % 4 ? " " : "\n                       ", presets[i].name);
     printf("\n  --ctx N            context per sequence (default 8192)\n"
+           "  -b, --batch N      prefill chunk: what a window cache holds beyond its window (default 256)\n"
            "  --kv-type T        K/V storage: f32, f16, bf16 (default), q8\n"
            "  --bandwidth GB/s   memory bandwidth (default 3350: H100 SXM HBM3)\n"
            "  --weight-bits B    bits per weight of a preset (default 16: bf16)\n");
@@ -59,15 +62,89 @@ static const char *commas(uint64_t v, char *buf) {
     return buf;
 }
 
+/* A model's KV shape: its layer groups (a sliding window W > 0, or 0: full
+ * attention) over one head layout. */
+enum { PRICE_MAX_GROUPS = 4 };
+typedef struct {
+    int32_t n_groups;
+    int32_t layers[PRICE_MAX_GROUPS], window[PRICE_MAX_GROUPS];
+    int32_t kv_heads, head_dim;
+} price_shape;
+
+/* Positions of a sequence of n tokens that group g holds, and that a decode
+ * step at position n reads: all n in a full group; a window group holds at
+ * most W positions plus the chunk being appended and reads the last W. */
+static uint64_t held(const price_shape *sh, int g, uint64_t n, uint64_t chunk) {
+    uint64_t cap = (uint64_t)sh->window[g] + chunk;
+    return sh->window[g] == 0 || n < cap ? n : cap;
+}
+
+static uint64_t read_per_step(const price_shape *sh, int g, uint64_t n) {
+    return sh->window[g] == 0 || n < (uint64_t)sh->window[g] ? n : (uint64_t)sh->window[g];
+}
+
+static void print_price(const char *name, const price_shape *sh, kv_dtype dt, uint64_t ctx, uint64_t chunk,
+                        uint64_t wbytes, double bw) {
+    char b1[32], b2[32], b3[32];
+    int32_t layers = 0, windowed = 0;
+    for (int g = 0; g < sh->n_groups; g++) layers += sh->layers[g], windowed |= sh->window[g] > 0;
+    const int32_t kvh = sh->kv_heads, hd = sh->head_dim;
+    uint64_t per_tok = kv_price_per_token(layers, kvh, hd, dt);
+    printf("%s: %d layers x %d KV heads x head_dim %d, K/V %s\n", name, (int)layers, (int)kvh, (int)hd,
+           kv_dtype_name(dt));
+    printf("  KV per token        %s B (%.1f KiB) = 2 x %d x %d x %d x %zu B%s%s\n", commas(per_tok, b1),
+           (double)per_tok / 1024, (int)layers, (int)kvh, (int)hd, kv_dtype_size(dt), dt == KV_Q8 ? " + scales" : "",
+           windowed ? ", every layer (what caches without windows keep)" : "");
+    uint64_t seq = 0, seq_full = kv_price_tokens(layers, kvh, hd, dt, ctx);
+    for (int g = 0; windowed && g < sh->n_groups; g++) {
+        uint64_t pt = kv_price_per_token(sh->layers[g], kvh, hd, dt), h = held(sh, g, ctx, chunk);
+        seq += pt * h;
+        if (sh->window[g] == 0)
+            printf("    %2d full layers   %s B per token, every position kept: %s B at %s tokens\n", (int)sh->layers[g],
+                   commas(pt, b1), commas(pt * ctx, b2), commas(ctx, b3));
+        else
+            printf("    %2d window layers %s B per position, window %d: at most %s B (%s positions: the window\n"
+                   "                     and one %d-token chunk), however long the sequence\n",
+                   (int)sh->layers[g], commas(pt, b1), (int)sh->window[g],
+                   commas(pt * ((uint64_t)sh->window[g] + chunk), b2), commas((uint64_t)sh->window[g] + chunk, b3),
+                   (int)chunk);
+    }
+    if (!windowed) seq = seq_full;
+    printf("  KV per sequence     %s B (%.2f GiB) at %s tokens", commas(seq, b1), (double)seq / (1024.0 * 1024 * 1024),
+           commas(ctx, b2));
+    if (windowed) printf("; %s B without windows (%.1fx)", commas(seq_full, b1), (double)seq_full / (double)seq);
+    printf("\n  weights             %s B (%.2f GB)\n", commas(wbytes, b1), (double)wbytes / 1e9);
+    printf("  decode floor at %.0f GB/s, batch 1: (weights + KV %s) / bandwidth\n", bw,
+           windowed ? "a step reads: a window layer only its window's positions" : "of the context");
+    /* a few usual contexts and --ctx, ascending */
+    int64_t ctxs[6] = {1024, 4096, 8192, 32768, 131072, (int64_t)ctx};
+    for (int i = 5; i > 0 && ctxs[i] < ctxs[i - 1]; i--) {
+        int64_t t = ctxs[i];
+        ctxs[i] = ctxs[i - 1], ctxs[i - 1] = t;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (i > 0 && ctxs[i] == ctxs[i - 1]) continue;
+        uint64_t n = (uint64_t)ctxs[i], kv = 0, kv_full = kv_price_tokens(layers, kvh, hd, dt, n);
+        for (int g = 0; g < sh->n_groups; g++)
+            kv += kv_price_tokens(sh->layers[g], kvh, hd, dt, read_per_step(sh, g, n));
+        double ms = ((double)wbytes + (double)kv) / (bw * 1e9) * 1e3;
+        double ms_full = ((double)wbytes + (double)kv_full) / (bw * 1e9) * 1e3;
+        printf("    %9s tokens  %8.2f GB KV  %8.2f ms/token  (%.0f tokens/s)", commas(n, b1), (double)kv / 1e9, ms, 1e3 / ms);
+        if (windowed) printf("  without windows %.3f GB, %.3f ms", (double)kv_full / 1e9, ms_full);
+        printf("%s\n", n == ctx ? "  <- --ctx" : "");
+    }
+}
+
 int cmd_price(int argc, char **argv) {
     const char *path = NULL, *preset = NULL, *kv_type = "bf16";
-    int64_t ctx = 8192;
+    int64_t ctx = 8192, chunk = 256;
     double bw = 3350, wbits = 16;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_opt_str(argc, argv, &i, "-m", "--model", &path)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--preset", &preset)) continue;
         if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &ctx)) continue;
+        if (cli_opt_int(argc, argv, &i, "-b", "--batch", &chunk)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--kv-type", &kv_type)) continue;
         if (cli_opt_f64(argc, argv, &i, NULL, "--bandwidth", &bw)) continue;
         if (cli_opt_f64(argc, argv, &i, NULL, "--weight-bits", &wbits)) continue;
@@ -79,12 +156,14 @@ int cmd_price(int argc, char **argv) {
         fprintf(stderr, "kvcache price: give exactly one of -m MODEL.gguf or --preset NAME (see --help)\n");
         return 2;
     }
-    if (kv_dtype_parse(kv_type, &dt) != KV_OK || ctx < 1 || ctx > (1ll << 32) || !(bw > 0) || !(wbits > 0)) {
-        fprintf(stderr, "kvcache price: need a --kv-type of f64/f32/f16/bf16/q8, --ctx >= 1, --bandwidth > 0\n");
+    if (kv_dtype_parse(kv_type, &dt) != KV_OK || ctx < 1 || ctx > (1ll << 32) || !(bw > 0) || !(wbits > 0) ||
+        chunk < 1 || chunk > 8192) {
+        fprintf(stderr, "kvcache price: need a --kv-type of f64/f32/f16/bf16/q8, --ctx >= 1, --bandwidth > 0, "
+                        "1 <= --batch <= 8192\n");
         return 2;
     }
     char name[160];
-    int32_t layers, kvh, hd;
+    price_shape sh = {.n_groups = 1};
     uint64_t wbytes;
     if (preset) {
         int k = -1;
@@ -97,51 +176,26 @@ int cmd_price(int argc, char **argv) {
             return 2;
         }
         snprintf(name, sizeof name, "%s", presets[k].name);
-        layers = presets[k].layers, kvh = presets[k].kv_heads, hd = presets[k].head_dim;
+        sh.layers[0] = presets[k].layers, sh.kv_heads = presets[k].kv_heads, sh.head_dim = presets[k].head_dim;
         wbytes = (uint64_t)(presets[k].params * wbits / 8 + 0.5);
     } else {
-        llm_gguf *g;
-        llm_hparams hp;
+        /* the whole model, for its layer groups (windows are an architecture's, not the header's) */
+        llm_model *m;
         char err[512];
-        if (llm_gguf_open(path, &g, err, sizeof err) != 0) {
-            fprintf(stderr, "kvcache price: %s\n  (the default model comes with `make model`)\n", err);
+        if (llm_model_load(path, &m, err, sizeof err) != LLM_OK) {
+            fprintf(stderr, "kvcache price: %s: %s\n  (the default model comes with `make model`)\n", path, err);
             return 1;
         }
-        if (llm_hparams_read(g, &hp, err, sizeof err) != 0) {
-            fprintf(stderr, "kvcache price: %s: %s\n", path, err);
-            llm_gguf_close(g);
-            return 1;
-        }
-        wbytes = 0;
-        for (int64_t i = 0; i < llm_gguf_n_tensors(g); i++) wbytes += llm_gguf_tensor_at(g, i)->n_bytes;
+        const llm_hparams *hp = llm_model_hparams(m);
+        sh.kv_heads = hp->n_kv_heads, sh.head_dim = hp->head_dim;
+        sh.n_groups = llm_model_n_groups(m) < PRICE_MAX_GROUPS ? llm_model_n_groups(m) : PRICE_MAX_GROUPS;
+        for (int32_t g = 0; g < sh.n_groups; g++) llm_model_group(m, g, &sh.layers[g], &sh.window[g]);
+        wbytes = llm_model_weight_bytes(m);
         const char *slash = strrchr(path, '/');
         snprintf(name, sizeof name, "%s", slash ? slash + 1 : path);
-        layers = hp.n_layers, kvh = hp.n_kv_heads, hd = hp.head_dim;
-        llm_gguf_close(g);
+        llm_model_free(m);
     }
-    char b1[32], b2[32];
-    uint64_t per_tok = kv_price_per_token(layers, kvh, hd, dt), per_seq = kv_price_tokens(layers, kvh, hd, dt, (uint64_t)ctx);
-    printf("%s: %d layers x %d KV heads x head_dim %d, K/V %s\n", name, (int)layers, (int)kvh, (int)hd,
-           kv_dtype_name(dt));
-    printf("  KV per token        %s B (%.1f KiB) = 2 x %d x %d x %d x %zu B%s\n", commas(per_tok, b1),
-           (double)per_tok / 1024, (int)layers, (int)kvh, (int)hd, kv_dtype_size(dt), dt == KV_Q8 ? " + scales" : "");
-    printf("  KV per sequence     %s B (%.2f GiB) at %s tokens\n", commas(per_seq, b1),
-           (double)per_seq / (1024.0 * 1024 * 1024), commas((uint64_t)ctx, b2));
-    printf("  weights             %s B (%.2f GB)\n", commas(wbytes, b1), (double)wbytes / 1e9);
-    printf("  decode floor at %.0f GB/s, batch 1: (weights + KV of the context) / bandwidth\n", bw);
-    /* a few usual contexts and --ctx, ascending */
-    int64_t ctxs[6] = {1024, 4096, 8192, 32768, 131072, ctx};
-    for (int i = 5; i > 0 && ctxs[i] < ctxs[i - 1]; i--) {
-        int64_t t = ctxs[i];
-        ctxs[i] = ctxs[i - 1], ctxs[i - 1] = t;
-    }
-    for (int i = 0; i < 6; i++) {
-        if (i > 0 && ctxs[i] == ctxs[i - 1]) continue;
-        uint64_t kv = kv_price_tokens(layers, kvh, hd, dt, (uint64_t)ctxs[i]);
-        double ms = ((double)wbytes + (double)kv) / (bw * 1e9) * 1e3;
-        printf("    %9s tokens  %8.2f GB KV  %8.2f ms/token  (%.0f tokens/s)%s\n", commas((uint64_t)ctxs[i], b1),
-               (double)kv / 1e9, ms, 1e3 / ms, ctxs[i] == ctx ? "  <- --ctx" : "");
-    }
+    print_price(name, &sh, dt, (uint64_t)ctx, (uint64_t)chunk, wbytes, bw);
     return 0;
 }
 
@@ -173,12 +227,24 @@ int cmd_info(int argc, char **argv) {
         printf("engine: cannot run this model: %s\n", err);
     } else {
         printf("engine: %d layers, width %d, %d heads over %d KV heads of %d, FFN %d, vocabulary %d,\n"
-               "        RoPE theta %g on %d dims (adjacent pairs), RMSNorm eps %g, trained context %d;\n"
+               "        RoPE theta %g on %d dims (%s), RMSNorm eps %g, trained context %d;\n"
                "        KV per token %llu B in f16\n",
                (int)hp.n_layers, (int)hp.dim, (int)hp.n_heads, (int)hp.n_kv_heads, (int)hp.head_dim, (int)hp.ffn_dim,
-               (int)hp.n_vocab, hp.rope.theta, (int)hp.rope.rot_dim, (double)hp.norm_eps, (int)hp.ctx_train,
-               (unsigned long long)kv_price_per_token(hp.n_layers, hp.n_kv_heads, hp.head_dim, KV_F16));
+               (int)hp.n_vocab, hp.rope.theta, (int)hp.rope.rot_dim,
+               hp.rope.layout == KV_ROPE_INTERLEAVED ? "adjacent pairs" : "split halves", (double)hp.norm_eps,
+               (int)hp.ctx_train, (unsigned long long)kv_price_per_token(hp.n_layers, hp.n_kv_heads, hp.head_dim, KV_F16));
     }
     llm_gguf_close(g);
+    /* the layer groups come from the architecture: only a loadable model has them */
+    llm_model *m;
+    if (llm_model_load(mo.model, &m, err, sizeof err) == LLM_OK) {
+        printf("        layer groups (one cache each):");
+        for (int32_t i = 0, n, w; llm_model_group(m, i, &n, &w) == LLM_OK; i++) {
+            if (w) printf("%s %d sliding-window layers (window %d)", i ? ";" : "", (int)n, (int)w);
+            else printf("%s %d full-attention layers", i ? ";" : "", (int)n);
+        }
+        printf("\n");
+        llm_model_free(m);
+    }
     return 0;
 }

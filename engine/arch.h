@@ -15,7 +15,9 @@
  *   - up to LLM_MAX_ROPES RoPE tables (e.g. one base for local layers, one
  *     for global ones).
  *
- * Llama: one group of every layer, window 0, one RoPE table. */
+ * Llama: one group of every layer, window 0, one RoPE table. Gemma 3: a
+ * full group of the global layers and a window group of the others, two RoPE
+ * tables (base 1e6 and 10000). */
 #ifndef LLM_ARCH_H
 #define LLM_ARCH_H
 
@@ -143,6 +145,7 @@ typedef struct llm_arch {
 } llm_arch;
 
 extern const llm_arch llm_arch_llama;   /* engine/arch_llama.c */
+extern const llm_arch llm_arch_gemma3;  /* engine/arch_gemma3.c */
 
 /* The architecture named name[0..len), or NULL. */
 const llm_arch *llm_arch_find(const char *name, size_t len);

@@ -76,21 +76,15 @@ static int llama_forward(const llm_pass *ps) {
     const llm_model *m = ps->c->m;
     const llm_hparams *hp = &m->hp;
     llm_scratch *ws = ps->ws;
-    kv_pool *pool = ps->c->pool;
     const int32_t rows = ps->rows;
-    const int64_t D = hp->dim, F = hp->ffn_dim;
-    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    const int64_t D = hp->dim;
     const size_t n = (size_t)rows * (size_t)D;
     llm_embed(m, ps->tokens, rows, ws->x);
     for (int32_t l = 0; l < hp->n_layers; l++) {
         const llm_layer_weights *w = &m->layers[l];
         /* attention block */
         llm_rmsnorm(ws->x, w->attn_norm, ws->h, rows, D, hp->norm_eps);
-        llm_mm_job j = llm_mm_begin(rows);
-        llm_mm_add(&j, &w->wq, ws->h, ws->q, qd);
-        llm_mm_add(&j, &w->wk, ws->h, ws->k, kvd);
-        llm_mm_add(&j, &w->wv, ws->h, ws->v, kvd);
-        llm_mm_run(ps, &j);
+        llm_project_qkv(ps, w);
         int rc = llm_rope_qk(ps, &m->ropes[m->lhp[l].rope]);
         if (!rc) rc = llm_attention(ps, l);
         if (rc) return rc;
@@ -98,12 +92,7 @@ static int llama_forward(const llm_pass *ps) {
         llm_add_into(ws->x, ws->h, n);
         /* feed-forward block */
         llm_rmsnorm(ws->x, w->ffn_norm, ws->h, rows, D, hp->norm_eps);
-        llm_mm_job g = llm_mm_begin(rows);
-        llm_mm_add(&g, &w->w_gate, ws->h, ws->gate, F);
-        llm_mm_add(&g, &w->w_up, ws->h, ws->up, F);
-        llm_mm_run(ps, &g);
-        llm_swiglu(pool, ws->gate, ws->up, rows, F);
-        llm_matmul(ps, &w->w_down, ws->gate, rows, ws->h);
+        llm_ffn(ps, w, LLM_GLU_SILU);
         llm_add_into(ws->x, ws->h, n);
     }
     llm_logits(ps, m->output_norm);

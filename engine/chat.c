@@ -142,6 +142,27 @@ static void render_zephyr(const llm_chat_format *f, const llm_chat_msg *m, int32
     if (gen && n > 0) puts_(s, "<|assistant|>\n");
 }
 
+/* Gemma's template: the system message and a blank line start the first turn
+ * (the system text as is, the user's trimmed), roles other than "assistant"
+ * keep their names. */
+static void render_gemma(const llm_chat_msg *m, int32_t n, int gen, sink *s) {
+    const char *system = NULL;
+    int32_t first = 0;
+    if (n > 0 && is_role(&m[0], "system")) system = m[0].content, first = 1;
+    for (int32_t i = first; i < n; i++) {
+        puts_(s, "<start_of_turn>");
+        puts_(s, is_role(&m[i], "assistant") ? "model" : m[i].role);
+        puts_(s, "\n");
+        if (i == first && system) {
+            puts_(s, system);
+            puts_(s, "\n\n");
+        }
+        put_strip(s, m[i].content, 1, 1);
+        puts_(s, "<end_of_turn>\n");
+    }
+    if (gen) puts_(s, "<start_of_turn>model\n");
+}
+
 static int render(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, int gen, sink *s) {
     for (int32_t i = 0; i < n; i++)
         if (!m[i].role || !m[i].content) return -1;
@@ -150,6 +171,7 @@ static int render(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, in
     case LLM_CHAT_LLAMA3: render_llama3(m, n, gen, s); return 0;
     case LLM_CHAT_LLAMA2: render_llama2(f, m, n, s); return 0;
     case LLM_CHAT_ZEPHYR: render_zephyr(f, m, n, gen, s); return 0;
+    case LLM_CHAT_GEMMA: render_gemma(m, n, gen, s); return 0;
     default: return -1;
     }
 }
@@ -215,6 +237,7 @@ int llm_chat_format_from_template(const char *tmpl, const char *bos_text, const 
         else if (strstr(tmpl, "<|start_header_id|>")) kind = LLM_CHAT_LLAMA3;
         else if (strstr(tmpl, "<|user|>") && strstr(tmpl, "<|assistant|>")) kind = LLM_CHAT_ZEPHYR;
         else if (strstr(tmpl, "[INST]") && strstr(tmpl, "<<SYS>>")) kind = LLM_CHAT_LLAMA2;
+        else if (strstr(tmpl, "<start_of_turn>")) kind = LLM_CHAT_GEMMA;
     }
     *out = llm_chat_format_of(kind);
     if (bos_text) copy_str(out->bos, sizeof out->bos, bos_text);
@@ -229,6 +252,7 @@ int llm_chat_format_from_vocab(const llm_tokenizer *tok, llm_chat_format *out) {
     if (llm_tokenizer_find(tok, "<|im_start|>", 12) >= 0) kind = LLM_CHAT_CHATML;
     else if (llm_tokenizer_find(tok, "<|start_header_id|>", 19) >= 0) kind = LLM_CHAT_LLAMA3;
     else if (llm_tokenizer_find(tok, "<|user|>", 8) >= 0) kind = LLM_CHAT_ZEPHYR;
+    else if (llm_tokenizer_find(tok, "<start_of_turn>", 15) >= 0) kind = LLM_CHAT_GEMMA;
     *out = llm_chat_format_of(kind);
     int32_t bos = llm_tokenizer_bos(tok), eos = llm_tokenizer_eos(tok), n;
     const char *p;
@@ -248,6 +272,7 @@ const char *llm_chat_turn_end(const llm_chat_format *f) {
     switch (f->kind) {
     case LLM_CHAT_CHATML: return "<|im_end|>";
     case LLM_CHAT_LLAMA3: return "<|eot_id|>";
+    case LLM_CHAT_GEMMA: return "<end_of_turn>";
     default: return f->eos;
     }
 }
@@ -255,7 +280,7 @@ const char *llm_chat_turn_end(const llm_chat_format *f) {
 /* What a format writes after its end-of-turn marker, before the next turn;
  * the model stops at the marker, so the cache never holds this. */
 static const char *turn_trailer(const llm_chat_format *f) {
-    return f->kind == LLM_CHAT_CHATML || f->kind == LLM_CHAT_ZEPHYR ? "\n" : "";
+    return f->kind == LLM_CHAT_CHATML || f->kind == LLM_CHAT_ZEPHYR || f->kind == LLM_CHAT_GEMMA ? "\n" : "";
 }
 
 /* ---------------------------------------------------------------- rendering */

@@ -13,6 +13,11 @@
  *           then <|start_header_id|>assistant<|end_header_id|>\n\n
  *   LLAMA2  [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...
  *   ZEPHYR  <|role|>\ncontent</s>\n ... then <|assistant|>\n (TinyLlama-Chat)
+ *   GEMMA   <start_of_turn>user\ntrimmed content<end_of_turn>\n ... then
+ *           <start_of_turn>model\n (Gemma 2 and 3; "assistant" is written "model",
+ *           a system message is folded into the first user turn as
+ *           "system\n\nuser"). Chosen too for a file with no template whose
+ *           vocabulary has <start_of_turn> (the pre-trained Gemma 3 files).
  *
  * The text never starts with the BOS token: tokenize the first chunk of a
  * conversation with add_special set and the tokenizer adds it (Llama 2's later
@@ -38,6 +43,7 @@ typedef enum {
     LLM_CHAT_LLAMA3,
     LLM_CHAT_LLAMA2,
     LLM_CHAT_ZEPHYR,
+    LLM_CHAT_GEMMA,
 } llm_chat_kind;
 
 /* One message of a conversation. */
@@ -68,7 +74,8 @@ int llm_chat_format_from_template(const char *tmpl, const char *bos_text, const 
                                   llm_chat_format *out);
 
 /* For a model without a template: guess the family from the control tokens
- * its vocabulary has (<|im_start|>, <|start_header_id|>, <|user|>). Returns 0,
+ * its vocabulary has (<|im_start|>, <|start_header_id|>, <|user|>,
+ * <start_of_turn>). Returns 0,
  * or -1 with out->kind = LLM_CHAT_UNKNOWN. */
 int llm_chat_format_from_vocab(const llm_tokenizer *tok, llm_chat_format *out);
 
@@ -86,7 +93,8 @@ int32_t llm_chat_render_continuation(const llm_chat_format *fmt, const llm_chat_
                                      int32_t n_msgs, int32_t n_prev, int add_generation_prompt,
                                      char *out, int32_t cap);
 
-/* The text that ends a turn: "<|im_end|>", "<|eot_id|>", or the format's eos. */
+/* The text that ends a turn: "<|im_end|>", "<|eot_id|>", "<end_of_turn>", or the
+ * format's eos. */
 const char *llm_chat_turn_end(const llm_chat_format *fmt);
 
 #endif

@@ -20,6 +20,7 @@ llm_context_params llm_context_default_params(void) {
  * cache the window plus one batch of new rows (their keys are appended
  * before the oldest ones leave), plus the pages partly covered at each end. */
 static int64_t pages_per_seq(const llm_context_params *p, int32_t window) {
+    if (p->no_window) window = 0; /* every position stays */
     int64_t span = window > 0 && (int64_t)window + p->n_batch < p->n_ctx ? (int64_t)window + p->n_batch : p->n_ctx;
     return (span + p->page_size - 1) / p->page_size + (window > 0 ? 1 : 0);
 }
@@ -34,6 +35,7 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.n_batch < 1 || p.n_batch > 8192) return llm_errf(err, errlen, LLM_ERR_PARAM, "batch rows must be in [1, 8192]");
     if (p.n_threads < 1 || p.n_threads > 256) return llm_errf(err, errlen, LLM_ERR_PARAM, "threads must be in [1, 256]");
     if (p.page_size < 1 || p.page_size > 4096) return llm_errf(err, errlen, LLM_ERR_PARAM, "page size must be in [1, 4096]");
+    if (p.no_window != 0 && p.no_window != 1) return llm_errf(err, errlen, LLM_ERR_PARAM, "no_window must be 0 or 1");
     if (p.n_pages < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "the page count must be >= 0");
     if (p.act_bits == -1) p.act_bits = llm_act_default_bits();
     if (p.act_bits != LLM_ACT_F32 && p.act_bits != LLM_ACT_Q8 && p.act_bits != LLM_ACT_Q16)
@@ -60,6 +62,7 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
         cp.n_pages = (int32_t)(p.n_seqs * pages_per_seq(&p, m->groups[g].window));
         if (p.n_pages > 0 && m->groups[g].window == 0) cp.n_pages = p.n_pages;   /* a shared, smaller pool */
         cp.max_seqs = p.n_seqs, cp.max_seq_len = p.n_ctx, cp.window = m->groups[g].window;
+        cp.no_evict = p.no_window && cp.window > 0;
         int rc = kv_cache_create(&cp, &c->caches[g]);
         if (rc != KV_OK) {
             llm_context_free(c);

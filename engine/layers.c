@@ -175,6 +175,32 @@ void llm_geglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_
     run_glu(pool, geglu_task, gate, up, rows, F);
 }
 
+/* ---------------------------------------------------------------- the blocks' projections */
+
+void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w) {
+    const llm_hparams *hp = &ps->c->m->hp;
+    llm_scratch *ws = ps->ws;
+    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    llm_mm_job j = llm_mm_begin(ps->rows);
+    llm_mm_add(&j, &w->wq, ws->h, ws->q, qd);
+    llm_mm_add(&j, &w->wk, ws->h, ws->k, kvd);
+    llm_mm_add(&j, &w->wv, ws->h, ws->v, kvd);
+    llm_mm_run(ps, &j);
+}
+
+void llm_ffn(const llm_pass *ps, const llm_layer_weights *w, llm_glu act) {
+    const int64_t F = ps->c->m->hp.ffn_dim;
+    llm_scratch *ws = ps->ws;
+    kv_pool *pool = ps->c->pool;
+    llm_mm_job g = llm_mm_begin(ps->rows);
+    llm_mm_add(&g, &w->w_gate, ws->h, ws->gate, F);
+    llm_mm_add(&g, &w->w_up, ws->h, ws->up, F);
+    llm_mm_run(ps, &g);
+    if (act == LLM_GLU_GELU_TANH) llm_geglu(pool, ws->gate, ws->up, ps->rows, F);
+    else llm_swiglu(pool, ws->gate, ws->up, ps->rows, F);
+    llm_matmul(ps, &w->w_down, ws->gate, ps->rows, ws->h);
+}
+
 /* ---------------------------------------------------------------- attention */
 
 int llm_rope_qk(const llm_pass *ps, const kv_rope *rope) {

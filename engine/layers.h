@@ -46,6 +46,20 @@ void llm_mm_run(const llm_pass *ps, llm_mm_job *j);
 /* One product: y [m][w->rows] = x [m][w->cols] W^T. */
 void llm_matmul(const llm_pass *ps, const llm_matrix *w, const float *x, int32_t m, float *y);
 
+/* ---- the blocks' projections */
+
+/* ws->q, ws->k, ws->v = ws->h Wq, Wk, Wv for the pass's rows, one pool job. */
+void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w);
+
+typedef enum {
+    LLM_GLU_SILU,       /* SwiGLU (Llama) */
+    LLM_GLU_GELU_TANH,  /* GeGLU with the tanh form of gelu (Gemma) */
+} llm_glu;
+
+/* The gated feed-forward: ws->h = (act(ws->h Wgate) * (ws->h Wup)) Wdown for
+ * the pass's rows (ws->gate and ws->up are its work). */
+void llm_ffn(const llm_pass *ps, const llm_layer_weights *w, llm_glu act);
+
 /* ---- element-wise */
 
 /* x [rows][D] = token_embd rows of tokens [rows], decoded. */

@@ -14,7 +14,7 @@
 
 /* ---------------------------------------------------------------- architectures */
 
-static const llm_arch *const archs[] = {&llm_arch_llama};
+static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3};
 
 const llm_arch *llm_arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
@@ -22,7 +22,7 @@ const llm_arch *llm_arch_find(const char *name, size_t len) {
     return NULL;
 }
 
-const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama"; }
+const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama; 'gemma3': Gemma 3"; }
 
 static const llm_arch *arch_of(const llm_gguf *g, char *err, size_t errlen) {
     llm_gguf_str arch;
@@ -392,3 +392,11 @@ const char *llm_model_name(const llm_model *m) { return m->name; }
 const char *llm_model_arch(const llm_model *m) { return m->arch->name; }
 uint64_t llm_model_weight_bytes(const llm_model *m) { return m->weight_bytes; }
 int32_t llm_model_n_vocab(const llm_model *m) { return m->hp.n_vocab; }
+int32_t llm_model_n_groups(const llm_model *m) { return m->n_groups; }
+
+int llm_model_group(const llm_model *m, int32_t g, int32_t *n_layers, int32_t *window) {
+    if (!m || g < 0 || g >= m->n_groups) return LLM_ERR_SHAPE;
+    if (n_layers) *n_layers = m->groups[g].n_layers;
+    if (window) *window = m->groups[g].window;
+    return LLM_OK;
+}

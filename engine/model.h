@@ -4,7 +4,9 @@
  * The architecture is chosen by the file's `general.architecture` from a
  * small table (engine/arch.h); each one is a file that composes the shared
  * layer toolkit (engine/layers.h). Today: `llama` (engine/arch_llama.c:
- * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows).
+ * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows) and
+ * `gemma3` (engine/arch_gemma3.c: Gemma 3 270M and 1B, whose window layers
+ * share a sliding-window cache).
  *
  * Weights stay in the file mapping in their block format; only the small
  * norm vectors are decoded to f32 at load. An llm_model is immutable once
@@ -75,6 +77,12 @@ const char *llm_model_name(const llm_model *m);            /* general.name, or t
 const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
 int32_t llm_model_n_vocab(const llm_model *m);
+/* The layer groups: layers that share a sliding window share one cache, and
+ * a context makes one cache per group, in this order (llm_context_cache_at).
+ * Group g's layer count and window (0: full attention) into the pointers
+ * (either may be NULL); LLM_ERR_SHAPE for a g outside [0, n_groups). */
+int32_t llm_model_n_groups(const llm_model *m);
+int llm_model_group(const llm_model *m, int32_t g, int32_t *n_layers, int32_t *window);
 
 /* ---------------------------------------------------------------- contexts */
 
@@ -85,6 +93,9 @@ typedef struct {
     int32_t n_threads;   /* threads for matrix products and attention (1: no workers) */
     kv_dtype kv_type;    /* storage of cached K and V: KV_F32, KV_F16, KV_BF16, KV_Q8 */
     int32_t page_size;   /* positions per cache page */
+    int32_t no_window;   /* 1: sliding-window layers keep every position, in caches sized as
+                          * full ones (attention still sees only the window, so the results
+                          * are the same): to compare memory with and without windows */
     int32_t n_pages;     /* pages in the KV pool; 0: n_seqs x ceil(n_ctx / page_size), room for
                           * every sequence at full length (fewer: sequences share the pool) */
     int32_t act_bits;    /* activations of the weight products (engine/quant.h, llm_act): 16 or 8
@@ -92,7 +103,8 @@ typedef struct {
                           * default, llm_act_default_bits() (KVCACHE_EXACT_MATMUL, KVCACHE_ACT_BITS) */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, n_pages 0, act_bits -1. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, no_window 0, n_pages 0,
+ * act_bits -1. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;

@@ -89,10 +89,19 @@ static int cmp_special(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
+/* Is token i cut out of the text before encoding? SentencePiece matches its
+ * user-defined pieces against the text after spaces became '▁', so in an SPM
+ * vocabulary a user-defined piece holding a space can never match (Gemma 3's
+ * "  ", "   ", ... : SentencePiece encodes a run of spaces as '▁' tokens). */
+static int cut_out(const llm_tokenizer *t, int32_t i) {
+    if (!is_special_type(t->type[i]) || t->text_len[i] == 0) return 0;
+    return !(t->kind == KIND_SPM && t->type[i] == LLM_TOKEN_USER_DEFINED &&
+             memchr(tok_text(t, i), ' ', (size_t)t->text_len[i]));
+}
+
 static int build_specials(llm_tokenizer *t) {
     int32_t n = 0;
-    for (int32_t i = 0; i < t->n_vocab; i++)
-        if (is_special_type(t->type[i]) && t->text_len[i] > 0) n++;
+    for (int32_t i = 0; i < t->n_vocab; i++) n += cut_out(t, i);
     special_key *keys = malloc(sizeof *keys * (size_t)(n ? n : 1));
     t->special = malloc(sizeof *t->special * (size_t)(n ? n : 1));
     if (!keys || !t->special) {
@@ -101,7 +110,7 @@ static int build_specials(llm_tokenizer *t) {
     }
     n = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) {
-        if (!is_special_type(t->type[i]) || t->text_len[i] == 0) continue;
+        if (!cut_out(t, i)) continue;
         keys[n].first = (uint8_t)tok_text(t, i)[0];
         keys[n].len = t->text_len[i];
         keys[n].id = i;

@@ -22,8 +22,10 @@
  *
  * Special tokens: tokens of type CONTROL or UNKNOWN (e.g. "<|im_start|>",
  * "<s>") are recognised in the input text only when parse_special is set;
- * USER_DEFINED tokens are always recognised, as in llama.cpp and HF. At each
- * position the longest matching special token wins. */
+ * USER_DEFINED tokens are always recognised, as in llama.cpp and HF, except,
+ * in a "llama" vocabulary, those holding a space, which SentencePiece never
+ * produces (it matches them after spaces became '▁'). At each position the
+ * longest matching special token wins. */
 #ifndef LLM_TOKENIZER_H
 #define LLM_TOKENIZER_H
 

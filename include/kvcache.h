@@ -213,10 +213,13 @@ typedef struct {
     int32_t max_seq_len;   /* longest sequence allowed (0: n_pages * page_size, or for a
                             * window cache, which recycles pages, at least 2^20) */
     int32_t window;        /* W > 0: sliding-window cache that evicts old pages; 0: full */
+    int32_t no_evict;      /* 1 (window caches): attention still sees only the window, but
+                            * no page is evicted, so memory grows as a full cache's does
+                            * (for comparing the two; `kvcache --no-window`); default 0 */
 } kv_cache_params;
 
 /* n_layers 1, n_kv_heads 1, head_dim 64, KV_F32, page_size 16, n_pages 256,
- * max_seqs 1, max_seq_len 0, window 0. */
+ * max_seqs 1, max_seq_len 0, window 0, no_evict 0. */
 KV_API kv_cache_params kv_cache_default_params(void);
 
 /* Allocates the pool and every table; the only call that allocates. */

@@ -17,6 +17,7 @@ kv_cache_params kv_cache_default_params(void) {
         .max_seqs = 1,
         .max_seq_len = 0,
         .window = 0,
+        .no_evict = 0,
     };
 }
 
@@ -26,7 +27,7 @@ static int params_check(const kv_cache_params *p) {
         return KV_ERR_SHAPE;
     if (p->head_dim > KV_MAX_HEAD_DIM) return KV_ERR_SHAPE;
     if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
-    if (p->window < 0) return KV_ERR_WINDOW;
+    if (p->window < 0 || (p->no_evict != 0 && p->no_evict != 1)) return KV_ERR_WINDOW;
     return KV_OK;
 }
 
@@ -61,7 +62,7 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
     int64_t pool_positions = (int64_t)p.n_pages * p.page_size;
     if (p.max_seq_len == 0) {
         /* a window cache recycles its pages: only the block table bounds it */
-        int64_t len = p.window > 0 && pool_positions < (1 << 20) ? (1 << 20) : pool_positions;
+        int64_t len = p.window > 0 && !p.no_evict && pool_positions < (1 << 20) ? (1 << 20) : pool_positions;
         p.max_seq_len = len > INT32_MAX ? INT32_MAX : (int32_t)len;
     }
 
@@ -243,7 +244,7 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
  * at position `pos`: that query sees keys j > pos - W, so every block whose
  * last position is <= pos - W can go. */
 static int32_t window_first_block(const kv_cache *c, int32_t pos) {
-    if (c->p.window == 0) return 0;
+    if (c->p.window == 0 || c->p.no_evict) return 0;
     int64_t lowest_key = (int64_t)pos - c->p.window + 1;
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
 }

@@ -15,7 +15,7 @@
 
 /* ---------------------------------------------------------------- reference data */
 
-enum { MAX_TMPL = 8, MAX_CONV = 8, MAX_MSG = 8, MAX_REND = 256 };
+enum { MAX_TMPL = 8, MAX_CONV = 8, MAX_MSG = 8, MAX_REND = 320 };
 
 typedef struct {
     char name[MAX_TMPL][32];
@@ -119,6 +119,7 @@ TEST(chat_templates_are_recognised_by_their_markers) {
         {"llama3", LLM_CHAT_LLAMA3, ""},
         {"llama2", LLM_CHAT_LLAMA2, ""},
         {"tinyllama", LLM_CHAT_ZEPHYR, ""},
+        {"gemma3", LLM_CHAT_GEMMA, ""},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int t = tmpl_index(&c, want[i].name);
@@ -221,6 +222,13 @@ TEST(chat_smollm2_prompt_and_next_turn_literal) {
     f = llm_chat_format_of(LLM_CHAT_ZEPHYR);
     CHECK(llm_chat_render_continuation(&f, m, 3, 2, 1, buf, sizeof buf) > 0);
     CHECK(strcmp(buf, "\n<|user|>\nBye</s>\n<|assistant|>\n") == 0);
+    f = llm_chat_format_of(LLM_CHAT_GEMMA);
+    CHECK(llm_chat_render_continuation(&f, m, 3, 2, 1, buf, sizeof buf) > 0);
+    CHECK(strcmp(buf, "\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n") == 0);
+    CHECK(strcmp(llm_chat_turn_end(&f), "<end_of_turn>") == 0);
+    llm_chat_msg sm[] = {{"system", "Be brief."}, {"user", " Hi "}};
+    CHECK(llm_chat_render(&f, sm, 2, 1, buf, sizeof buf) > 0);
+    CHECK(strcmp(buf, "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n") == 0);
     /* nothing cached yet: the continuation is the whole prompt */
     char whole[512];
     CHECK(llm_chat_render(&f, m, 3, 1, whole, sizeof whole) > 0);
@@ -267,6 +275,12 @@ TEST(chat_format_guessed_from_vocabulary) {
     CHECK_EQ_INT(llm_chat_format_from_vocab(t, &f), 0);
     CHECK_EQ_INT(f.kind, LLM_CHAT_CHATML);
     CHECK(strcmp(f.eos, "<|im_end|>") == 0);
+    llm_tokenizer_free(t);
+    toks[2] = "<start_of_turn>", toks[3] = "<end_of_turn>"; /* Gemma 3 base files: no template */
+    CHECK(llm_tokenizer_create(&d, &t, NULL, 0) == 0);
+    CHECK_EQ_INT(llm_chat_format_from_vocab(t, &f), 0);
+    CHECK_EQ_INT(f.kind, LLM_CHAT_GEMMA);
+    CHECK(llm_token_is_eog(t, 3));
     llm_tokenizer_free(t);
     toks[2] = "x", toks[3] = "y";
     CHECK(llm_tokenizer_create(&d, &t, NULL, 0) == 0);

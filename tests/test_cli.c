@@ -167,6 +167,20 @@ TEST(cli_bench_model_json_has_the_documented_keys) {
     snprintf(args, sizeof args, "bench model -m %s -p 0 -n 0", path);
     r = EXPECT(args, NULL, 2), done(&r);
     fx_free(&fx);
+    /* gemma3: each run passes the window (8), so the depth is prefilled again between
+     * runs; the bytes each layer group holds after a decode run come as an array */
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 80}, &fx)) return;
+    snprintf(args, sizeof args, "bench model -m %s -p 32 -n 8 -r 2 --depth 40 -t 2 --json", fx.path);
+    r = EXPECT(args, NULL, 0);
+    const char *arr = strstr(r.out, "\"kv_bytes_in_use\": [");
+    CHECK(arr != NULL && json_num(r.out, "decode_tps") > 0);
+    unsigned long long full = 0, win = 0;
+    if (arr) sscanf(arr + strlen("\"kv_bytes_in_use\": ["), "%llu, %llu", &full, &win);
+    /* 48 positions (pages of 16 positions x K and V x 128 x 2 B): 3 pages in the one full
+     * layer; the window of 8 keys, 40..47, one page in each of the 5 window layers */
+    CHECK(full == 3 * 16 * 2 * 128 * 2ull && win == 5 * 16 * 2 * 128 * 2ull);
+    done(&r);
+    fx_free(&fx);
 }
 
 /* The last line of s that starts with prefix, or NULL. */
@@ -264,6 +278,52 @@ TEST(cli_price_reproduces_the_seed_figures_for_llama_3_1_8b) {
     CHECK(strstr(r.out, "llama.block_count") && strstr(r.out, "blk.1.ffn_down.weight"));
     CHECK(strstr(r.out, "engine: 2 layers, width 256, 4 heads over 2 KV heads of 64") != NULL);
     done(&r);
+    fx_free(&fx);
+}
+
+/* A model with window layers is priced per group: the full layers per token,
+ * the window layers bounded by their window and one chunk. */
+TEST(cli_price_prices_gemma3_window_and_full_layers_apart) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 78}, &fx)) return;
+    char args[512];
+    snprintf(args, sizeof args, "price -m %s --kv-type f32 --ctx 1000 -b 64", fx.path);
+    result r = EXPECT(args, NULL, 0);
+    /* one full layer and five window layers (W = 8) of one KV head of 128: 1,024 B per layer and position */
+    CHECK(strstr(r.out, "6,144 B (6.0 KiB) = 2 x 6 x 1 x 128 x 4 B") != NULL);
+    CHECK(strstr(r.out, " 1 full layers   1,024 B per token, every position kept: 1,024,000 B at 1,000 tokens") != NULL);
+    CHECK(strstr(r.out, " 5 window layers 5,120 B per position, window 8: at most 368,640 B (72 positions") != NULL);
+    CHECK(strstr(r.out, "1,392,640 B (0.00 GiB) at 1,000 tokens; 6,144,000 B without windows (4.4x)") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+/* generate on a gemma3 model reports each layer group's bytes; with
+ * --no-window the window layers keep every position (5 window layers hold 5x
+ * the one full layer's bytes) and the text is the same. */
+TEST(cli_generate_reports_bytes_per_layer_group_and_no_window_keeps_them_all) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .arch = "gemma3", .seed = 79}, &fx)) return;
+    char args[512], text[2][4096];
+    const char *flags[2] = {"", " --no-window"};
+    unsigned long long full[2] = {0, 0}, win[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "generate -m %s -p abcdefghijklmnopqrstuvwxyz0123456789 -n 40 --temp 0 -t 2%s",
+                 fx.path, flags[k]);
+        result r = EXPECT(args, NULL, 0);
+        snprintf(text[k], sizeof text[k], "%s", r.out);
+        const char *g = strstr(r.err, "1 full-attention layers"), *w = strstr(r.err, "5 window-8 layers");
+        CHECK(g && w);
+        if (g && w) {
+            full[k] = strtoull(g + strlen("1 full-attention layers"), NULL, 10);
+            win[k] = strtoull(w + strlen("5 window-8 layers") + (k ? strlen(" (--no-window)") : 0), NULL, 10);
+        }
+        done(&r);
+    }
+    CHECK(strcmp(text[0], text[1]) == 0);
+    CHECK(full[0] > 0 && full[0] == full[1]);
+    CHECK(win[1] == 5 * full[1]);     /* every position of 77, in pages of 16 */
+    CHECK(win[0] < 5 * full[0] / 2);  /* the window (8) and the last page or two */
     fx_free(&fx);
 }
 

@@ -7,62 +7,23 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "real_model.h"
 #include "test.h"
-#include "../engine/model.h"
 #include "../engine/sampler.h"
 
 #define REAL_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-/* The model, fetched first if needed; NULL (and the test failed) when it
- * cannot be had: these tests must not pass by skipping. */
-static llm_model *real_model(void) {
-    if (access(REAL_MODEL, R_OK) != 0) {
-        printf("     %s is missing: fetching it with scripts/fetch-model.sh\n", REAL_MODEL);
-        fflush(stdout);
-        if (system("sh scripts/fetch-model.sh " REAL_MODEL) != 0) {
-            test_fail(__FILE__, __LINE__, "no %s and scripts/fetch-model.sh failed (run `make model`)", REAL_MODEL);
-            return NULL;
-        }
-    }
-    llm_model *m = NULL;
-    char err[256];
-    if (llm_model_load(REAL_MODEL, &m, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "load: %s", err);
-    return m;
-}
+static llm_model *real_model(void) { return rm_load(REAL_MODEL, NULL); }
 
 static llm_context *context(const llm_model *m, int32_t threads, kv_dtype kv, int32_t n_ctx) {
-    llm_context_params p = llm_context_default_params();
-    p.n_ctx = n_ctx, p.n_threads = threads, p.kv_type = kv;
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
+    return rm_context(m, threads, n_ctx, 256, kv);
 }
 
 static int32_t tokenize(const llm_model *m, const char *text, int32_t *ids, int32_t cap) {
     int32_t n = llm_tokenize(llm_model_tokenizer(m), text, strlen(text), 1, 1, ids, cap);
     CHECK(n > 0);
     return n;
-}
-
-/* Greedy decoding of n tokens after a prompt; stops at end of turn. */
-static int32_t greedy(llm_context *c, const int32_t *prompt, int32_t n_prompt, int32_t n, int32_t *out) {
-    const llm_model *m = llm_context_model(c);
-    float *logits = malloc(sizeof(float) * (size_t)llm_model_n_vocab(m));
-    int32_t seq, k = 0;
-    CHECK_EQ_INT(kv_seq_new(llm_context_cache(c), &seq), KV_OK);
-    int rc = llm_eval(c, seq, prompt, n_prompt, 0, logits, NULL, NULL);
-    while (rc == KV_OK && k < n) {
-        out[k] = llm_argmax(logits, llm_model_n_vocab(m));
-        if (llm_token_is_eog(llm_model_tokenizer(m), out[k])) break;
-        rc = llm_eval(c, seq, &out[k++], 1, 0, logits, NULL, NULL);
-    }
-    CHECK_EQ_INT(rc, KV_OK);
-    kv_seq_remove(llm_context_cache(c), seq);
-    free(logits);
-    return k;
 }
 
 TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
@@ -76,7 +37,7 @@ TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
     int32_t out[3][24], n[3];
     for (int t = 1; t <= 3; t++) {
         llm_context *c = context(m, t, KV_F16, 512);
-        n[t - 1] = greedy(c, prompt, n_prompt, 24, out[t - 1]);
+        n[t - 1] = rm_greedy(c, prompt, n_prompt, 24, out[t - 1]);
         llm_context_free(c);
     }
     CHECK(n[0] > 3);
@@ -91,7 +52,7 @@ TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
     /* a plain continuation as well */
     int32_t p2[64], n2 = tokenize(m, "One, two, three, four,", p2, 64), o2[12];
     llm_context *c = context(m, 2, KV_F16, 128);
-    int32_t k = greedy(c, p2, n2, 12, o2);
+    int32_t k = rm_greedy(c, p2, n2, 12, o2);
     CHECK(llm_detokenize(llm_model_tokenizer(m), o2, k, 0, reply, sizeof reply) > 0);
     printf("     continuation: %s\n", reply);
     CHECK(strstr(reply, "five, six, seven") != NULL);
@@ -120,17 +81,7 @@ TEST(engine_real_cached_decode_equals_full_recompute_32_steps) {
         ids[n++] = llm_argmax(l, V);
     }
     CHECK_EQ_INT(llm_forward_dense(c, ids, n - 1, n_prompt - 1, lf), KV_OK);
-    double worst = 0;
-    for (int s = 0; s <= STEPS; s++) {
-        double d = 0, mx = 0;
-        for (int32_t i = 0; i < V; i++) {
-            size_t k = (size_t)s * V + (size_t)i;
-            d = fmax(d, fabs((double)lc[k] - lf[k]));
-            mx = fmax(mx, fabs(lf[k]));
-        }
-        worst = fmax(worst, d / mx);
-        CHECK(mx > 1);
-    }
+    double worst = rm_worst_row_diff(lc, lf, STEPS + 1, V);
     printf("     largest relative logit difference over 33 steps: %.3g\n", worst);
     if (!(worst <= 1e-4)) test_fail(__FILE__, __LINE__, "cached vs recomputed: %g", worst);
     free(lc), free(lf);
@@ -163,53 +114,16 @@ TEST(engine_real_tokenizer_round_trips_utf8_with_accents_emoji_and_cjk) {
     llm_model_free(m);
 }
 
-/* llama.cpp's method, written out here apart from `kvcache perplexity`:
- * windows of ctx tokens from an empty cache, each scored on its second half. */
-static double perplexity(const llm_model *m, const int32_t *ids, int32_t n, int32_t ctx, kv_dtype kv) {
-    const int32_t V = llm_model_n_vocab(m), first = ctx / 2;
-    llm_context *c = context(m, 2, kv, ctx);
-    float *logits = malloc(sizeof(float) * (size_t)(ctx - 1 - first) * (size_t)V);
-    uint8_t *want = malloc((size_t)ctx);
-    for (int32_t j = 0; j < ctx; j++) want[j] = j >= first && j < ctx - 1; /* only scored rows */
-    double nll = 0;
-    int64_t count = 0;
-    for (int32_t w = 0; w + ctx <= n; w += ctx) {
-        int32_t seq, rows[2] = {0, ctx};
-        CHECK_EQ_INT(kv_seq_new(llm_context_cache(c), &seq), KV_OK);
-        llm_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows, .tokens = ids + w, .want = want};
-        CHECK_EQ_INT(llm_forward(c, &b, logits), KV_OK);
-        for (int32_t j = first; j < ctx - 1; j++) {
-            const float *l = logits + (size_t)(j - first) * (size_t)V;
-            double mx = -INFINITY, z = 0;
-            for (int32_t i = 0; i < V; i++) mx = fmax(mx, l[i]);
-            for (int32_t i = 0; i < V; i++) z += exp((double)l[i] - mx);
-            nll += mx + log(z) - l[ids[w + j + 1]];
-            count++;
-        }
-        kv_seq_remove(llm_context_cache(c), seq);
-    }
-    free(logits), free(want);
-    llm_context_free(c);
-    return exp(nll / (double)count);
-}
-
 /* Recorded on this text at ctx 128 (4 windows, 252 scored tokens): f16 K/V
  * 27.98, q8 28.11 (+0.5%). The range allows other kernels' rounding and
  * fails for a broken model (a wrong RoPE layout gives ~180, random ~49,000). */
 TEST(engine_real_perplexity_of_english_text_is_in_its_recorded_range) {
     llm_model *m = real_model();
     if (!m) return;
-    FILE *f = fopen("tests/data/perplexity_en.txt", "rb");
-    CHECK(f != NULL);
-    if (!f) return llm_model_free(m);
-    static char text[16384];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = 0;
     static int32_t ids[4096];
-    int32_t n = llm_tokenize(llm_model_tokenizer(m), text, len, 1, 0, ids, 4096);
+    int32_t n = rm_text_tokens(m, ids, 4096);
     CHECK(n >= 512);
-    double p16 = perplexity(m, ids, n, 128, KV_F16), p8 = perplexity(m, ids, n, 128, KV_Q8);
+    double p16 = rm_perplexity(m, ids, n, 128, KV_F16, NULL), p8 = rm_perplexity(m, ids, n, 128, KV_Q8, NULL);
     printf("     %d tokens; ppl f16 K/V %.4f, q8 K/V %.4f\n", (int)n, p16, p8);
     CHECK(isfinite(p16) && p16 > 22 && p16 < 34);
     CHECK(fabs(p8 - p16) / p16 < 0.03);

@@ -1,5 +1,5 @@
-/* tests/test_model_fixture.c - tiny Llama GGUF files and the float64
- * reference forward (see test_model_fixture.h). */
+/* tests/test_model_fixture.c - tiny Llama and Gemma 3 GGUF files and the
+ * float64 reference forwards (see test_model_fixture.h). */
 #include "test_model_fixture.h"
 
 #include <math.h>
@@ -10,6 +10,7 @@
 
 #include "gguf_writer.h"
 #include "test.h"
+#include "../engine/model.h"
 
 /* ---------------------------------------------------------------- decoding */
 
@@ -198,6 +199,35 @@ static void add_vocab(gw *w, int extra) {
     free(toks), free(types);
 }
 
+/* Gemma 3's vocabulary kind at fixture size: SentencePiece pieces with byte
+ * fallback, its control tokens at the ids the fixture's tests use. */
+static void add_vocab_spm(gw *w) {
+    char **toks = malloc(sizeof(char *) * FX_VOCAB);
+    int32_t *types = malloc(sizeof(int32_t) * FX_VOCAB);
+    float *scores = malloc(sizeof(float) * FX_VOCAB);
+    static const char *const special[3] = {"<pad>", "<eos>", "<bos>"};
+    for (int i = 0; i < FX_VOCAB; i++) {
+        toks[i] = malloc(TOKEN_CAP);
+        types[i] = i < FX_BYTE0 || i >= FX_START_OF_TURN ? 3 : 6; /* control, byte */
+        scores[i] = 0;
+        if (i < FX_BYTE0) snprintf(toks[i], TOKEN_CAP, "%s", special[i]);
+        else if (i < FX_START_OF_TURN) snprintf(toks[i], TOKEN_CAP, "<0x%02X>", i - FX_BYTE0);
+        else snprintf(toks[i], TOKEN_CAP, "%s", i == FX_START_OF_TURN ? "<start_of_turn>" : "<end_of_turn>");
+    }
+    gw_add_str(w, "tokenizer.ggml.model", "llama");
+    gw_add_str(w, "tokenizer.ggml.pre", "default");
+    gw_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, FX_VOCAB);
+    gw_add_arr_f32(w, "tokenizer.ggml.scores", scores, FX_VOCAB);
+    gw_add_arr_i32(w, "tokenizer.ggml.token_type", types, FX_VOCAB);
+    gw_add_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    gw_add_u32(w, "tokenizer.ggml.eos_token_id", 1);
+    gw_add_u32(w, "tokenizer.ggml.padding_token_id", 0);
+    gw_add_bool(w, "tokenizer.ggml.add_bos_token", 1);
+    gw_add_bool(w, "tokenizer.ggml.add_space_prefix", 0);
+    for (int i = 0; i < FX_VOCAB; i++) free(toks[i]);
+    free(toks), free(types), free(scores);
+}
+
 int fx_build(const fx_spec *spec, fx_model *m) {
     static int counter;
     memset(m, 0, sizeof *m);
@@ -205,13 +235,22 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     if (!s.dim) s.dim = 256;
     if (!s.layers) s.layers = 2;
     if (!s.heads) s.heads = 4;
-    if (!s.kv_heads) s.kv_heads = 2;
     if (!s.ffn) s.ffn = 512;
-    if (!s.theta) s.theta = 10000;
     if (!s.arch) s.arch = "llama";
+    m->gemma = strcmp(s.arch, "gemma3") == 0;
+    if (!s.kv_heads) s.kv_heads = m->gemma ? 1 : 2;
+    if (m->gemma) {
+        if (!spec->layers) s.layers = 6;
+        if (!s.window) s.window = 8;
+        s.tied = !s.untied;
+        s.rot_dim = 0; /* Gemma rotates whole heads */
+        if (!s.head_dim) s.head_dim = 2 * s.dim / s.heads; /* wider than D / H, as 270M: 4 x 256 over 640 */
+    }
+    if (!s.theta) s.theta = m->gemma ? 1e6 : 10000;
     m->s = s;
     m->vocab = FX_VOCAB;
-    m->head_dim = s.dim / s.heads;
+    m->head_dim = s.head_dim ? s.head_dim : s.dim / s.heads;
+    m->eps = m->gemma ? 1e-6 : 1e-5;
     if (!m->s.rot_dim) m->s.rot_dim = m->head_dim;
     const int32_t D = s.dim, d = m->head_dim, H = s.heads, Hkv = s.kv_heads, F = s.ffn, V = m->vocab;
     builder b = {gw_new(), &m->s, s.seed * 7919 + 17};
@@ -223,11 +262,21 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     snprintf(key, sizeof key, "%s.feed_forward_length", s.arch), gw_add_u32(b.w, key, (uint32_t)F);
     snprintf(key, sizeof key, "%s.attention.head_count", s.arch), gw_add_u32(b.w, key, (uint32_t)H);
     snprintf(key, sizeof key, "%s.attention.head_count_kv", s.arch), gw_add_u32(b.w, key, (uint32_t)Hkv);
-    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", s.arch), gw_add_f32(b.w, key, 1e-5f);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", s.arch), gw_add_f32(b.w, key, (float)m->eps);
     snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
-    snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
+    if (!m->gemma)
+        snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
     snprintf(key, sizeof key, "%s.context_length", s.arch), gw_add_u32(b.w, key, 1024);
-    add_vocab(b.w, s.extra_tokens);
+    if (s.head_dim) {
+        snprintf(key, sizeof key, "%s.attention.key_length", s.arch), gw_add_u32(b.w, key, (uint32_t)d);
+        snprintf(key, sizeof key, "%s.attention.value_length", s.arch), gw_add_u32(b.w, key, (uint32_t)d);
+    }
+    if (m->gemma) {
+        snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch), gw_add_u32(b.w, key, (uint32_t)s.window);
+        add_vocab_spm(b.w);
+    } else {
+        add_vocab(b.w, s.extra_tokens);
+    }
 
     /* scales 1/sqrt(fan-in) keep activations of order one through the layers */
     double sd = 1.0 / sqrt(D), sf = 1.0 / sqrt(F);
@@ -241,17 +290,27 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
         L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
         L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
-        L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, sd);
+        L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, 1.0 / sqrt((double)H * d));
+        if (m->gemma) {
+            L->q_norm = add_norm(&b, NAME("attn_q_norm"), d);
+            L->k_norm = add_norm(&b, NAME("attn_k_norm"), d);
+            L->post_attn_norm = add_norm(&b, NAME("post_attention_norm"), D);
+        }
         L->ffn_norm = add_norm(&b, NAME("ffn_norm"), D);
         L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
         L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
         L->wd = add_matrix(&b, NAME("ffn_down"), D, F, sf);
+        if (m->gemma) L->post_ffn_norm = add_norm(&b, NAME("post_ffw_norm"), D);
 #undef NAME
     }
     m->out_norm = add_norm(&b, "output_norm.weight", D);
     m->out = s.tied ? m->embd : add_matrix(&b, "output.weight", V, D, sd * 4);
     int32_t half_rot = m->s.rot_dim / 2;
     m->inv_freq = malloc(sizeof(double) * (size_t)half_rot);
+    if (m->gemma) {
+        m->inv_freq_local = malloc(sizeof(double) * (size_t)half_rot);
+        for (int32_t i = 0; i < half_rot; i++) m->inv_freq_local[i] = pow(10000.0, -2.0 * i / m->s.rot_dim);
+    }
     float factors[256];
     for (int32_t i = 0; i < half_rot; i++) {
         factors[i] = (float)(1.0 + (i % 5) * 0.75);  /* exact in f32 */
@@ -274,18 +333,19 @@ void fx_free(fx_model *m) {
         fx_layer *L = &m->L[l];
         free(L->attn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
         free(L->ffn_norm), free(L->wg), free(L->wu), free(L->wd);
+        free(L->q_norm), free(L->k_norm), free(L->post_attn_norm), free(L->post_ffn_norm);
     }
     if (m->out != m->embd) free(m->out);
-    free(m->embd), free(m->out_norm), free(m->inv_freq), free(m->L);
+    free(m->embd), free(m->out_norm), free(m->inv_freq), free(m->inv_freq_local), free(m->L);
     memset(m, 0, sizeof *m);
 }
 
 /* ---------------------------------------------------------------- the reference */
 
-static void rmsnorm(const double *x, const double *w, double *o, int32_t n) {
+static void rmsnorm(const double *x, const double *w, double *o, int32_t n, double eps) {
     double ss = 0;
     for (int32_t i = 0; i < n; i++) ss += x[i] * x[i];
-    double s = 1.0 / sqrt(ss / n + 1e-5);
+    double s = 1.0 / sqrt(ss / n + eps);
     for (int32_t i = 0; i < n; i++) o[i] = x[i] * s * w[i];
 }
 
@@ -298,68 +358,95 @@ static void matvec(const double *W, const double *x, double *y, int64_t rows, in
     }
 }
 
-/* GGUF llama RoPE: adjacent pairs (2i, 2i+1) of each head's first rot dims
- * turn by pos * inv_freq[i]. */
-static void rope(const fx_model *m, double *v, int32_t heads, int32_t pos) {
+/* RoPE over each head's first rot dims at pos: GGUF llama turns adjacent
+ * pairs (2i, 2i+1), Gemma the halves' pairs (i, i + d/2), by pos * inv_freq[i]. */
+static void rope(const fx_model *m, const double *inv_freq, double *v, int32_t heads, int32_t pos) {
+    const int32_t half = m->s.rot_dim / 2;
     for (int32_t h = 0; h < heads; h++)
-        for (int32_t i = 0; i < m->s.rot_dim / 2; i++) {
-            double *p = v + (size_t)h * m->head_dim + 2 * i, a = pos * m->inv_freq[i];
-            double x0 = p[0], x1 = p[1];
-            p[0] = x0 * cos(a) - x1 * sin(a);
-            p[1] = x0 * sin(a) + x1 * cos(a);
+        for (int32_t i = 0; i < half; i++) {
+            double *x0 = v + (size_t)h * m->head_dim + (m->gemma ? i : 2 * i);
+            double *x1 = m->gemma ? x0 + half : x0 + 1;
+            double a = pos * inv_freq[i], c0 = *x0, c1 = *x1;
+            *x0 = c0 * cos(a) - c1 * sin(a);
+            *x1 = c0 * sin(a) + c1 * cos(a);
         }
+}
+
+/* att [H*d] for the query q [H*d] at position t over keys/values K, V
+ * [n][Hkv*d]: plain softmax over j <= t, and j > t - window when window > 0. */
+static void attend(const fx_model *m, const double *q, const double *K, const double *V, int32_t t, int32_t window,
+                   double *p, double *att) {
+    const int32_t d = m->head_dim, H = m->s.heads, Hkv = m->s.kv_heads, kvd = Hkv * d;
+    const int32_t j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+    for (int32_t hh = 0; hh < H; hh++) {
+        int32_t kv = hh / (H / Hkv); /* GQA: query heads share KV heads in groups */
+        double mx = -INFINITY, sum = 0;
+        for (int32_t j = j0; j <= t; j++) {
+            double s = 0;
+            for (int32_t i = 0; i < d; i++) s += q[hh * d + i] * K[(size_t)j * kvd + kv * d + i];
+            p[j] = s / sqrt((double)d);
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        for (int32_t j = j0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
+        for (int32_t i = 0; i < d; i++) {
+            double a = 0;
+            for (int32_t j = j0; j <= t; j++) a += p[j] * V[(size_t)j * kvd + kv * d + i];
+            att[hh * d + i] = a / sum;
+        }
+    }
 }
 
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits) {
     const int32_t D = m->s.dim, d = m->head_dim, H = m->s.heads, Hkv = m->s.kv_heads, F = m->s.ffn, V = m->vocab;
     const int32_t qd = H * d, kvd = Hkv * d;
+    const double eps = m->eps;
     double *x = malloc(sizeof(double) * (size_t)n * D), *h = malloc(sizeof(double) * D);
     double *K = malloc(sizeof(double) * (size_t)n * kvd), *Vv = malloc(sizeof(double) * (size_t)n * kvd);
     double *q = malloc(sizeof(double) * qd), *att = malloc(sizeof(double) * qd), *o = malloc(sizeof(double) * D);
     double *g = malloc(sizeof(double) * F), *u = malloc(sizeof(double) * F), *p = malloc(sizeof(double) * n);
-    for (int32_t t = 0; t < n; t++) memcpy(x + (size_t)t * D, m->embd + (size_t)tokens[t] * D, sizeof(double) * D);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t i = 0; i < D; i++)
+            x[(size_t)t * D + i] = m->embd[(size_t)tokens[t] * D + i] * (m->gemma ? sqrt((double)D) : 1.0);
     for (int32_t l = 0; l < m->s.layers; l++) {
         const fx_layer *L = &m->L[l];
+        const int local = m->gemma && l % 6 < 5;
+        const int32_t window = local ? m->s.window : 0;
+        const double *inv_freq = local ? m->inv_freq_local : m->inv_freq;
         /* every position's K and V first: position t attends to keys 0..t */
         for (int32_t t = 0; t < n; t++) {
-            rmsnorm(x + (size_t)t * D, L->attn_norm, h, D);
-            matvec(L->wk, h, K + (size_t)t * kvd, kvd, D);
+            double *kt = K + (size_t)t * kvd;
+            rmsnorm(x + (size_t)t * D, L->attn_norm, h, D, eps);
+            matvec(L->wk, h, kt, kvd, D);
             matvec(L->wv, h, Vv + (size_t)t * kvd, kvd, D);
-            rope(m, K + (size_t)t * kvd, Hkv, t);
+            for (int32_t kh = 0; m->gemma && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
+            rope(m, inv_freq, kt, Hkv, t);
         }
         for (int32_t t = 0; t < n; t++) {
             double *xt = x + (size_t)t * D;
-            rmsnorm(xt, L->attn_norm, h, D);
+            rmsnorm(xt, L->attn_norm, h, D, eps);
             matvec(L->wq, h, q, qd, D);
-            rope(m, q, H, t);
-            for (int32_t hh = 0; hh < H; hh++) {
-                int32_t kv = hh / (H / Hkv); /* GQA: query heads share KV heads in groups */
-                double mx = -INFINITY, sum = 0;
-                for (int32_t j = 0; j <= t; j++) {
-                    double s = 0;
-                    for (int32_t i = 0; i < d; i++) s += q[hh * d + i] * K[(size_t)j * kvd + kv * d + i];
-                    p[j] = s / sqrt((double)d);
-                    mx = p[j] > mx ? p[j] : mx;
-                }
-                for (int32_t j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
-                for (int32_t i = 0; i < d; i++) {
-                    double a = 0;
-                    for (int32_t j = 0; j <= t; j++) a += p[j] * Vv[(size_t)j * kvd + kv * d + i];
-                    att[hh * d + i] = a / sum;
-                }
-            }
+            for (int32_t qh = 0; m->gemma && qh < H; qh++) rmsnorm(q + qh * d, L->q_norm, q + qh * d, d, eps);
+            rope(m, inv_freq, q, H, t);
+            attend(m, q, K, Vv, t, window, p, att);
             matvec(L->wo, att, o, D, qd);
+            if (m->gemma) rmsnorm(o, L->post_attn_norm, o, D, eps);
             for (int32_t i = 0; i < D; i++) xt[i] += o[i];
-            rmsnorm(xt, L->ffn_norm, h, D);
+            rmsnorm(xt, L->ffn_norm, h, D, eps);
             matvec(L->wg, h, g, F, D);
             matvec(L->wu, h, u, F, D);
-            for (int32_t i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            for (int32_t i = 0; i < F; i++) {
+                double a = g[i];
+                /* SwiGLU: silu(a) = a sigmoid(a); GeGLU: gelu, tanh form */
+                g[i] = m->gemma ? 0.5 * a * (1 + tanh(sqrt(2 / M_PI) * (a + 0.044715 * a * a * a))) * u[i]
+                                : a / (1 + exp(-a)) * u[i];
+            }
             matvec(L->wd, g, o, D, F);
+            if (m->gemma) rmsnorm(o, L->post_ffn_norm, o, D, eps);
             for (int32_t i = 0; i < D; i++) xt[i] += o[i];
         }
     }
     for (int32_t t = 0; t < n; t++) {
-        rmsnorm(x + (size_t)t * D, m->out_norm, h, D);
+        rmsnorm(x + (size_t)t * D, m->out_norm, h, D, eps);
         matvec(m->out, h, logits + (size_t)t * V, V, D);
     }
     free(x), free(h), free(K), free(Vv), free(q), free(att), free(o), free(g), free(u), free(p);
@@ -374,4 +461,15 @@ double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax) {
     }
     if (bmax) *bmax = mx;
     return d;
+}
+
+void fx_check_load_error(const fx_spec *spec, const char *expect) {
+    fx_model fx;
+    if (fx_build(spec, &fx)) return;
+    llm_model *m = (llm_model *)1;
+    char err[256] = "";
+    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), LLM_ERR_MODEL);
+    CHECK(m == NULL);
+    if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
+    fx_free(&fx);
 }

@@ -1,6 +1,6 @@
-/* tests/test_model_fixture.h - tiny random-weight Llama models written as GGUF
- * files by the tests themselves, and an independent float64 forward pass over
- * the same weights to check the engine against.
+/* tests/test_model_fixture.h - tiny random-weight Llama and Gemma 3 models
+ * written as GGUF files by the tests themselves, and an independent float64
+ * forward pass over the same weights to check the engine against.
  *
  * The fixture quantizes each matrix with the test-side GGUF writer, writes
  * those exact bytes into the file, and decodes them again with its own
@@ -8,7 +8,24 @@
  * engine/quant.c), so the reference sees exactly the weights the engine
  * reads. The reference forward is the textbook computation, one position at a
  * time, in double, with explicit softmax attention over all earlier
- * positions: no cache, no paging, no online softmax. */
+ * positions: no cache, no paging, no online softmax.
+ *
+ * Gemma 3 (arch "gemma3"), as its published descriptions (HF transformers'
+ * Gemma3 model, llama.cpp's graph) define it, per token:
+ *
+ *     x = token_embd[token] * sqrt(D)
+ *     for each layer l (a window layer when l % 6 < 5, else global):
+ *         h = rmsnorm(x) * attn_norm
+ *         q, k, v = h Wq, h Wk, h Wv
+ *         q, k: per-head rmsnorm * attn_q_norm / attn_k_norm, then RoPE split-half
+ *               (pairs i, i + d/2) with base 10000 (window) or rope.freq_base (global)
+ *         att = softmax(q k^T / sqrt(d)) v over keys j <= t, and j > t - W on window layers
+ *         x += rmsnorm(att Wo) * post_attention_norm
+ *         h = rmsnorm(x) * ffn_norm
+ *         x += rmsnorm((gelu_tanh(h Wgate) * (h Wup)) Wdown) * post_ffw_norm
+ *     logits = (rmsnorm(x) * output_norm) token_embd^T
+ *
+ * norm weights used as stored (the GGUF converter has added Gemma's +1). */
 #ifndef TEST_MODEL_FIXTURE_H
 #define TEST_MODEL_FIXTURE_H
 
@@ -20,13 +37,18 @@ typedef struct {
     int32_t dim;              /* D (default 256: whole K-quant super-blocks) */
     int32_t layers;           /* default 2 */
     int32_t heads;            /* H (default 4) */
-    int32_t kv_heads;         /* Hkv (default 2) */
+    int32_t kv_heads;         /* Hkv (default 2; gemma3 1) */
     int32_t ffn;              /* F (default 512) */
     int32_t rot_dim;          /* rotated dims per head (default head_dim) */
     double theta;             /* RoPE base (default 10000) */
     int tied;                 /* 1: no output.weight, logits use token_embd */
     int rope_freqs;           /* 1: write a rope_freqs.weight tensor of frequency divisors */
     uint64_t seed;            /* weights' random seed */
+    /* gemma3 (arch "gemma3": theta defaults to 1e6 for the global layers, layers to 6,
+     * tied to 1 unless untied is set) */
+    int32_t head_dim;         /* d written as attention.key_length (default D / H; gemma3 2D / H) */
+    int32_t window;           /* attention.sliding_window (default 8) */
+    int untied;               /* write output.weight after all */
     /* for the loader's error tests */
     const char *arch;         /* general.architecture (default "llama") */
     const char *skip_tensor;  /* leave this tensor out */
@@ -46,24 +68,34 @@ typedef struct {
     double *wg;               /* [F][D] */
     double *wu;               /* [F][D] */
     double *wd;               /* [D][F] */
+    /* gemma3 only (NULL otherwise) */
+    double *q_norm;           /* [d] */
+    double *k_norm;           /* [d] */
+    double *post_attn_norm;   /* [D] */
+    double *post_ffn_norm;    /* [D] */
 } fx_layer;
 
 typedef struct {
     fx_spec s;                /* with defaults filled in */
     int32_t vocab;            /* V */
-    int32_t head_dim;         /* d = D / H */
+    int32_t head_dim;         /* d = D / H, or the spec's head_dim */
+    int gemma;                /* 1: arch "gemma3" (forward above) */
+    double eps;               /* RMSNorm epsilon written in the file */
     double *embd;             /* [V][D] */
     double *out;              /* [V][D] (= embd when tied) */
     double *out_norm;         /* [D] */
-    double *inv_freq;         /* [rot_dim / 2] RoPE angle per position of pair i */
+    double *inv_freq;         /* [rot_dim / 2] RoPE angle per position of pair i (gemma3: global) */
+    double *inv_freq_local;   /* [d / 2] gemma3: of the window layers (base 10000) */
     fx_layer *L;              /* [layers] */
     char path[256];           /* the GGUF file, removed by fx_free */
 } fx_model;
 
 /* Token ids of the fixture's vocabulary: 0 "<|endoftext|>", 1 "<|im_start|>"
  * (bos), 2 "<|im_end|>" (eos), then the 256 byte tokens (byte b is id
- * FX_BYTE0 + b), then the merges "Ġt" and "he". */
-enum { FX_BYTE0 = 3, FX_VOCAB = 261 };
+ * FX_BYTE0 + b), then the merges "Ġt" and "he". gemma3 (SentencePiece, no
+ * chat template): 0 "<pad>", 1 "<eos>", 2 "<bos>", the 256 "<0xNN>" byte
+ * tokens, then "<start_of_turn>" and "<end_of_turn>". */
+enum { FX_BYTE0 = 3, FX_VOCAB = 261, FX_START_OF_TURN = 259, FX_END_OF_TURN = 260 };
 
 /* Writes the file and decodes its weights; 0 on success. */
 int fx_build(const fx_spec *spec, fx_model *m);
@@ -71,6 +103,10 @@ void fx_free(fx_model *m);
 
 /* logits [n][V] of every position of tokens [n], in float64. */
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits);
+
+/* Builds spec's file and checks that loading it fails with LLM_ERR_MODEL and
+ * an error message containing expect. */
+void fx_check_load_error(const fx_spec *spec, const char *expect);
 
 /* max |a - b| over n, and max |b| into *bmax */
 double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax);

@@ -341,27 +341,16 @@ TEST(model_forward_refuses_bad_tokens_big_batches_and_full_contexts_leaving_sequ
 
 /* ---------------------------------------------------------------- loading errors */
 
-static void check_load_error(const fx_spec *spec, const char *expect) {
-    fx_model fx;
-    if (fx_build(spec, &fx)) return;
-    llm_model *m = (llm_model *)1;
-    char err[256] = "";
-    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), LLM_ERR_MODEL);
-    CHECK(m == NULL);
-    if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
-    fx_free(&fx);
-}
-
 TEST(model_load_names_what_is_wrong) {
-    check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "blk.1.ffn_up.weight"}, "missing tensor blk.1.ffn_up.weight");
-    check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "output_norm.weight"}, "output_norm.weight");
-    check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "token_embd.weight"}, "token_embd.weight");
-    check_load_error(&(fx_spec){.type = GW_Q8_0, .bad_tensor = "blk.0.attn_k.weight"},
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "blk.1.ffn_up.weight"}, "missing tensor blk.1.ffn_up.weight");
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "output_norm.weight"}, "output_norm.weight");
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .skip_tensor = "token_embd.weight"}, "token_embd.weight");
+    fx_check_load_error(&(fx_spec){.type = GW_Q8_0, .bad_tensor = "blk.0.attn_k.weight"},
                      "tensor blk.0.attn_k.weight has shape [256, 129], expected [256, 128]");
-    check_load_error(&(fx_spec){.type = GW_Q8_0, .bad_tensor = "output.weight"}, "output.weight has shape");
-    check_load_error(&(fx_spec){.type = GW_F32, .arch = "gemma"}, "architecture 'gemma' is not supported");
-    check_load_error(&(fx_spec){.type = GW_F32, .heads = 4, .kv_heads = 3}, "not a multiple of head_count_kv");
-    check_load_error(&(fx_spec){.type = GW_F32, .extra_tokens = 3}, "token_embd.weight has shape");
+    fx_check_load_error(&(fx_spec){.type = GW_Q8_0, .bad_tensor = "output.weight"}, "output.weight has shape");
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .arch = "gemma"}, "architecture 'gemma' is not supported");
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .heads = 4, .kv_heads = 3}, "not a multiple of head_count_kv");
+    fx_check_load_error(&(fx_spec){.type = GW_F32, .extra_tokens = 3}, "token_embd.weight has shape");
     llm_model *m;
     char err[256];
     CHECK_EQ_INT(llm_model_load("/nonexistent/model.gguf", &m, err, sizeof err), LLM_ERR_MODEL);

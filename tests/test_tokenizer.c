@@ -520,6 +520,21 @@ TEST(tok_spm_special_tokens_restart_the_space_prefix) {
     vocab_free(&v);
 }
 
+/* SentencePiece (Gemma 3's "  ", "\t\t"): user-defined pieces are matched in the
+ * text after its spaces became '▁', so one holding a space never matches. */
+TEST(tok_spm_user_defined_pieces_with_spaces_never_match) {
+    vocab v;
+    spm_base(&v);
+    vocab_add(&v, "  ", LLM_TOKEN_USER_DEFINED, 0);
+    vocab_add(&v, "\t\t", LLM_TOKEN_USER_DEFINED, 0);
+    vocab_add(&v, "\t", LLM_TOKEN_NORMAL, -100);
+    llm_tokenizer *t = vocab_build(&v, "llama", NULL, 0, 0);
+    TOKENS(t, &v, "a  b", 0, SP, "a", SP, SP, "b");
+    TOKENS(t, &v, "a\t\t", 0, SP, "a", "\t\t");
+    llm_tokenizer_free(t);
+    vocab_free(&v);
+}
+
 TEST(tok_spm_roundtrips_random_utf8) {
     vocab v;
     spm_base(&v);

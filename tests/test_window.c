@@ -1,5 +1,7 @@
 /* tests/test_window.c - sliding-window caches: equal to the oracle under the
  * window mask, and their memory stays bounded however long the sequence. */
+#include <string.h>
+
 #include "helpers.h"
 
 TEST(window_layer_equals_oracle_with_window_mask) {
@@ -73,4 +75,37 @@ TEST(window_memory_stays_bounded_while_sequence_grows_to_10W) {
     CHECK_EQ_INT(kv_cache_get_stats(c).pages_free, bound_pages);
     kv_cache_free(c);
     free(wq), free(wk), free(wv), free(x), free(out), free(oracle);
+}
+
+/* no_evict: the same attention under the window mask (bit for bit the same
+ * outputs as the evicting cache), but every page stays, as in a full cache. */
+TEST(window_no_evict_attends_the_same_and_keeps_every_page) {
+    enum { W = 8, P = 4, H = 2, Hkv = 1, d = 16, D = 8, N = 50 };
+    test_rng r = {22};
+    double *wq = rand_normal(&r, D * H * d, 0.3), *wk = rand_normal(&r, D * Hkv * d, 0.3);
+    double *wv = rand_normal(&r, D * Hkv * d, 0.3), *x = rand_normal(&r, N * D, 1);
+    double *out[2] = {malloc(sizeof(double) * N * H * d), malloc(sizeof(double) * N * H * d)};
+    kv_layer L = {.dim = D, .n_heads = H, .wq = wq, .wk = wk, .wv = wv};
+    int32_t used[2];
+    for (int keep = 0; keep < 2; keep++) {
+        kv_cache_params p = kv_cache_default_params();
+        p.n_kv_heads = Hkv, p.head_dim = d, p.dtype = KV_F64, p.page_size = P, p.window = W, p.no_evict = keep;
+        kv_cache *c;
+        int32_t s;
+        CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+        CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+        for (int t0 = 0; t0 < N; t0 += 5) CHECK_EQ_INT(step_seq_f64(c, s, &L, 5, x + t0 * D, out[keep] + t0 * H * d), KV_OK);
+        used[keep] = kv_cache_get_stats(c).pages_used;
+        double k[d], v[d];
+        CHECK_EQ_INT(kv_read_f64(c, 0, s, 0, 1, k, v), keep ? KV_OK : KV_ERR_WINDOW);
+        kv_cache_free(c);
+    }
+    CHECK(memcmp(out[0], out[1], sizeof(double) * N * H * d) == 0);
+    CHECK(used[0] <= (W + 5 + P - 1) / P + 1);
+    CHECK_EQ_INT(used[1], N / P + (N % P != 0));
+    kv_cache_params bad = kv_cache_default_params();
+    kv_cache *c;
+    bad.no_evict = 2;
+    CHECK_EQ_INT(kv_cache_create(&bad, &c), KV_ERR_WINDOW);
+    free(wq), free(wk), free(wv), free(x), free(out[0]), free(out[1]);
 }

@@ -92,6 +92,7 @@ class CacheParams(ctypes.Structure):
         ("max_seqs", c_int32),
         ("max_seq_len", c_int32),
         ("window", c_int32),
+        ("no_evict", c_int32),
     ]
 
 

@@ -127,7 +127,8 @@ class KVCache:
     dtype is the storage type: 'f64' (computed in float64: the reference grade),
     'f32', 'f16', 'bf16' or 'q8' (int8 with a scale per token and head), the last
     four computed with FP32 accumulation. window W > 0 makes a sliding-window
-    cache that returns pages older than the window to the pool.
+    cache that returns pages older than the window to the pool; no_evict=True
+    keeps them (attention still sees only the window), as a full cache would.
 
     Methods that take seq=None act on the cache's default sequence, created on
     first use; the seed's single-sequence flow (append, attend, step) needs no
@@ -140,7 +141,7 @@ class KVCache:
     """
 
     def __init__(self, n_kv_heads, head_dim, dtype="f64", page_size=16, n_pages=256, window=0,
-                 n_layers=1, max_seqs=1, max_seq_len=0):
+                 n_layers=1, max_seqs=1, max_seq_len=0, no_evict=False):
         self._lock = RWLock()
         self._c = None
         self._default = None
@@ -149,7 +150,7 @@ class KVCache:
                              head_dim=integer(head_dim, "head_dim"), dtype=dtype_code(dtype),
                              page_size=integer(page_size, "page_size"), n_pages=integer(n_pages, "n_pages"),
                              max_seqs=integer(max_seqs, "max_seqs"), max_seq_len=integer(max_seq_len, "max_seq_len"),
-                             window=integer(window, "window"))
+                             window=integer(window, "window"), no_evict=1 if no_evict else 0)
         self._c = None
         self._pool = None
         handle = ctypes.c_void_p()

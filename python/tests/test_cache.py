@@ -139,6 +139,18 @@ def test_window_cache_matches_windowed_reference_and_bounds_pages(rng, W):
     assert K.shape[1] == min(W + 1, c.length())
 
 
+def test_no_evict_window_cache_attends_under_the_window_and_keeps_every_page(rng):
+    H, Hkv, d, D, P, W = 4, 2, 8, 32, 4, 5
+    Wq, Wk, Wv = weights(rng, D, H, Hkv, d)
+    x = rng.standard_normal((40, D))
+    c, r = kvcache.KVCache(Hkv, d, page_size=P, n_pages=16, window=W, no_evict=True), ref.Cache(Hkv, d)
+    assert c.params["no_evict"] == 1 and c.params["max_seq_len"] == 16 * P  # sized as a full cache
+    for at in range(0, 40, 4):
+        got = kvcache.step(x[at:at + 4], Wq, Wk, Wv, c, H, Hkv)
+        np.testing.assert_allclose(got, ref.step(x[at:at + 4], Wq, Wk, Wv, r, H, Hkv, window=W), atol=1e-12)
+    assert c.stats().pages_used == 40 // P
+
+
 def test_several_layers_append_and_step_each_layer(rng):
     L, H, Hkv, d, D = 3, 4, 2, 8, 16
     c = kvcache.KVCache(Hkv, d, n_layers=L, page_size=4)
@@ -174,7 +186,7 @@ def test_params_and_repr():
     c = kvcache.KVCache(2, 8, dtype="bf16", page_size=8, n_pages=10, window=0, n_layers=2, max_seqs=3)
     p = c.params
     assert p == {"n_layers": 2, "n_kv_heads": 2, "head_dim": 8, "dtype": "bf16", "page_size": 8,
-                 "n_pages": 10, "max_seqs": 3, "max_seq_len": 80, "window": 0}
+                 "n_pages": 10, "max_seqs": 3, "max_seq_len": 80, "window": 0, "no_evict": 0}
     assert c.max_seq_len == 80 and c.compute_dtype == np.float32 and "bf16" in repr(c)
 
 

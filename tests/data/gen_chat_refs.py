@@ -14,7 +14,7 @@ as its GGUF stores it). Lines of chat_cases.txt, all text hex-encoded UTF-8:
   R <name> <conversation> <k> <gen> <rendering of the first k messages>
 
 A rendering never starts with BOS: our renderer leaves the first BOS to the
-tokenizer, so the templates run with bos_token "" except Llama 2, which writes
+tokenizer, so the templates run with bos_token "" (Gemma's writes it first) except Llama 2, which writes
 BOS before every user turn; its leading "<s>" is removed instead.
 """
 import os
@@ -60,8 +60,51 @@ TINYLLAMA = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\
              "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
              "{% endfor %}")
 
+# Gemma 3 instruction-tuned (google/gemma-3-270m-it and the larger ones).
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
 TEMPLATES = [("smollm2", SMOLLM2), ("qwen2", QWEN2), ("chatml", CHATML), ("llama3", LLAMA3),
-             ("llama2", LLAMA2), ("tinyllama", TINYLLAMA)]
+             ("llama2", LLAMA2), ("tinyllama", TINYLLAMA), ("gemma3", GEMMA3)]
 
 CONVERSATIONS = [
     [("user", "Hello!")],
@@ -97,7 +140,7 @@ def main():
                 for k in range(len(conv) + 1):
                     for gen in (0, 1):
                         msgs = [{"role": r, "content": c} for r, c in conv[:k]]
-                        if name == "llama2" and (k == 0 or (k == 1 and conv[0][0] == "system")):
+                        if name in ("llama2", "gemma3") and (k == 0 or (k == 1 and conv[0][0] == "system")):
                             continue  # the template reads messages[0]
                         bos = "<s>" if name == "llama2" else ""
                         out = t.render(messages=msgs, add_generation_prompt=bool(gen),

@@ -209,7 +209,7 @@ static void fuzz_chat(const char *s, size_t n) {
         nm++;
         at += strlen(z + at) + 1;
     }
-    for (int kind = LLM_CHAT_CHATML; kind <= LLM_CHAT_ZEPHYR; kind++) {
+    for (int kind = LLM_CHAT_CHATML; kind <= LLM_CHAT_GEMMA; kind++) {
         llm_chat_format g = llm_chat_format_of((llm_chat_kind)kind);
         if (kind == LLM_CHAT_CHATML) memcpy(g.default_system, f.default_system, sizeof g.default_system);
         for (int gen = 0; gen < 2; gen++) {
