@@ -65,6 +65,8 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
  * failure: 2 for bad options, 1 for an unreadable model. */
 int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default,
              struct llm_model **m, struct llm_context **c);
+/* The most threads -t may ask for (the engine's limit); more is refused. */
+#define CLI_MAX_THREADS 256
 /* Threads -t resolves to. */
 int32_t cli_threads(const cli_model_opts *o);
 /* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:
@@ -73,6 +75,9 @@ void cli_progress(void *user, int64_t done, int64_t total);
 /* Tokenizes text (special tokens recognised; BOS/EOS as the model says when
  * add_special) into a malloc'ed array of *n_out ids; NULL on failure. */
 int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int32_t *n_out);
+/* The same over text [len], NUL bytes included (a file read by its length). */
+int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t len, int add_special,
+                          int32_t *n_out);
 /* Writes token id's bytes to stdout and flushes (control tokens: nothing). */
 void cli_emit(const struct llm_model *m, int32_t id);
 /* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */

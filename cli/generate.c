@@ -79,8 +79,18 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     char *file_text = NULL;
-    if (file && !(prompt = file_text = cli_read_file(file, NULL))) {
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
+    if (file && !(prompt = file_text = cli_read_file(file, &prompt_len))) {
         fprintf(stderr, "kvcache generate: cannot read prompt file '%s'\n", file);
+        return 1;
+    }
+    /* read by length: a NUL byte is tokenized as the byte it is, except
+     * that the chat template is built of strings */
+    const char *nul = memchr(prompt, 0, prompt_len);
+    if (chat && nul) {
+        fprintf(stderr, "kvcache generate: '%s' has a NUL byte at offset %zu; --chat needs text without one\n",
+                file, (size_t)(nul - prompt));
+        free(file_text);
         return 1;
     }
     llm_model *m;
@@ -91,7 +101,8 @@ int cmd_generate(int argc, char **argv) {
                              .seed = (uint64_t)seed};
     llm_sampler smp;
     char *text = chat ? render_chat(m, system, prompt) : NULL;
-    int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : cli_tokenize(m, text ? text : prompt, 1, &n_prompt);
+    int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : text ? cli_tokenize(m, text, 1, &n_prompt)
+                                                           : cli_tokenize_len(m, prompt, prompt_len, 1, &n_prompt);
     float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
     const int32_t n_ctx = llm_context_get_params(c).n_ctx;
     int32_t seq = -1, generated = 0;

@@ -293,3 +293,84 @@ TEST(cli_chat_keeps_the_cache_and_prefills_only_the_new_turn) {
     done(&r);
     fx_free(&fx);
 }
+
+/* Writes n bytes to a fresh file under /tmp named for this process and tag. */
+static void write_bytes(char *path, size_t cap, const char *tag, const void *data, size_t n) {
+    snprintf(path, cap, "/tmp/kvcache_cli_%s_%d", tag, (int)getpid());
+    FILE *f = fopen(path, "wb");
+    if (f) fwrite(data, 1, n, f), fclose(f);
+}
+
+/* issue 10.4: a prompt file is read by its length, so a NUL byte is one more
+ * byte token, not the end of the prompt (cli_tokenize used strlen). */
+TEST(cli_a_nul_byte_in_a_prompt_file_is_tokenized_not_a_silent_cut) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char file[128], args[512];
+    write_bytes(file, sizeof file, "nul", "hello\0there", 11);
+    /* the fixture's merges give he l l o | NUL | t he r e: 9 tokens (no BOS);
+     * cut at the NUL it would be 4 */
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 1 --temp 0", path, file);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "prefill: 9 tokens") != NULL);
+    done(&r);
+    /* --chat renders the text into a template of strings: a NUL is refused
+     * with where it is */
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 1 --temp 0 --chat", path, file);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.err, "NUL byte at offset 5") != NULL);
+    done(&r);
+    /* perplexity over a text with a NUL near its start still sees the whole text */
+    char *text = slurp("tests/data/perplexity_en.txt");
+    size_t n = strlen(text);
+    text[2] = 0;
+    write_bytes(file, sizeof file, "nulppl", text, n);
+    snprintf(args, sizeof args, "perplexity -m %s -f %s --ctx 64 --chunks 2", path, file);
+    r = EXPECT(args, NULL, 0);
+    CHECK(line_with(r.out, "ppl = ") != NULL);
+    done(&r);
+    free(text);
+    remove(file);
+    fx_free(&fx);
+}
+
+/* issue 10.5: NaN and infinity are refused at parse time, naming the option
+ * (`--temp nan` passed `temp < 0` and failed later as a tokenizer error). */
+TEST(cli_numeric_options_refuse_nan_and_infinity_by_name) {
+    const char *bad[] = {"generate -p hi --temp nan", "generate -p hi --temp inf", "generate -p hi --top-p nan",
+                         "chat --temp -inf", "verify --tol nan", "price --preset llama-3.1-8b --bandwidth inf",
+                         "price --preset llama-3.1-8b --weight-bits nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        result r = EXPECT(bad[i], NULL, 2);
+        const char *opt = NULL; /* the last option names the bad value */
+        for (const char *q = strstr(bad[i], " --"); q; q = strstr(q + 1, " --")) opt = q;
+        char name[32] = "";
+        if (opt) sscanf(opt + 1, "%31s", name);
+        if (!strstr(r.err, name) || !strstr(r.err, "finite"))
+            test_fail(__FILE__, __LINE__, "`%s` does not refuse a non-finite %s: %s", bad[i], name, r.err);
+        done(&r);
+    }
+}
+
+/* issue 10.5, second half: -t above the core count runs that many threads
+ * and says so; above the engine's 256 it is refused (it was clamped silently). */
+TEST(cli_more_threads_than_cores_is_allowed_with_a_warning) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 --temp 0 -t %ld", path, cores + 3);
+    result r = EXPECT(args, NULL, 0);
+    char want[64];
+    snprintf(want, sizeof want, "%ld threads", cores + 3);
+    CHECK(strstr(r.err, "warning") && strstr(r.err, "cores"));
+    CHECK(strstr(r.err, want) != NULL); /* runs with what was asked */
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 -t 100000", path);
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "-t") && strstr(r.err, "256"));
+    done(&r);
+    fx_free(&fx);
+}
