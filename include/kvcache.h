@@ -42,6 +42,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -300,6 +301,14 @@ int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int
  * sequence continues exactly as if it had never left. */
 int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
 int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
+/* The same at the current position of an open, seekable stream, so that a
+ * caller can put its own header first (the engine's session files name the
+ * model): kv_seq_save_file writes the sequence there (KV_ERR_IO when a write
+ * fails; the stream is the caller's to close); kv_seq_restore_file reads one
+ * from there, leaves the stream just after it on success, and does not care
+ * what follows (kv_seq_restore requires that nothing does). */
+int kv_seq_save_file(const kv_cache *cache, int32_t seq, FILE *f);
+int kv_seq_restore_file(kv_cache *cache, FILE *f, int32_t *seq);
 
 /* ------------------------------------------------------------------ batches */
 

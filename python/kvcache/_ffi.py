@@ -178,6 +178,8 @@ PROTOTYPES = {
     "kv_seq_prefix_match": (c_int, [P_cache, c_int32, P_int32, c_int32, P_int32]),
     "kv_seq_save": (c_int, [P_cache, c_int32, c_char_p]),
     "kv_seq_restore": (c_int, [P_cache, c_char_p, P_int32]),
+    "kv_seq_save_file": (c_int, [P_cache, c_int32, c_void_p]),     # FILE *: for C callers
+    "kv_seq_restore_file": (c_int, [P_cache, c_void_p, P_int32]),
     "kv_batch_reserve": (c_int, [P_cache, P_batch, P_int32]),
     "kv_append_f64": (c_int, [P_cache, c_int32, P_batch, P_double, P_double]),
     "kv_append_f32": (c_int, [P_cache, c_int32, P_batch, P_float, P_float]),
