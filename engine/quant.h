@@ -11,6 +11,7 @@
  *   BF16   1    2      upper 16 bits of a float
  *   Q4_0   32   18     x[i] = d * (q[i] - 8),   q in 0..15
  *   Q4_1   32   20     x[i] = d * q[i] + m,     q in 0..15
+ *   Q5_0   32   22     x[i] = d * (q[i] - 16),  q in 0..31 (4 low bits + 1 high bit)
  *   Q8_0   32   34     x[i] = d * q[i],         q in -128..127
  *   Q4_K   256  144    8 sub-blocks of 32: x = d*sc[s]*q - dmin*mn[s], 6-bit sc, mn
  *   Q5_K   256  176    as Q4_K with a fifth bit per quant (q in 0..31)
@@ -25,7 +26,7 @@
  * Speed: for m > 1 llm_matmul_rows decodes a chunk of 4 weight rows into an
  * L1-resident float buffer once and multiplies it against tiles of 4 X rows
  * (16 accumulators), over blocks of 64 X rows kept in L2, so each decoded
- * weight feeds 64 X rows. For m == 1 (decode) Q4_0/Q4_1/Q8_0 rows are decoded
+ * weight feeds 64 X rows. For m == 1 (decode) Q4_0/Q4_1/Q5_0/Q8_0 rows are decoded
  * in registers, 8 rows sharing each x vector. Kernels use 256-bit vectors
  * (AVX2+FMA+F16C; 32 registers with AVX-512VL): on the Zen 4 host they were
  * tuned on, 512-bit FMAs gave ~0.6x the FLOP/s of 256-bit ones. Build with
@@ -46,6 +47,7 @@ enum {
     LLM_TYPE_F16  = 1,
     LLM_TYPE_Q4_0 = 2,
     LLM_TYPE_Q4_1 = 3,
+    LLM_TYPE_Q5_0 = 6,
     LLM_TYPE_Q8_0 = 8,
     LLM_TYPE_Q4_K = 12,
     LLM_TYPE_Q5_K = 13,
@@ -53,7 +55,7 @@ enum {
     LLM_TYPE_BF16 = 30,
 };
 
-#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q8_0 */
+#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q5_0, Q8_0 */
 #define LLM_QK_K 256  /* elements per super-block of the K-quants */
 
 /* Block layouts, for documentation and sizeof; the code reads fields at
@@ -67,6 +69,11 @@ typedef struct {
     uint16_t m;                  /* offset added to every element, IEEE half */
     uint8_t  qs[LLM_QK / 2];     /* [16] nibbles, order as Q4_0 */
 } llm_block_q4_1;
+typedef struct {
+    uint16_t d;                  /* scale, IEEE half */
+    uint8_t  qh[4];              /* 32 fifth bits, a little-endian u32: bit j for element j */
+    uint8_t  qs[LLM_QK / 2];     /* [16] low 4 bits, order as Q4_0 */
+} llm_block_q5_0;
 typedef struct {
     uint16_t d;                  /* scale, IEEE half */
     int8_t   qs[LLM_QK];         /* [32] signed quants */
@@ -153,7 +160,7 @@ int llm_simd_dequant(int type, const void *src, float *dst, int64_t n);
 void llm_simd_dot_tile(const float *const *w, int nr, const float *const *x, int nt,
                        int64_t n, float *out);
 /* Decode-and-dot without the float buffer for nr (8 or 1) rows of a
- * Q4_0/Q4_1/Q8_0 chunk: out[r] = dot(w[r][0..n), x). Bit-identical to
+ * Q4_0/Q4_1/Q5_0/Q8_0 chunk: out[r] = dot(w[r][0..n), x). Bit-identical to
  * llm_simd_dequant + llm_simd_dot_tile; -1 where not compiled in. */
 int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
 /* 2 for the 512-bit kernels, 1 for the 256-bit ones, 0 if none were compiled in. */

@@ -56,6 +56,34 @@ static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
+/* The 32 values q - 16 of a Q5_0 block: elements 0..15 in *lo, 16..31 in
+ * *hi. Byte i of each half picks the fifth bit i of its 16 with a shuffle
+ * (byte i/8 of the bit field) and a per-byte bit mask. */
+static inline void q5_0_bytes(const uint8_t *p, __m128i *lo, __m128i *hi) {
+    const __m128i m4 = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+    uint32_t h;
+    memcpy(&h, p + offsetof(llm_block_q5_0, qh), 4);
+    __m128i hv = _mm_cvtsi32_si128((int)h);
+    __m128i h0 = _mm_shuffle_epi8(hv, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    __m128i h1 = _mm_shuffle_epi8(hv, _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h0, bit), bit), sixteen);
+    h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h1, bit), bit), sixteen);
+    __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q5_0, qs)));
+    *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(q, m4), h0), sixteen);
+    *hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), h1), sixteen);
+}
+
+static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q5_0), y += LLM_QK) {
+        __m256 d = _mm256_set1_ps(half_at(b + offsetof(llm_block_q5_0, d)));
+        __m128i lo, hi;
+        q5_0_bytes(b, &lo, &hi);
+        put16_i8(y, lo, d);
+        put16_i8(y + 16, hi, d);
+    }
+}
+
 static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
     const __m128i m4 = _mm_set1_epi8(15);
     for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q4_1), y += LLM_QK) {
@@ -164,6 +192,7 @@ int llm_simd_dequant(int type, const void *src, float *dst, int64_t n) {
     case LLM_TYPE_BF16: deq_bf16(b, dst, n); return 0;
     case LLM_TYPE_Q4_0: deq_q4_0(b, dst, n / LLM_QK); return 0;
     case LLM_TYPE_Q4_1: deq_q4_1(b, dst, n / LLM_QK); return 0;
+    case LLM_TYPE_Q5_0: deq_q5_0(b, dst, n / LLM_QK); return 0;
     case LLM_TYPE_Q8_0: deq_q8_0(b, dst, n / LLM_QK); return 0;
     case LLM_TYPE_Q4_K: deq_k45(b, dst, n / LLM_QK_K, 0); return 0;
     case LLM_TYPE_Q5_K: deq_k45(b, dst, n / LLM_QK_K, 1); return 0;
@@ -241,7 +270,8 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     UNROLL for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     const __m128i m4 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
     const size_t bsz = type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0)
-                     : type == LLM_TYPE_Q4_1 ? sizeof(llm_block_q4_1) : sizeof(llm_block_q8_0);
+                     : type == LLM_TYPE_Q4_1 ? sizeof(llm_block_q4_1)
+                     : type == LLM_TYPE_Q5_0 ? sizeof(llm_block_q5_0) : sizeof(llm_block_q8_0);
     for (int64_t b = 0; b < n / LLM_QK; b++) {
         __m512 x0 = _mm512_loadu_ps(x + LLM_QK * b), x1 = _mm512_loadu_ps(x + LLM_QK * b + 16);
         UNROLL for (int r = 0; r < R; r++) {
@@ -256,6 +286,12 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
                 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4))), d, m);
                 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                          _mm_and_si128(_mm_srli_epi16(q, 4), m4))), d, m);
+            } else if (type == LLM_TYPE_Q5_0) {
+                __m512 d = _mm512_set1_ps(half_at(p));
+                __m128i lo, hi;
+                q5_0_bytes(p, &lo, &hi);
+                w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+                w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
             } else if (type == LLM_TYPE_Q4_0) {
                 __m512 d = _mm512_set1_ps(half_at(p));
                 __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q4_0, qs)));
@@ -350,7 +386,8 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
     UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     const __m128i m4 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
     const size_t bsz = type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0)
-                     : type == LLM_TYPE_Q4_1 ? sizeof(llm_block_q4_1) : sizeof(llm_block_q8_0);
+                     : type == LLM_TYPE_Q4_1 ? sizeof(llm_block_q4_1)
+                     : type == LLM_TYPE_Q5_0 ? sizeof(llm_block_q5_0) : sizeof(llm_block_q8_0);
     for (int64_t b = 0; b < n / LLM_QK; b++) {
         const float *xb = x + LLM_QK * b;
         __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
@@ -377,6 +414,8 @@ fused_v(const int type, const uint8_t *const *w, const float *x, int64_t n, floa
                     __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q4_0, qs)));
                     lo = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
                     hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight);
+                } else if (type == LLM_TYPE_Q5_0) {
+                    q5_0_bytes(p, &lo, &hi);
                 } else {
                     lo = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q8_0, qs)));
                     hi = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q8_0, qs) + 16));
@@ -427,6 +466,7 @@ int llm_simd_fused_dot(int type, const uint8_t *const *w, int nr, const float *x
     switch (type) {
     case LLM_TYPE_Q4_0: FUSED(LLM_TYPE_Q4_0); return 0;
     case LLM_TYPE_Q4_1: FUSED(LLM_TYPE_Q4_1); return 0;
+    case LLM_TYPE_Q5_0: FUSED(LLM_TYPE_Q5_0); return 0;
     case LLM_TYPE_Q8_0: FUSED(LLM_TYPE_Q8_0); return 0;
     default: return -1;
     }

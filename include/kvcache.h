@@ -289,6 +289,10 @@ int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_discard
  * prefill for its logits. Window caches never match. */
 int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n,
                         int32_t *n_matched);
+/* Empties the prefix cache: every cached page becomes free, and no page can be
+ * found any more. Pages in use stay with their sequences, whose next reserve
+ * or remove names their full pages again. KV_ERR_NULL for a NULL cache. */
+int kv_prefix_clear(kv_cache *cache);
 
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
  * stored, for every layer), under a header naming the cache configuration and

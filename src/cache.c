@@ -325,8 +325,6 @@ static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t
         c->page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
     }
     s->len += n_new;
-    /* by contract everything before this reserve has been written */
-    kv_prefix_publish(c, seq, old_len / P);
 }
 
 int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
@@ -355,6 +353,13 @@ int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
         /* planned again: an earlier sequence's copy may have unshared a page */
         reserve_plan pl = plan_reserve(c, seq, n_new);
         apply_reserve(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, &pl);
+    }
+    /* By contract everything before this reserve has been written. Named
+     * after every plan was carried out: naming may swap a page for its twin,
+     * which changes refcounts the plans read. */
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
+        if (T > 0) kv_prefix_publish(c, seq, (c->seqs[seq].len - T) / c->p.page_size);
     }
     return KV_OK;
 }

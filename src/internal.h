@@ -102,7 +102,9 @@ void kv_page_release(kv_cache *c, int32_t page);   /* drop one reference */
 void kv_prefix_unname(kv_cache *c, int32_t page);  /* forget a page's name */
 void kv_lru_remove(kv_cache *c, int32_t page);
 void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
-/* Names the full, written blocks of seq below `upto` that are not yet named. */
+/* Names the full, written blocks of seq below `upto` that are not yet named;
+ * a block whose twin (same tokens after the same parent) is named already is
+ * swapped for that twin in the block table. */
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto);
 
 /* Validates a batch against the cache: ids live and distinct, rows well formed,

@@ -94,7 +94,7 @@ void kv_lru_push(kv_cache *c, int32_t page) {
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
     kv_seq_state *s = &c->seqs[seq];
     if (c->p.window > 0 || upto <= s->named_blocks) return; /* windows evict: no prefixes */
-    const int32_t *t = kv_table(c, seq);
+    int32_t *t = kv_table(c, seq);
     for (int32_t i = s->named_blocks; i < upto; i++) {
         int32_t page = t[i], parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
         if (c->page_named[page]) continue; /* shared from a fork or a prefix hit */
@@ -104,7 +104,18 @@ void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
         for (int32_t j = 0; j < c->p.page_size; j++) known &= tok[j] >= 0;
         if (!known) continue;
         uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->page_hash[parent], tok);
-        if (find(c, h, parent, tok) != KV_NO_PAGE) continue; /* a twin is named already */
+        int32_t twin = find(c, h, parent, tok);
+        if (twin != KV_NO_PAGE) {
+            /* The same tokens after the same parent are named already (the
+             * sequence prefilled without a lookup): hold the named twin
+             * instead, so the chain goes on through it and this block's
+             * successors can be named and found. */
+            if (c->refcount[twin] == 0) kv_lru_remove(c, twin);
+            c->refcount[twin]++;
+            t[i] = twin;
+            kv_page_release(c, page);
+            continue;
+        }
         name_page(c, page, h, parent);
     }
     s->named_blocks = upto;
@@ -134,5 +145,18 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
     s->len = i * P;
     s->named_blocks = i;
     *n_matched = i * P;
+    return KV_OK;
+}
+
+int kv_prefix_clear(kv_cache *c) {
+    if (!c) return KV_ERR_NULL;
+    while (c->lru_head != KV_NO_PAGE) { /* cached pages: unreferenced, so free */
+        int32_t page = c->lru_head;
+        kv_lru_remove(c, page);
+        kv_prefix_unname(c, page);
+        c->free_pages[c->n_free++] = page;
+    }
+    for (int32_t page = 0; page < c->p.n_pages; page++) kv_prefix_unname(c, page);
+    for (int32_t i = 0; i < c->p.max_seqs; i++) c->seqs[i].named_blocks = 0;
     return KV_OK;
 }

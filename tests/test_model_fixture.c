@@ -51,6 +51,16 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
             i += 32, p += type == GW_Q4_1 ? 20 : 18;
             break;
         }
+        case GW_Q5_0: { /* as Q4_0, fifth bit j of the u32 at p + 2 for element j */
+            double d = half(p);
+            uint32_t qh = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+            for (int j = 0; j < 32; j++) {
+                int q = (j < 16 ? p[6 + j] & 15 : p[6 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+                out[i + j] = d * (q - 16);
+            }
+            i += 32, p += 22;
+            break;
+        }
         case GW_Q8_0: {
             double d = half(p);
             for (int j = 0; j < 32; j++) out[i + j] = d * (int8_t)p[2 + j];

@@ -448,3 +448,88 @@ TEST(prefix_cache_never_chains_onto_a_reclaimed_and_renamed_parent) {
     CHECK_EQ_INT(m, 4);
     kv_cache_free(c);
 }
+
+TEST(prefix_cache_finds_the_longest_prefix_of_a_sequence_that_skipped_the_lookup) {
+    /* 1..8 cached; b prefills 1..12 without a lookup, so its first two pages
+     * are twins of the cached ones, then decodes 13. A lookup of 1..12 must
+     * match all three full pages, and the hit must give b's own K/V. */
+    enum { N = 13, P = 4 };
+    test_rng r = {82};
+    weights w = make_weights(&r);
+    double *x = rand_normal(&r, N * D, 1);
+    int32_t tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = i + 1;
+    kv_cache *c = make_cache(P, 16, 3, KV_F64);
+    int32_t a, b, s, m;
+    double cold[N * H * d], warm[N * H * d];
+    CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, a, &w.L, 8, tokens, x, cold), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, a), KV_OK);
+    CHECK_EQ_INT(kv_cache_get_stats(c).pages_cached, 2);
+    CHECK_EQ_INT(kv_seq_new(c, &b), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, b, &w.L, 12, tokens, x, cold), KV_OK);
+    CHECK_EQ_INT(step_tokens_f64(c, b, &w.L, 1, tokens + 12, x + 12 * D, cold + 12 * H * d), KV_OK);
+    /* b now holds the two cached pages instead of its twins, and its third page is named */
+    kv_cache_stats st = kv_cache_get_stats(c);
+    CHECK_EQ_INT(st.pages_used, 4);
+    CHECK_EQ_INT(st.pages_cached, 0);
+    CHECK_EQ_INT(st.pages_named, 3);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_match(c, s, tokens, 12, &m), KV_OK);
+    CHECK_EQ_INT(m, 12);
+    CHECK_EQ_INT(step_tokens_f64(c, s, &w.L, N - m, tokens + m, x + m * D, warm + m * H * d), KV_OK);
+    CHECK(ref_max_diff(cold + m * H * d, warm + m * H * d, (N - m) * H * d) == 0);
+    /* and after b is gone, its pages are still found */
+    CHECK_EQ_INT(kv_seq_remove(c, b), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_match(c, s, tokens, N, &m), KV_OK);
+    CHECK_EQ_INT(m, 12);
+    kv_cache_free(c);
+    free_weights(&w);
+    free(x);
+}
+
+TEST(prefix_clear_frees_every_cached_page_and_forgets_every_name) {
+    enum { P = 4 };
+    kv_cache *c = make_cache(P, 8, 2, KV_F32);
+    int32_t s, live, m, ta[12], tb[8];
+    for (int i = 0; i < 12; i++) ta[i] = i;
+    for (int i = 0; i < 8; i++) tb[i] = 100 + i;
+    CHECK_EQ_INT(kv_prefix_clear(NULL), KV_ERR_NULL);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 12, ta), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c, &live), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, live, 8, tb), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, live, 1, tb), KV_OK); /* names live's two full pages */
+    kv_cache_stats st = kv_cache_get_stats(c);
+    CHECK_EQ_INT(st.pages_cached, 3);
+    CHECK_EQ_INT(st.pages_named, 5);
+    CHECK_EQ_INT(kv_prefix_clear(c), KV_OK);
+    st = kv_cache_get_stats(c);
+    CHECK_EQ_INT(st.pages_cached, 0);
+    CHECK_EQ_INT(st.pages_named, 0);
+    CHECK_EQ_INT(st.pages_used, 3);
+    CHECK_EQ_INT(st.pages_free, 5);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_match(c, s, ta, 12, &m), KV_OK);
+    CHECK_EQ_INT(m, 0);
+    CHECK_EQ_INT(kv_seq_prefix_match(c, s, tb, 8, &m), KV_OK);
+    CHECK_EQ_INT(m, 0);
+    /* the live sequence's pages are named again by its next reserve, and once
+     * every sequence is gone a clear leaves the whole pool free */
+    CHECK_EQ_INT(kv_seq_reserve(c, live, 1, tb), KV_OK);
+    CHECK_EQ_INT(kv_cache_get_stats(c).pages_named, 2);
+    CHECK_EQ_INT(kv_seq_remove(c, live), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(kv_cache_get_stats(c).pages_cached, 2);
+    CHECK_EQ_INT(kv_prefix_clear(c), KV_OK);
+    st = kv_cache_get_stats(c);
+    CHECK_EQ_INT(st.pages_free, st.pages_total);
+    CHECK_EQ_INT(st.pages_named, 0);
+    /* the pool hands out the freed pages as usual */
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 8 * P, NULL), KV_OK);
+    kv_cache_free(c);
+}

@@ -47,6 +47,13 @@ static double ref_value(int type, const uint8_t *row, int64_t e) {
         int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;    /* element j+16 is the high nibble */
         return type == GW_Q4_0 ? d * (q - 8) : d * q + ref_half(b + 2);
     }
+    case GW_Q5_0: {   /* d, a u32 of fifth bits (bit j: element j), 16 bytes of nibbles */
+        const uint8_t *b = row + (e / 32) * 22;
+        int j = (int)(e % 32);
+        uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
+        int q = (j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4) + 16 * (int)((qh >> j) & 1);
+        return ref_half(b) * (q - 16);
+    }
     case GW_Q4_K: case GW_Q5_K: {
         int five = type == GW_Q5_K;
         const uint8_t *b = row + (e / 256) * (five ? 176 : 144);
@@ -69,7 +76,7 @@ static double ref_value(int type, const uint8_t *row, int64_t e) {
 
 /* ------------------------------------------------------------ helpers */
 
-static const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q8_0,
+static const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0,
                                 GW_Q4_K, GW_Q5_K, GW_Q6_K};
 #define N_TYPES (int)(sizeof all_types / sizeof all_types[0])
 
@@ -88,7 +95,7 @@ static void random_row(test_rng *r, int type, int64_t n, uint8_t *dst) {
         case GW_F32: { float f = (float)test_rng_normal(r); memcpy(b, &f, 4); break; }
         case GW_F16: put_half(b, (float)test_rng_normal(r)); break;
         case GW_BF16: { uint16_t h = gw_f32_to_bf16((float)test_rng_normal(r)); memcpy(b, &h, 2); break; }
-        case GW_Q4_0: case GW_Q8_0: put_half(b, s); break;
+        case GW_Q4_0: case GW_Q5_0: case GW_Q8_0: put_half(b, s); break;
         case GW_Q4_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
         case GW_Q4_K: case GW_Q5_K: put_half(b, s); put_half(b + 2, s * 0.5f); break;
         case GW_Q6_K: put_half(b + 208, s * 0.1f); break;
@@ -107,7 +114,7 @@ static int64_t test_len(int type) {
 TEST(quant_type_table_matches_ggml_numbering_and_block_sizes) {
     struct { int type; const char *name; int elems, bytes; } want[] = {
         {0, "F32", 1, 4}, {1, "F16", 1, 2}, {30, "BF16", 1, 2}, {2, "Q4_0", 32, 18},
-        {3, "Q4_1", 32, 20}, {8, "Q8_0", 32, 34}, {12, "Q4_K", 256, 144},
+        {3, "Q4_1", 32, 20}, {6, "Q5_0", 32, 22}, {8, "Q8_0", 32, 34}, {12, "Q4_K", 256, 144},
         {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -121,8 +128,8 @@ TEST(quant_type_table_matches_ggml_numbering_and_block_sizes) {
     CHECK_EQ_INT(llm_row_bytes(LLM_TYPE_Q6_K, 576), -1);
     CHECK_EQ_INT(llm_row_bytes(LLM_TYPE_F32, -1), -1);
     CHECK_EQ_INT(llm_row_bytes(99, 32), -1);
-    CHECK(!llm_type_supported(6));                      /* Q5_0: known name, not decoded */
-    CHECK(strcmp(llm_type_name(6), "Q5_0") == 0);
+    CHECK(!llm_type_supported(7));                      /* Q5_1: known name, not decoded */
+    CHECK(strcmp(llm_type_name(7), "Q5_1") == 0);
     CHECK(llm_type_name(4) == NULL && llm_type_name(-1) == NULL && llm_type_name(1000) == NULL);
 }
 
@@ -190,6 +197,25 @@ TEST(quant_q4_1_and_q8_0_hand_built_blocks_decode_as_defined) {
     for (int j = 0; j < 32; j++) c[2 + j] = (uint8_t)(int8_t)(j * 8 - 128);
     CHECK(llm_dequant_row(LLM_TYPE_Q8_0, c, y, 32) == 0);
     for (int j = 0; j < 32; j++) CHECK(y[j] == 2.0f * (j * 8 - 128));
+}
+
+TEST(quant_q5_0_hand_built_block_takes_fifth_bit_j_for_element_j) {
+    uint8_t b[22];
+    put_half(b, 0.5f);
+    uint32_t qh = 0x80000001u | 0x00f0f000u;   /* elements 0, 12..15, 20..23 and 31 */
+    for (int k = 0; k < 4; k++) b[2 + k] = (uint8_t)(qh >> (8 * k));
+    for (int j = 0; j < 16; j++) b[6 + j] = (uint8_t)(j | (15 - j) << 4);
+    for (int pass = 0; pass < 2; pass++) {
+        llm_quant_force_scalar(pass);
+        float y[32];
+        CHECK(llm_dequant_row(LLM_TYPE_Q5_0, b, y, 32) == 0);
+        for (int j = 0; j < 16; j++) {
+            int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+            CHECK(y[j] == 0.5f * (float)(j + 16 * h0 - 16));            /* low nibble of byte j */
+            CHECK(y[j + 16] == 0.5f * (float)(15 - j + 16 * h1 - 16));  /* high nibble of byte j */
+        }
+    }
+    llm_quant_force_scalar(0);
 }
 
 TEST(quant_k_quant_hand_built_blocks_decode_as_defined) {

@@ -263,6 +263,11 @@ class KVCache:
         self._call("kv_seq_prefix_match", self._seq(seq), ptr(tok), tok.shape[0], ctypes.byref(out))
         return out.value
 
+    def prefix_clear(self):
+        """Empties the prefix cache (kv_prefix_clear): cached pages become free
+        and no page can be found by prefix_match until named again."""
+        self._call("kv_prefix_clear")
+
     def save(self, path, seq=None):
         """Writes the sequence's tokens and K/V to a file (kv_seq_save)."""
         self._call("kv_seq_save", self._seq(seq), os.fsencode(path))

@@ -176,3 +176,27 @@ def test_params_and_repr():
     assert p == {"n_layers": 2, "n_kv_heads": 2, "head_dim": 8, "dtype": "bf16", "page_size": 8,
                  "n_pages": 10, "max_seqs": 3, "max_seq_len": 80, "window": 0}
     assert c.max_seq_len == 80 and c.compute_dtype == np.float32 and "bf16" in repr(c)
+
+
+def test_prefix_clear_frees_cached_pages_and_a_skipped_lookup_still_publishes(rng):
+    c = kvcache.KVCache(1, 8, dtype="f32", page_size=4, n_pages=16, max_seqs=3)
+    toks = np.arange(1, 14)
+    a = c.new_seq()
+    c.reserve(8, a, toks[:8])
+    c.write(rng.standard_normal((1, 8, 8)), rng.standard_normal((1, 8, 8)), a)
+    c.remove(a)
+    b = c.new_seq()                      # prefills 1..12 without a lookup, then decodes 13
+    k, v = rng.standard_normal((1, 13, 8)), rng.standard_normal((1, 13, 8))
+    c.reserve(12, b, toks[:12])
+    c.write(k[:, :12], v[:, :12], b)
+    c.reserve(1, b, toks[12:])
+    c.write(k[:, 12:], v[:, 12:], b)
+    s = c.new_seq()
+    assert c.prefix_match(toks[:12], s) == 12
+    np.testing.assert_array_equal(c.read(s)[0][:, 8:], k[:, 8:12].astype(np.float32))
+    for q in (b, s):
+        c.remove(q)
+    assert c.stats().pages_cached == 3
+    c.prefix_clear()
+    st = c.stats()
+    assert (st.pages_cached, st.pages_named, st.pages_free) == (0, 0, 16)
