@@ -3,7 +3,8 @@
  * llama-bench, prefill (one batched pass over -p tokens) and decode (-n
  * tokens one at a time) in tokens/s, with --depth D tokens already in the
  * cache: the depth is prefilled once, untimed, and every timed run starts
- * from it again (kv_seq_truncate back to D). */
+ * from it again (truncated back to D). Both run on the engine's generation
+ * loop (engine/session.h), greedy, not stopping at end-of-turn tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,7 @@
 #include "cli.h"
 #include "../engine/model.h"
 #include "../engine/quant.h"
-#include "../engine/sampler.h"
+#include "../engine/session.h"
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvcache bench model|attention [options]   (kvcache bench model --help)\n"
@@ -85,51 +86,50 @@ int cmd_bench_model(int argc, char **argv) {
         fprintf(stderr, "kvcache bench model: need -p, -n, --depth >= 0 (not -p and -n both 0), 1 <= -r <= 100\n");
         return 2;
     }
-    int64_t need = depth + (n_prompt > n_gen ? n_prompt : n_gen);
+    /* a decode run feeds its first token, then samples n_gen: room for depth + n_gen + 1 */
+    int64_t need = depth + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
     llm_model *m;
     llm_context *c;
     int rc = cli_load("bench model", &mo, 1, need, &m, &c);
     if (rc) return rc;
     if (llm_context_get_params(c).n_ctx < need) {
-        fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens = %lld\n",
+        fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens + 1 = %lld\n",
                 (int)llm_context_get_params(c).n_ctx, (long long)need);
         llm_context_free(c), llm_model_free(m);
         return 2;
     }
-    const int32_t V = m->hp.n_vocab;
+    const int32_t V = llm_model_n_vocab(m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)need);
-    float *logits = malloc(sizeof(float) * (size_t)V);
     double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
     uint64_t rng = 42;
     for (int64_t i = 0; toks && i < need; i++) { /* random ids, as llama-bench feeds */
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((rng >> 33) % (uint64_t)V);
     }
-    kv_cache *cache = llm_context_cache(c);
-    int32_t seq;
-    kv_seq_new(cache, &seq);
-    int st = toks && logits && pp && tg ? KV_OK : KV_ERR_NOMEM;
-    if (st == KV_OK && depth > 0)
-        st = llm_eval(c, seq, toks, (int32_t)depth, 0, NULL, depth > 1024 ? cli_progress : NULL, "depth");
-    for (int64_t r = 0; r < reps && st == KV_OK; r++) {
-        if (n_prompt > 0) {
-            double t0 = cli_now();
-            st = llm_eval(c, seq, toks + depth, (int32_t)n_prompt, 0, logits, NULL, NULL);
-            pp[r] = (double)n_prompt / (cli_now() - t0);
-            kv_seq_truncate(cache, seq, (int32_t)depth);
+    llm_session *s = NULL;
+    int st = toks && pp && tg ? llm_session_create(c, &s) : LLM_ERR_NOMEM;
+    if (st == LLM_OK && depth > 0) st = llm_session_feed(s, toks, (int32_t)depth);
+    /* greedy, never stopping at an end-of-turn token: every run does the same work */
+    llm_gen_params gp = llm_gen_default_params();
+    gp.sampler.temp = 0, gp.ignore_eog = 1;
+    llm_gen_result res;
+    for (int64_t r = 0; r < reps && st == LLM_OK; r++) {
+        if (n_prompt > 0) { /* one batched pass over n_prompt tokens after the depth */
+            gp.max_tokens = 0;
+            st = llm_session_generate(s, toks, (int32_t)(depth + n_prompt), &gp, &res);
+            pp[r] = (double)n_prompt / res.t_prefill;
+            if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
         }
-        if (n_gen > 0 && st == KV_OK) {
-            int32_t next = toks[depth];
-            double t0 = cli_now();
-            for (int64_t i = 0; i < n_gen && st == KV_OK; i++) {
-                st = llm_eval(c, seq, &next, 1, 0, logits, NULL, NULL);
-                next = llm_argmax(logits, V);
-            }
-            tg[r] = (double)n_gen / (cli_now() - t0);
-            kv_seq_truncate(cache, seq, (int32_t)depth);
+        if (n_gen > 0 && st == LLM_OK) { /* n_gen forward passes of one token: the first fed
+                                          * as a one-token prompt, the rest sampled */
+            gp.max_tokens = (int32_t)n_gen;
+            st = llm_session_generate(s, toks, (int32_t)(depth + 1), &gp, &res);
+            tg[r] = (double)n_gen / (res.t_prefill + res.t_decode);
+            if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
+            if (st == LLM_OK) st = llm_session_truncate(s, (int32_t)depth);
         }
     }
-    if (st != KV_OK) {
+    if (st != LLM_OK) {
         fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
         rc = 1;
     } else {
@@ -140,21 +140,22 @@ int cmd_bench_model(int argc, char **argv) {
         const char *kvt = kv_dtype_name(llm_context_get_params(c).kv_type);
         if (json) {
             printf("{\"model\": ");
-            json_str(m->name);
+            json_str(llm_model_name(m));
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
                    "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\"}\n",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
                    ppm, pps, tgm, tgs, llm_quant_kernels());
         } else {
-            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", m->name,
-                   (double)m->weight_bytes / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
+            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %lld runs each\n", llm_model_name(m),
+                   (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(), (long long)reps);
             printf("  %-20s %12s\n", "test", "tokens/s");
             if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
             if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);
         }
     }
-    free(toks), free(logits), free(pp), free(tg);
+    llm_session_free(s);
+    free(toks), free(pp), free(tg);
     llm_context_free(c);
     llm_model_free(m);
     return rc;

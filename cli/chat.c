@@ -1,8 +1,10 @@
 /* cli/chat.c - `kvcache chat`: an interactive conversation that keeps its KV
  * cache across turns. Each turn renders only what follows the messages the
  * cache already holds (llm_chat_render_continuation), so only the new user
- * turn is prefilled; the stats line after each reply says how many tokens
- * were new and how many were reused from the cache. */
+ * turn is prefilled; the engine's session (engine/session.h) generates the
+ * reply; the stats line after each reply says how many tokens were new and
+ * how many were reused from the cache. A line of any length is one turn; a
+ * turn too long for the context is refused whole and the conversation kept. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +12,7 @@
 
 #include "cli.h"
 #include "../engine/model.h"
-#include "../engine/sampler.h"
+#include "../engine/session.h"
 
 static void usage(void) {
     printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
@@ -53,13 +55,136 @@ static void conv_reset(conversation *cv, int keep_system) {
 
 /* The text of the new turn: everything after what the cache holds. */
 static char *render_new(const llm_model *m, const conversation *cv) {
-    int32_t len = llm_chat_render_continuation(&m->chat, cv->msgs, cv->n, cv->n_cached, 1, NULL, 0);
+    const llm_chat_format *fmt = llm_model_chat(m);
+    int32_t len = llm_chat_render_continuation(fmt, cv->msgs, cv->n, cv->n_cached, 1, NULL, 0);
     char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
-    if (text && llm_chat_render_continuation(&m->chat, cv->msgs, cv->n, cv->n_cached, 1, text, -len) < 0) {
+    if (text && llm_chat_render_continuation(fmt, cv->msgs, cv->n, cv->n_cached, 1, text, -len) < 0) {
         free(text);
         text = NULL;
     }
     return text;
+}
+
+/* What a conversation runs on. */
+typedef struct {
+    llm_model *m;
+    llm_context *c;
+    llm_session *s;
+    conversation cv;
+    int32_t *marker, n_marker;   /* [n_marker] the end-of-turn text's tokens */
+    llm_gen_params gp;
+    char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
+    size_t reply_len, reply_cap;
+    int turn;
+} chat_state;
+
+/* on_text: print the reply as it comes and keep it for the conversation. */
+static int on_text(void *user, const char *text, size_t len) {
+    chat_state *st = user;
+    cli_print_text(NULL, text, len);
+    if (st->reply_len + len + 1 > st->reply_cap) {
+        size_t cap = 2 * (st->reply_len + len + 1);
+        char *nr = realloc(st->reply, cap);
+        if (!nr) return 1; /* out of memory: stop this reply */
+        st->reply = nr, st->reply_cap = cap;
+    }
+    memcpy(st->reply + st->reply_len, text, len);
+    st->reply[st->reply_len += len] = 0;
+    return 0;
+}
+
+/* Tokens of the new turn, the user message `line` already added to the
+ * conversation: what follows the cache, or, when that does not fit, the turn
+ * alone in a new conversation. NULL with *refused set when even that does
+ * not fit (the message is taken back out), NULL alone on failure. */
+static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, int *refused) {
+    const int32_t n_ctx = llm_context_get_params(st->c).n_ctx, room = n_ctx - 1 - st->n_marker;
+    int32_t n_held;
+    llm_session_tokens(st->s, &n_held);
+    char *text = render_new(st->m, &st->cv);
+    int32_t *ids = text ? cli_tokenize(st->m, text, st->cv.n_cached == 0, n_new) : NULL;
+    free(text);
+    *refused = 0;
+    if (!ids || n_held + *n_new <= room) return ids;
+    /* no room after what the cache holds: the turn alone, as a new conversation */
+    free(ids);
+    conversation alone = st->cv;
+    int32_t sys = alone.n > 1 && !strcmp(alone.msgs[0].role, "system") ? 1 : 0;
+    llm_chat_msg pair[2] = {alone.msgs[0], alone.msgs[alone.n - 1]};
+    alone.msgs = sys ? pair : &pair[1], alone.n = sys + 1, alone.n_cached = 0;
+    text = render_new(st->m, &alone);
+    ids = text ? cli_tokenize(st->m, text, 1, n_new) : NULL;
+    free(text);
+    if (!ids) return NULL;
+    if (*n_new > room) {
+        fprintf(stderr, "kvcache chat: this message is %d tokens; the context holds %d (with room for a reply "
+                        "and the end of turn: %d); not sent, the conversation is kept\n",
+                (int)*n_new, (int)n_ctx, (int)room);
+        free(ids);
+        st->cv.n--;
+        free((char *)st->cv.msgs[st->cv.n].content);
+        *refused = 1;
+        return NULL;
+    }
+    fprintf(stderr, "[context full at %d tokens: starting a new conversation]\n", (int)n_held);
+    char *keep = strdup(line);
+    conv_reset(&st->cv, 1);
+    conv_add(&st->cv, "user", keep ? keep : "");
+    free(keep);
+    llm_session_reset(st->s);
+    return ids;
+}
+
+/* One user line: its turn prefilled, the reply streamed, the turn closed in
+ * the cache. 0, or 1 on a failure that ends the chat. */
+static int chat_turn(chat_state *st, const char *line) {
+    if (conv_add(&st->cv, "user", line)) return fprintf(stderr, "kvcache chat: out of memory\n"), 1;
+    int32_t n_new = 0, n_held;
+    int refused;
+    int32_t *ids = turn_tokens(st, line, &n_new, &refused);
+    if (!ids) {
+        if (refused) return 0;
+        fprintf(stderr, "kvcache chat: could not render or tokenize the turn\n");
+        return 1;
+    }
+    /* the prompt: what the session holds, then the new turn */
+    const int32_t *held = llm_session_tokens(st->s, &n_held);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(n_held + n_new));
+    if (!prompt) return free(ids), 1;
+    memcpy(prompt, held, sizeof(int32_t) * (size_t)n_held);
+    memcpy(prompt + n_held, ids, sizeof(int32_t) * (size_t)n_new);
+    free(ids);
+    st->reply_len = 0;
+    st->reply[0] = 0;
+    llm_gen_result res;
+    llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
+    free(prompt);
+    printf("\n");
+    fflush(stdout);
+    if (res.reason == LLM_STOP_ERROR || res.status != LLM_OK) {
+        fprintf(stderr, "kvcache chat: %s\n", res.message);
+        return 1;
+    }
+    /* close the turn in the cache: the stop token the model chose, or the marker
+     * (reserve kept room for it) */
+    int rc = res.reason == LLM_STOP_EOG ? llm_session_feed(st->s, &res.eog_token, 1)
+                                        : llm_session_feed(st->s, st->marker, st->n_marker);
+    if (rc != LLM_OK) {
+        fprintf(stderr, "kvcache chat: could not close the turn: %s\n", llm_status_str(rc));
+        return 1;
+    }
+    conv_add(&st->cv, "assistant", st->reply);
+    st->cv.n_cached = st->cv.n;
+    st->turn++;
+    int32_t prefilled = res.n_prompt - res.n_reused;
+    fprintf(stderr, "[turn %d: prefilled %d new tokens (%d reused from the cache) in %.2f s, %.1f tokens/s; "
+                    "reply %d tokens, %.1f tokens/s; cache %d/%d tokens]\n",
+            st->turn, (int)prefilled, (int)res.n_reused, res.t_prefill,
+            prefilled / (res.t_prefill > 0 ? res.t_prefill : 1e-9), (int)res.n_generated,
+            res.n_generated / (res.t_decode > 0 ? res.t_decode : 1e-9),
+            (int)llm_seq_length(st->c, llm_session_seq(st->s)), (int)llm_context_get_params(st->c).n_ctx);
+    if (res.reason == LLM_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
+    return 0;
 }
 
 int cmd_chat(int argc, char **argv) {
@@ -83,135 +208,53 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "kvcache chat: need -n >= 1, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
-    llm_model *m;
-    llm_context *c;
-    int rc = cli_load("chat", &mo, 1, 0, &m, &c);
+    chat_state st = {0};
+    int rc = cli_load("chat", &mo, 1, 0, &st.m, &st.c);
     if (rc) return rc;
-    if (m->chat.kind == LLM_CHAT_UNKNOWN) {
+    if (llm_model_chat(st.m)->kind == LLM_CHAT_UNKNOWN) {
         fprintf(stderr, "kvcache chat: the model has no chat template this engine knows\n");
-        llm_context_free(c), llm_model_free(m);
+        llm_context_free(st.c), llm_model_free(st.m);
         return 1;
     }
-    llm_sampler_params sp = {.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
-                             .seed = (uint64_t)seed};
-    llm_sampler smp;
-    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    if (!logits || llm_sampler_init(&smp, &sp, m->hp.n_vocab)) {
-        fprintf(stderr, "kvcache chat: out of memory\n");
-        free(logits), llm_context_free(c), llm_model_free(m);
+    st.gp = llm_gen_default_params();
+    st.gp.max_tokens = (int32_t)n_gen;
+    st.gp.sampler = (llm_sampler_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
+                                         .seed = (uint64_t)seed};
+    st.gp.on_text = on_text, st.gp.user = &st;
+    st.marker = cli_tokenize(st.m, llm_chat_turn_end(llm_model_chat(st.m)), 0, &st.n_marker);
+    st.gp.reserve = st.n_marker;
+    st.reply_cap = 4096;
+    st.reply = malloc(st.reply_cap);
+    rc = st.marker && st.reply ? llm_session_create(st.c, &st.s) : LLM_ERR_NOMEM;
+    if (rc != LLM_OK) {
+        fprintf(stderr, "kvcache chat: %s\n", llm_status_str(rc));
+        free(st.marker), free(st.reply), llm_context_free(st.c), llm_model_free(st.m);
         return 1;
     }
-    kv_cache *cache = llm_context_cache(c);
-    const int32_t n_ctx = llm_context_get_params(c).n_ctx;
-    int32_t seq;
-    kv_seq_new(cache, &seq);
-    conversation cv = {0};
-    if (system) conv_add(&cv, "system", system);
-    int interactive = isatty(0), turn = 0;
-    size_t reply_cap = 4096;
-    char *reply = malloc(reply_cap), line[8192];
-    rc = 0;
+    if (system) conv_add(&st.cv, "system", system);
+    int interactive = isatty(0);
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
     for (;;) {
         if (interactive) fprintf(stderr, "> "), fflush(stderr);
-        if (!fgets(line, sizeof line, stdin)) break;
-        line[strcspn(line, "\r\n")] = 0;
+        if ((got = getline(&line, &line_cap, stdin)) < 0) break;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
         if (!line[0]) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) {
-            conv_reset(&cv, 1);
-            kv_seq_truncate(cache, seq, 0);
+            conv_reset(&st.cv, 1);
+            llm_session_reset(st.s);
             fprintf(stderr, "[new conversation]\n");
             continue;
         }
-        conv_add(&cv, "user", line);
-        char *text = render_new(m, &cv);
-        int32_t n_new = 0, *ids = text ? cli_tokenize(m, text, cv.n_cached == 0, &n_new) : NULL;
-        free(text);
-        int32_t cached = kv_seq_length(cache, seq);
-        if (ids && cached + n_new + 1 > n_ctx) { /* no room for this turn: start over with it alone */
-            fprintf(stderr, "[context full at %d tokens: starting a new conversation]\n", (int)cached);
-            char *keep = strdup(line);
-            conv_reset(&cv, 1);
-            kv_seq_truncate(cache, seq, 0);
-            conv_add(&cv, "user", keep ? keep : "");
-            free(keep), free(ids);
-            text = render_new(m, &cv);
-            ids = text ? cli_tokenize(m, text, 1, &n_new) : NULL;
-            free(text);
-            cached = 0;
-            if (ids && n_new + 1 > n_ctx) {
-                fprintf(stderr, "kvcache chat: this message alone is %d tokens; the context holds %d\n",
-                        (int)n_new, (int)n_ctx);
-                free(ids);
-                cv.n--;
-                free((char *)cv.msgs[cv.n].content);
-                continue;
-            }
-        }
-        if (!ids) {
-            fprintf(stderr, "kvcache chat: could not render or tokenize the turn\n");
-            rc = 1;
-            break;
-        }
-        double t0 = cli_now();
-        int st = llm_eval(c, seq, ids, n_new, 0, logits, n_new > 1024 ? cli_progress : NULL, "prefill");
-        double t_prefill = cli_now() - t0;
-        free(ids);
-        /* reply: stream until end of turn, the token limit or a full context */
-        size_t rlen = 0;
-        int32_t generated = 0, eog = -1;
-        t0 = cli_now();
-        while (st == KV_OK && generated < n_gen && kv_seq_length(cache, seq) < n_ctx - 1) {
-            int32_t next = llm_sample(&smp, logits);
-            if (llm_token_is_eog(m->tok, next)) {
-                eog = next;
-                break;
-            }
-            cli_emit(m, next);
-            char piece[256];
-            int32_t pn = llm_token_to_piece(m->tok, next, 0, piece, sizeof piece);
-            if (pn > 0) {
-                if (rlen + (size_t)pn + 1 > reply_cap) {
-                    char *nr = realloc(reply, reply_cap = 2 * (rlen + (size_t)pn + 1));
-                    if (!nr) break;
-                    reply = nr;
-                }
-                memcpy(reply + rlen, piece, (size_t)pn);
-                rlen += (size_t)pn;
-            }
-            generated++;
-            st = llm_eval(c, seq, &next, 1, 0, logits, NULL, NULL);
-        }
-        double t_decode = cli_now() - t0;
-        printf("\n");
-        fflush(stdout);
-        reply[rlen] = 0;
-        /* close the turn in the cache: the stop token the model chose, or the marker */
-        if (st == KV_OK && eog >= 0) {
-            st = llm_eval(c, seq, &eog, 1, 0, NULL, NULL, NULL);
-        } else if (st == KV_OK) {
-            int32_t ne = 0, *end = cli_tokenize(m, llm_chat_turn_end(&m->chat), 0, &ne);
-            st = end && kv_seq_length(cache, seq) + ne <= n_ctx ? llm_eval(c, seq, end, ne, 0, NULL, NULL, NULL)
-                                                                 : KV_ERR_CAPACITY;
-            free(end);
-        }
-        conv_add(&cv, "assistant", reply);
-        cv.n_cached = cv.n;
-        turn++;
-        fprintf(stderr, "[turn %d: prefilled %d new tokens (%d reused from the cache) in %.2f s, %.1f tokens/s; "
-                        "reply %d tokens, %.1f tokens/s; cache %d/%d tokens]\n",
-                turn, (int)n_new, (int)cached, t_prefill, n_new / (t_prefill > 0 ? t_prefill : 1e-9), (int)generated,
-                generated / (t_decode > 0 ? t_decode : 1e-9), (int)kv_seq_length(cache, seq), (int)n_ctx);
-        if (st != KV_OK) { /* a full context: the next turn starts over */
-            fprintf(stderr, "[context full: the next message starts a new conversation]\n");
-            conv_reset(&cv, 1);
-            kv_seq_truncate(cache, seq, 0);
-        }
+        if ((rc = chat_turn(&st, line)) != 0) break;
     }
-    conv_reset(&cv, 0);
-    free(cv.msgs), free(reply), free(logits);
-    llm_sampler_free(&smp);
-    llm_context_free(c);
-    llm_model_free(m);
+    free(line);
+    conv_reset(&st.cv, 0);
+    free(st.cv.msgs), free(st.reply), free(st.marker);
+    llm_session_free(st.s);
+    llm_context_free(st.c);
+    llm_model_free(st.m);
     return rc;
 }

@@ -5,6 +5,7 @@
 #define KV_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvcache.h"
@@ -78,8 +79,8 @@ int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_speci
 /* The same over text [len], NUL bytes included (a file read by its length). */
 int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t len, int add_special,
                           int32_t *n_out);
-/* Writes token id's bytes to stdout and flushes (control tokens: nothing). */
-void cli_emit(const struct llm_model *m, int32_t id);
+/* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
+int cli_print_text(void *user, const char *text, size_t len);
 /* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */
 char *cli_read_file(const char *path, size_t *len);
 

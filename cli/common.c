@@ -118,12 +118,12 @@ int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int
 /* Tokenizes text [len] (special tokens recognised, BOS as the model says)
  * into a malloc'ed array; NULL on failure. A NUL byte is an ordinary byte. */
 int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int32_t *n_out) {
-    int32_t need = llm_tokenize(m->tok, text, len, add_special, 1, NULL, 0);
+    int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, 1, NULL, 0);
     if (need == LLM_TOK_ERR) return NULL;
     int32_t cap = need < 0 ? -need : need;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
     if (!ids) return NULL;
-    *n_out = cap ? llm_tokenize(m->tok, text, len, add_special, 1, ids, cap) : 0;
+    *n_out = cap ? llm_tokenize(llm_model_tokenizer(m), text, len, add_special, 1, ids, cap) : 0;
     if (*n_out < 0) {
         free(ids);
         return NULL;
@@ -131,11 +131,11 @@ int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int 
     return ids;
 }
 
-/* Writes a token's bytes as they come; a piece may end inside a UTF-8
- * character, and the terminal joins the bytes. */
-void cli_emit(const llm_model *m, int32_t id) {
-    char buf[256];
-    int32_t n = llm_token_to_piece(m->tok, id, 0, buf, sizeof buf);
-    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+/* llm_gen_params.on_text: the text to stdout as it comes (valid UTF-8, so a
+ * terminal never sees half a character). */
+int cli_print_text(void *user, const char *text, size_t len) {
+    (void)user;
+    fwrite(text, 1, len, stdout);
     fflush(stdout);
+    return 0;
 }

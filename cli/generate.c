@@ -1,12 +1,13 @@
-/* cli/generate.c - `kvcache generate`: prefill a prompt in one batched pass,
- * then decode token by token on the cache, streaming text as it comes. */
+/* cli/generate.c - `kvcache generate`: one prompt through the engine's
+ * generation loop (engine/session.h), the text streamed as it comes, then
+ * the speed of each phase, why it stopped, and the cache in use. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "../engine/model.h"
-#include "../engine/sampler.h"
+#include "../engine/session.h"
 
 static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
@@ -26,7 +27,8 @@ static void usage(void) {
 
 /* Renders a one-turn conversation; NULL (after a message) on failure. */
 static char *render_chat(const llm_model *m, const char *system, const char *prompt) {
-    if (m->chat.kind == LLM_CHAT_UNKNOWN) {
+    const llm_chat_format *fmt = llm_model_chat(m);
+    if (fmt->kind == LLM_CHAT_UNKNOWN) {
         fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
         return NULL;
     }
@@ -34,14 +36,40 @@ static char *render_chat(const llm_model *m, const char *system, const char *pro
     int32_t n = 0;
     if (system) msgs[n++] = (llm_chat_msg){"system", system};
     msgs[n++] = (llm_chat_msg){"user", prompt};
-    int32_t len = llm_chat_render(&m->chat, msgs, n, 1, NULL, 0);
+    int32_t len = llm_chat_render(fmt, msgs, n, 1, NULL, 0);
     char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
-    if (!text || llm_chat_render(&m->chat, msgs, n, 1, text, -len) < 0) {
+    if (!text || llm_chat_render(fmt, msgs, n, 1, text, -len) < 0) {
         free(text);
         fprintf(stderr, "kvcache generate: could not render the chat prompt\n");
         return NULL;
     }
     return text;
+}
+
+/* The stats after the text: speed of each phase, why it stopped, the cache. */
+static int report(llm_context *c, const llm_session *s, const llm_gen_result *res, int st) {
+    if (st == LLM_ERR_CAPACITY && res->reason == LLM_STOP_CONTEXT) {
+        fprintf(stderr, "kvcache generate: %s (raise --ctx)\n", res->message);
+        return 1;
+    }
+    printf("\n");
+    fflush(stdout); /* the text ends before the stats begin */
+    if (res->reason == LLM_STOP_ERROR) {
+        fprintf(stderr, "kvcache generate: %s\n", res->message);
+        return 1;
+    }
+    kv_cache_stats cs = llm_context_stats(c);
+    llm_context_params cp = llm_context_get_params(c);
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", (int)res->n_prompt, res->t_prefill,
+            res->n_prompt / (res->t_prefill > 0 ? res->t_prefill : 1e-9));
+    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), stopped at %s\n", (int)res->n_generated,
+            res->t_decode, res->n_generated / (res->t_decode > 0 ? res->t_decode : 1e-9),
+            llm_stop_reason_str(res->reason));
+    if (res->reason == LLM_STOP_CONTEXT) fprintf(stderr, "  %s\n", res->message);
+    fprintf(stderr, "KV cache: %s, %llu bytes/token, %llu bytes in use (%d tokens in %d pages), %d threads\n",
+            kv_dtype_name(cp.kv_type), (unsigned long long)cs.bytes_per_token, (unsigned long long)cs.bytes_in_use,
+            (int)llm_seq_length(c, llm_session_seq(s)), (int)cs.pages_used, (int)cp.n_threads);
+    return 0;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -97,72 +125,31 @@ int cmd_generate(int argc, char **argv) {
     llm_context *c;
     int rc = cli_load("generate", &mo, 1, 0, &m, &c);
     if (rc) return free(file_text), rc;
-    llm_sampler_params sp = {.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
-                             .seed = (uint64_t)seed};
-    llm_sampler smp;
     char *text = chat ? render_chat(m, system, prompt) : NULL;
     int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : text ? cli_tokenize(m, text, 1, &n_prompt)
                                                            : cli_tokenize_len(m, prompt, prompt_len, 1, &n_prompt);
-    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    const int32_t n_ctx = llm_context_get_params(c).n_ctx;
-    int32_t seq = -1, generated = 0;
-    double t_prefill = 0, t_decode = 0;
+    llm_session *s = NULL;
     rc = 1;
-    if (!ids || !logits || llm_sampler_init(&smp, &sp, m->hp.n_vocab) != 0) {
-        if (ids || !chat) fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
-        goto done;
-    }
-    if (n_prompt == 0) {
+    if (!ids) {
+        if (!chat || text) fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
+    } else if (n_prompt == 0) {
         fprintf(stderr, "kvcache generate: the prompt is empty\n");
-        goto done_sampler;
+    } else if ((rc = llm_session_create(c, &s)) != LLM_OK) {
+        fprintf(stderr, "kvcache generate: %s\n", llm_status_str(rc));
+        rc = 1;
+    } else {
+        llm_gen_params gp = llm_gen_default_params();
+        gp.max_tokens = (int32_t)n_gen;
+        gp.sampler = (llm_sampler_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
+                                          .seed = (uint64_t)seed};
+        gp.on_text = cli_print_text;
+        if (n_prompt > 1024) gp.progress = cli_progress, gp.progress_user = "prefill";
+        llm_gen_result res;
+        int st = llm_session_generate(s, ids, n_prompt, &gp, &res);
+        rc = report(c, s, &res, st);
     }
-    if (n_prompt >= n_ctx) {
-        fprintf(stderr, "kvcache generate: the prompt is %d tokens; the context holds %d (raise --ctx)\n",
-                (int)n_prompt, (int)n_ctx);
-        goto done_sampler;
-    }
-    kv_seq_new(llm_context_cache(c), &seq);
-    double t0 = cli_now();
-    int st = llm_eval(c, seq, ids, n_prompt, 0, logits, n_prompt > 1024 ? cli_progress : NULL, "prefill");
-    t_prefill = cli_now() - t0;
-    t0 = cli_now();
-    const char *stop_reason = "token limit";
-    while (st == KV_OK && generated < n_gen) {
-        int32_t next = llm_sample(&smp, logits);
-        if (llm_token_is_eog(m->tok, next)) {
-            stop_reason = "end of turn";
-            break;
-        }
-        cli_emit(m, next);
-        generated++;
-        if (generated == n_gen) break;
-        if (kv_seq_length(llm_context_cache(c), seq) >= n_ctx) {
-            stop_reason = "context full";
-            break;
-        }
-        st = llm_eval(c, seq, &next, 1, 0, logits, NULL, NULL);
-    }
-    t_decode = cli_now() - t0;
-    printf("\n");
-    fflush(stdout); /* the text ends before the stats begin */
-    if (st != KV_OK) {
-        fprintf(stderr, "kvcache generate: %s\n", llm_status_str(st));
-        goto done_sampler;
-    }
-    kv_cache_stats cs = kv_cache_get_stats(llm_context_cache(c));
-    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", (int)n_prompt, t_prefill,
-            n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
-    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), stopped at %s\n", (int)generated, t_decode,
-            generated / (t_decode > 0 ? t_decode : 1e-9), stop_reason);
-    fprintf(stderr, "KV cache: %s, %llu bytes/token, %llu bytes in use (%d tokens in %d pages), %d threads\n",
-            kv_dtype_name(llm_context_get_params(c).kv_type), (unsigned long long)cs.bytes_per_token,
-            (unsigned long long)cs.bytes_in_use, (int)kv_seq_length(llm_context_cache(c), seq), (int)cs.pages_used,
-            (int)llm_context_get_params(c).n_threads);
-    rc = 0;
-done_sampler:
-    llm_sampler_free(&smp);
-done:
-    free(logits), free(ids), free(text), free(file_text);
+    llm_session_free(s);
+    free(ids), free(text), free(file_text);
     llm_context_free(c);
     llm_model_free(m);
     return rc;

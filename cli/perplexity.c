@@ -89,7 +89,7 @@ int cmd_perplexity(int argc, char **argv) {
     llm_context *c;
     int rc = cli_load("perplexity", &mo, 1, 0, &m, &c);
     if (rc) return free(text), rc;
-    const int32_t V = m->hp.n_vocab, ctx = (int32_t)mo.ctx, first = ctx / 2;
+    const int32_t V = llm_model_n_vocab(m), ctx = (int32_t)mo.ctx, first = ctx / 2;
     const int32_t n_batch = llm_context_get_params(c).n_batch;
     int32_t n_tok = 0, *ids = cli_tokenize_len(m, text, text_len, 1, &n_tok); /* a NUL is a byte */
     free(text);
@@ -111,7 +111,7 @@ int cmd_perplexity(int argc, char **argv) {
         goto done;
     }
     /* llama.cpp starts every window with BOS when the model adds one */
-    int32_t bos = llm_tokenizer_bos(m->tok);
+    int32_t bos = llm_tokenizer_bos(llm_model_tokenizer(m));
     int add_bos = bos >= 0 && n_tok > 0 && ids[0] == bos;
     uint64_t per = (uint64_t)(ctx - 1 - first), n_scored = per * (uint64_t)n_chunks, hash = 1469598103934665603ull;
     for (int32_t k = 0; k < n_chunks; k++) {
@@ -141,16 +141,15 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
     printf("perplexity: %s, %d tokens: %d windows of %d, each scored on its last %d predictions; %s K/V\n",
-           m->name, (int)n_tok, (int)n_chunks, (int)ctx, (int)per, kv_dtype_name(llm_context_get_params(c).kv_type));
-    kv_cache *cache = llm_context_cache(c);
+           llm_model_name(m), (int)n_tok, (int)n_chunks, (int)ctx, (int)per, kv_dtype_name(llm_context_get_params(c).kv_type));
     int32_t seq;
-    kv_seq_new(cache, &seq);
+    llm_seq_new(c, &seq);
     double nll = 0, nll2 = 0, kl_sum = 0, kl_max = 0, t0 = cli_now();
     uint64_t count = 0, same_top = 0;
     int st = KV_OK;
     for (int32_t k = 0; k < n_chunks && st == KV_OK; k++) {
         const int32_t *w = ids + (size_t)k * (size_t)ctx;
-        kv_seq_truncate(cache, seq, 0);
+        llm_seq_truncate(c, seq, 0);
         for (int32_t a = 0; a < ctx && st == KV_OK; a += n_batch) {
             int32_t t = ctx - a < n_batch ? ctx - a : n_batch, rows[2] = {0, t}, n_want = 0;
             for (int32_t j = 0; j < t; j++) n_want += want[j] = (a + j >= first && a + j < ctx - 1);

@@ -75,7 +75,7 @@ int cmd_verify(int argc, char **argv) {
      * is not known before the model is loaded, so allow generously */
     int rc = cli_load("verify", &mo, 1, mo.ctx ? mo.ctx : (int64_t)strlen(prompt) + steps + 2, &m, &c);
     if (rc) return rc;
-    const int32_t V = m->hp.n_vocab;
+    const int32_t V = llm_model_n_vocab(m);
     int32_t n = 0, *ids = cli_tokenize(m, prompt, 1, &n);
     int32_t *all = ids ? realloc(ids, sizeof(int32_t) * (size_t)(n + steps + 1)) : NULL;
     /* both runs' logits for every step: [steps + 1][V] each */
@@ -89,11 +89,10 @@ int cmd_verify(int argc, char **argv) {
     }
     ids = all;
     const int32_t n_prompt = n;
-    printf("verify: %s, %s K/V, prompt %d tokens, %lld greedy steps, tolerance %.1e (relative)\n", m->name,
+    printf("verify: %s, %s K/V, prompt %d tokens, %lld greedy steps, tolerance %.1e (relative)\n", llm_model_name(m),
            kv_dtype_name(llm_context_get_params(c).kv_type), (int)n, (long long)steps, tol);
-    kv_cache *cache = llm_context_cache(c);
     int32_t seq;
-    kv_seq_new(cache, &seq);
+    llm_seq_new(c, &seq);
     /* cached: the prompt in one pass, then one new token per step */
     int st = llm_eval(c, seq, ids, n, 0, lc, NULL, NULL);
     for (int64_t s = 0; s <= steps && st == KV_OK; s++) {
@@ -116,7 +115,7 @@ int cmd_verify(int argc, char **argv) {
         worst = rel > worst || isnan(rel) ? rel : worst;
         int32_t next = ids[n_prompt + s];
         char piece[64] = "", shown[64];
-        int32_t pn = llm_token_to_piece(m->tok, next, 1, piece, sizeof piece - 1);
+        int32_t pn = llm_token_to_piece(llm_model_tokenizer(m), next, 1, piece, sizeof piece - 1);
         piece[pn > 0 ? pn : 0] = 0;
         int k = 0;
         for (const char *p = piece; *p && k < 16; p++) shown[k++] = (*p == '\n' || *p == '\t') ? ' ' : *p;

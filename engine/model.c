@@ -1,139 +1,159 @@
-/* engine/model.c - loading a Llama-architecture GGUF file: hyperparameters
- * from the `llama.*` keys, every tensor found and its shape and type checked,
- * norm vectors decoded, RoPE frequencies set up, the tokenizer and chat
- * format built from the `tokenizer.*` keys. The forward pass is in
- * forward.c. */
-#include "model.h"
+/* engine/model.c - loading a model: the architecture from
+ * general.architecture (the table below), its hyperparameters and tensors
+ * through its llm_arch (engine/arch_*.c), the tokenizer and chat format from
+ * the `tokenizer.*` keys; the helpers architecture files load with; the
+ * accessors programs read a model through. Contexts and the forward pass are
+ * in context.c, the layer pieces in layers.c. */
+#include "arch.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "quant.h"
 
-/* ---------------------------------------------------------------- errors */
+/* ---------------------------------------------------------------- architectures */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
+static const llm_arch *const archs[] = {&llm_arch_llama};
+
+const llm_arch *llm_arch_find(const char *name, size_t len) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strlen(archs[i]->name) == len && !memcmp(archs[i]->name, name, len)) return archs[i];
+    return NULL;
 }
 
-const char *llm_status_str(int status) {
-    if (status == LLM_ERR_TOKEN) return "a token id is outside the vocabulary";
-    return kv_status_str(status);
+const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama"; }
+
+static const llm_arch *arch_of(const llm_gguf *g, char *err, size_t errlen) {
+    llm_gguf_str arch;
+    if (llm_gguf_get_str(g, "general.architecture", &arch) != LLM_GGUF_OK) {
+        llm_errf(err, errlen, LLM_ERR_MODEL, "missing general.architecture: not a model file?");
+        return NULL;
+    }
+    const llm_arch *a = llm_arch_find(arch.ptr, (size_t)arch.len);
+    if (!a) {
+        char s[64];
+        llm_errf(err, errlen, LLM_ERR_MODEL, "architecture '%s' is not supported (only %s)",
+                 llm_gguf_str_copy(arch, s, sizeof s), llm_arch_names());
+    }
+    return a;
 }
 
 /* ---------------------------------------------------------------- hyperparameters */
 
-/* A required positive count under llama.*; limits keep every later product
- * (rows x cols, scratch sizes) far inside int64 and int32 where it matters. */
-static int need_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out,
-                      char *err, size_t errlen) {
+/* A required positive count; limits keep every later product (rows x cols,
+ * scratch sizes) far inside int64 and int32 where it matters. */
+int llm_read_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out, char *err,
+                   size_t errlen) {
     uint32_t v;
     int rc = llm_gguf_get_u32(g, key, &v);
-    if (rc == LLM_GGUF_ENOKEY) return fail(err, errlen, "missing metadata key %s", key);
-    if (rc != LLM_GGUF_OK) return fail(err, errlen, "metadata key %s is not an unsigned integer", key);
+    if (rc == LLM_GGUF_ENOKEY) return llm_errf(err, errlen, LLM_ERR_MODEL, "missing metadata key %s", key);
+    if (rc != LLM_GGUF_OK) return llm_errf(err, errlen, LLM_ERR_MODEL, "metadata key %s is not an unsigned integer", key);
     if (v < (uint32_t)lo || v > (uint32_t)hi)
-        return fail(err, errlen, "%s = %u is outside [%d, %d]", key, v, lo, hi);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "%s = %u is outside [%d, %d]", key, v, lo, hi);
     *out = (int32_t)v;
-    return 0;
+    return LLM_OK;
 }
 
-/* An optional count: *out keeps its default when the key is absent. */
-static int opt_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out,
-                     char *err, size_t errlen) {
-    if (llm_gguf_find_key(g, key) < 0) return 0;
-    return need_count(g, key, lo, hi, out, err, errlen);
+int llm_read_opt_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out, char *err,
+                       size_t errlen) {
+    if (llm_gguf_find_key(g, key) < 0) return LLM_OK;
+    return llm_read_count(g, key, lo, hi, out, err, errlen);
 }
 
-int llm_hparams_read(const llm_gguf *g, llm_hparams *hp, char *err, size_t errlen) {
+int llm_read_common_hparams(const llm_gguf *g, const char *prefix, llm_hparams *hp, char *err, size_t errlen) {
     memset(hp, 0, sizeof *hp);
-    llm_gguf_str arch;
-    if (llm_gguf_get_str(g, "general.architecture", &arch) != LLM_GGUF_OK)
-        return fail(err, errlen, "missing general.architecture: not a model file?");
-    if (!llm_gguf_str_eq(arch, "llama")) {
-        char a[64];
-        return fail(err, errlen, "architecture '%s' is not supported (only 'llama': Llama, SmolLM2, TinyLlama)",
-                    llm_gguf_str_copy(arch, a, sizeof a));
-    }
-    if (need_count(g, "llama.block_count", 1, 1024, &hp->n_layers, err, errlen) ||
-        need_count(g, "llama.embedding_length", 1, 1 << 16, &hp->dim, err, errlen) ||
-        need_count(g, "llama.feed_forward_length", 1, 1 << 18, &hp->ffn_dim, err, errlen) ||
-        need_count(g, "llama.attention.head_count", 1, 1024, &hp->n_heads, err, errlen))
-        return -1;
+    char k[8][96];
+    static const char *const keys[8] = {"block_count", "embedding_length", "feed_forward_length",
+                                        "attention.head_count", "attention.head_count_kv", "context_length",
+                                        "attention.key_length", "attention.value_length"};
+    for (int i = 0; i < 8; i++) snprintf(k[i], sizeof k[i], "%s.%s", prefix, keys[i]);
+    if (llm_read_count(g, k[0], 1, 1024, &hp->n_layers, err, errlen) ||
+        llm_read_count(g, k[1], 1, 1 << 16, &hp->dim, err, errlen) ||
+        llm_read_count(g, k[2], 1, 1 << 18, &hp->ffn_dim, err, errlen) ||
+        llm_read_count(g, k[3], 1, 1024, &hp->n_heads, err, errlen))
+        return LLM_ERR_MODEL;
     hp->n_kv_heads = hp->n_heads;
     hp->ctx_train = 2048;
-    if (opt_count(g, "llama.attention.head_count_kv", 1, 1024, &hp->n_kv_heads, err, errlen) ||
-        opt_count(g, "llama.context_length", 1, INT32_MAX, &hp->ctx_train, err, errlen))
-        return -1;
+    if (llm_read_opt_count(g, k[4], 1, 1024, &hp->n_kv_heads, err, errlen) ||
+        llm_read_opt_count(g, k[5], 1, INT32_MAX, &hp->ctx_train, err, errlen))
+        return LLM_ERR_MODEL;
     if (hp->n_heads % hp->n_kv_heads)
-        return fail(err, errlen, "head_count %d is not a multiple of head_count_kv %d", hp->n_heads,
-                    hp->n_kv_heads);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "head_count %d is not a multiple of head_count_kv %d",
+                        hp->n_heads, hp->n_kv_heads);
     /* head size: key_length when given (it may differ from D / H), else D / H */
-    if (llm_gguf_find_key(g, "llama.attention.key_length") >= 0) {
+    if (llm_gguf_find_key(g, k[6]) >= 0) {
         int32_t vl = -1;
-        if (need_count(g, "llama.attention.key_length", 2, KV_MAX_HEAD_DIM, &hp->head_dim, err, errlen))
-            return -1;
+        if (llm_read_count(g, k[6], 2, KV_MAX_HEAD_DIM, &hp->head_dim, err, errlen)) return LLM_ERR_MODEL;
         vl = hp->head_dim;
-        if (opt_count(g, "llama.attention.value_length", 1, KV_MAX_HEAD_DIM, &vl, err, errlen)) return -1;
+        if (llm_read_opt_count(g, k[7], 1, KV_MAX_HEAD_DIM, &vl, err, errlen)) return LLM_ERR_MODEL;
         if (vl != hp->head_dim)
-            return fail(err, errlen, "value_length %d differs from key_length %d: not supported", vl, hp->head_dim);
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "value_length %d differs from key_length %d: not supported",
+                            vl, hp->head_dim);
     } else {
         if (hp->dim % hp->n_heads)
-            return fail(err, errlen, "embedding_length %d is not a multiple of head_count %d", hp->dim, hp->n_heads);
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "embedding_length %d is not a multiple of head_count %d",
+                            hp->dim, hp->n_heads);
         hp->head_dim = hp->dim / hp->n_heads;
     }
     if (hp->head_dim > KV_MAX_HEAD_DIM || hp->head_dim % 2)
-        return fail(err, errlen, "head size %d: must be even and at most %d", hp->head_dim, KV_MAX_HEAD_DIM);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "head size %d: must be even and at most %d", hp->head_dim,
+                        KV_MAX_HEAD_DIM);
+    char key[96];
     float eps;
-    if (llm_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &eps) != LLM_GGUF_OK)
-        return fail(err, errlen, "missing llama.attention.layer_norm_rms_epsilon (a float)");
-    if (!(eps > 0 && eps < 1)) return fail(err, errlen, "layer_norm_rms_epsilon %g is not in (0, 1)", eps);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", prefix);
+    if (llm_gguf_get_f32(g, key, &eps) != LLM_GGUF_OK)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "missing %s (a float)", key);
+    if (!(eps > 0 && eps < 1)) return llm_errf(err, errlen, LLM_ERR_MODEL, "layer_norm_rms_epsilon %g is not in (0, 1)", eps);
     hp->norm_eps = eps;
 
     hp->rope = kv_rope_default_params(hp->head_dim);
-    hp->rope.layout = KV_ROPE_INTERLEAVED; /* GGUF llama: adjacent pairs (see model.h) */
     float theta = 10000.0f;
-    if (llm_gguf_find_key(g, "llama.rope.freq_base") >= 0 &&
-        llm_gguf_get_f32(g, "llama.rope.freq_base", &theta) != LLM_GGUF_OK)
-        return fail(err, errlen, "llama.rope.freq_base is not a float");
-    if (!(theta > 1)) return fail(err, errlen, "llama.rope.freq_base %g must be > 1", theta);
+    snprintf(key, sizeof key, "%s.rope.freq_base", prefix);
+    if (llm_gguf_find_key(g, key) >= 0 && llm_gguf_get_f32(g, key, &theta) != LLM_GGUF_OK)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "%s is not a float", key);
+    if (!(theta > 1)) return llm_errf(err, errlen, LLM_ERR_MODEL, "%s %g must be > 1", key, theta);
     hp->rope.theta = theta;
     int32_t rot = hp->head_dim;
-    if (opt_count(g, "llama.rope.dimension_count", 2, hp->head_dim, &rot, err, errlen)) return -1;
-    if (rot % 2) return fail(err, errlen, "llama.rope.dimension_count %d is odd", rot);
+    snprintf(key, sizeof key, "%s.rope.dimension_count", prefix);
+    if (llm_read_opt_count(g, key, 2, hp->head_dim, &rot, err, errlen)) return LLM_ERR_MODEL;
+    if (rot % 2) return llm_errf(err, errlen, LLM_ERR_MODEL, "%s %d is odd", key, rot);
     hp->rope.rot_dim = rot;
     llm_gguf_str st;
-    if (llm_gguf_get_str(g, "llama.rope.scaling.type", &st) == LLM_GGUF_OK && !llm_gguf_str_eq(st, "none")) {
+    snprintf(key, sizeof key, "%s.rope.scaling.type", prefix);
+    if (llm_gguf_get_str(g, key, &st) == LLM_GGUF_OK && !llm_gguf_str_eq(st, "none")) {
         /* Llama 3.1 files say nothing here and carry rope_freqs.weight instead
          * (handled at load); linear and YaRN rescale positions, which the
          * library's RoPE does not do. */
         char s[32];
-        float factor = llm_gguf_f32_or(g, "llama.rope.scaling.factor", 1.0f);
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", prefix);
+        float factor = llm_gguf_f32_or(g, key, 1.0f);
         if (factor != 1.0f)
-            return fail(err, errlen, "rope scaling '%s' (factor %g) is not supported",
-                        llm_gguf_str_copy(st, s, sizeof s), factor);
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "rope scaling '%s' (factor %g) is not supported",
+                            llm_gguf_str_copy(st, s, sizeof s), factor);
     }
     kv_rope r;
-    if (kv_rope_init(&r, &hp->rope) != KV_OK) return fail(err, errlen, "RoPE parameters rejected by the library");
+    if (kv_rope_init(&r, &hp->rope) != KV_OK)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "RoPE parameters rejected by the library");
 
     hp->n_vocab = 0;
     llm_gguf_arr toks;
     if (llm_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks) == LLM_GGUF_OK) {
-        if (toks.n == 0 || toks.n > (1u << 24)) return fail(err, errlen, "tokenizer.ggml.tokens has %llu entries",
-                                                             (unsigned long long)toks.n);
+        if (toks.n == 0 || toks.n > (1u << 24))
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.tokens has %llu entries",
+                            (unsigned long long)toks.n);
         hp->n_vocab = (int32_t)toks.n;
     } else {
-        if (opt_count(g, "llama.vocab_size", 1, 1 << 24, &hp->n_vocab, err, errlen)) return -1;
+        snprintf(key, sizeof key, "%s.vocab_size", prefix);
+        if (llm_read_opt_count(g, key, 1, 1 << 24, &hp->n_vocab, err, errlen)) return LLM_ERR_MODEL;
     }
-    return 0;
+    return LLM_OK;
+}
+
+int llm_hparams_read(const llm_gguf *g, llm_hparams *hp, char *err, size_t errlen) {
+    memset(hp, 0, sizeof *hp);
+    const llm_arch *a = arch_of(g, err, errlen);
+    return a ? a->read_hparams(g, hp, err, errlen) : LLM_ERR_MODEL;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -145,74 +165,62 @@ static void shape_str(const llm_gguf_tensor *t, char *buf, size_t n) {
     if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
 }
 
-/* The tensor `name` as a rows x cols matrix (GGUF dims {cols, rows}). */
-static int get_matrix(const llm_gguf *g, const char *name, int64_t rows, int64_t cols, llm_matrix *out,
-                      char *err, size_t errlen) {
+int llm_load_matrix(const llm_gguf *g, const char *name, int64_t rows, int64_t cols, llm_matrix *out,
+                    char *err, size_t errlen) {
     const llm_gguf_tensor *t = llm_gguf_find_tensor(g, name);
-    if (!t) return fail(err, errlen, "missing tensor %s", name);
+    if (!t) return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tensor %s", name);
     char s[96];
     shape_str(t, s, sizeof s);
     if (t->n_dims > 2 || t->dims[0] != cols || t->dims[1] != rows)
-        return fail(err, errlen, "tensor %s has shape %s, expected [%lld, %lld]", name, s, (long long)cols,
-                    (long long)rows);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s has shape %s, expected [%lld, %lld]", name, s,
+                        (long long)cols, (long long)rows);
     if (!llm_type_supported(t->type) || llm_row_bytes(t->type, cols) <= 0)
-        return fail(err, errlen, "tensor %s: type %s cannot hold rows of %lld", name,
-                    llm_type_name(t->type) ? llm_type_name(t->type) : "?", (long long)cols);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s: type %s cannot hold rows of %lld", name,
+                        llm_type_name(t->type) ? llm_type_name(t->type) : "?", (long long)cols);
     *out = (llm_matrix){.type = t->type, .data = t->data, .rows = rows, .cols = cols};
-    return 0;
+    return LLM_OK;
 }
 
-/* The vector `name` of n elements, decoded to f32 into dst. */
-static int get_vector(const llm_gguf *g, const char *name, int64_t n, float *dst, char *err, size_t errlen) {
+int llm_load_vector(const llm_gguf *g, const char *name, int64_t n, float *dst, char *err, size_t errlen) {
     const llm_gguf_tensor *t = llm_gguf_find_tensor(g, name);
-    if (!t) return fail(err, errlen, "missing tensor %s", name);
+    if (!t) return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tensor %s", name);
     char s[96];
     shape_str(t, s, sizeof s);
     if (t->dims[0] != n || t->n_elements != n)
-        return fail(err, errlen, "tensor %s has shape %s, expected [%lld]", name, s, (long long)n);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s has shape %s, expected [%lld]", name, s, (long long)n);
     if (llm_dequant_row(t->type, t->data, dst, n) != 0)
-        return fail(err, errlen, "tensor %s: type %s cannot be decoded", name,
-                    llm_type_name(t->type) ? llm_type_name(t->type) : "?");
-    return 0;
-}
-
-static int load_layer(llm_model *m, int32_t l, float *norms, char *err, size_t errlen) {
-    const llm_hparams *hp = &m->hp;
-    llm_layer_weights *w = &m->layers[l];
-    int64_t D = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
-    char n[9][64];
-    static const char *const suffix[9] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
-    for (int i = 0; i < 9; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", (int)l, suffix[i]);
-    if (get_vector(m->gguf, n[0], D, norms, err, errlen) ||
-        get_matrix(m->gguf, n[1], qd, D, &w->wq, err, errlen) ||
-        get_matrix(m->gguf, n[2], kvd, D, &w->wk, err, errlen) ||
-        get_matrix(m->gguf, n[3], kvd, D, &w->wv, err, errlen) ||
-        get_matrix(m->gguf, n[4], D, qd, &w->wo, err, errlen) ||
-        get_vector(m->gguf, n[5], D, norms + D, err, errlen) ||
-        get_matrix(m->gguf, n[6], hp->ffn_dim, D, &w->w_gate, err, errlen) ||
-        get_matrix(m->gguf, n[7], hp->ffn_dim, D, &w->w_up, err, errlen) ||
-        get_matrix(m->gguf, n[8], D, hp->ffn_dim, &w->w_down, err, errlen))
-        return -1;
-    w->attn_norm = norms;
-    w->ffn_norm = norms + D;
-    return 0;
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s: type %s cannot be decoded", name,
+                        llm_type_name(t->type) ? llm_type_name(t->type) : "?");
+    return LLM_OK;
 }
 
 /* Llama 3.1 files carry the scaled frequencies as rope_freqs.weight: one
  * divisor per rotated pair, applied to the plain theta frequencies. */
-static int load_rope(llm_model *m, char *err, size_t errlen) {
-    if (kv_rope_init(&m->rope, &m->hp.rope) != KV_OK) return fail(err, errlen, "bad RoPE parameters");
+int llm_load_rope(llm_model *m, int32_t i, const kv_rope_params *params, int use_freqs, char *err,
+                  size_t errlen) {
+    kv_rope *r = &m->ropes[i];
+    if (kv_rope_init(r, params) != KV_OK) return llm_errf(err, errlen, LLM_ERR_MODEL, "bad RoPE parameters");
+    if (m->n_ropes < i + 1) m->n_ropes = i + 1;
     const llm_gguf_tensor *t = llm_gguf_find_tensor(m->gguf, "rope_freqs.weight");
-    if (!t) return 0;
-    int32_t half = m->hp.rope.rot_dim / 2;
+    if (!t || !use_freqs) return LLM_OK;
+    int32_t half = params->rot_dim / 2;
     float f[KV_MAX_HEAD_DIM / 2];
-    if (get_vector(m->gguf, "rope_freqs.weight", half, f, err, errlen)) return -1;
+    if (llm_load_vector(m->gguf, "rope_freqs.weight", half, f, err, errlen)) return LLM_ERR_MODEL;
     for (int32_t k = 0; k < half; k++) {
-        if (!(f[k] > 0)) return fail(err, errlen, "rope_freqs.weight[%d] = %g is not positive", (int)k, f[k]);
-        m->rope.inv_freq[k] /= f[k];
+        if (!(f[k] > 0))
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "rope_freqs.weight[%d] = %g is not positive", (int)k, f[k]);
+        r->inv_freq[k] /= f[k];
     }
-    return 0;
+    return LLM_OK;
+}
+
+int llm_layers_one_group(llm_model *m) {
+    m->lhp = calloc((size_t)m->hp.n_layers, sizeof *m->lhp);
+    if (!m->lhp) return LLM_ERR_NOMEM;
+    for (int32_t l = 0; l < m->hp.n_layers; l++) m->lhp[l] = (llm_layer_hparams){.group = 0, .group_layer = l};
+    m->n_groups = 1;
+    m->groups[0] = (llm_cache_group){.n_layers = m->hp.n_layers, .window = 0};
+    return LLM_OK;
 }
 
 /* ---------------------------------------------------------------- tokenizer */
@@ -222,18 +230,18 @@ static int load_tokenizer(llm_model *m, char *err, size_t errlen) {
     llm_gguf_str model_s, pre_s;
     llm_gguf_arr toks, merges, scores, types;
     if (llm_gguf_get_str(g, "tokenizer.ggml.model", &model_s) != LLM_GGUF_OK)
-        return fail(err, errlen, "missing tokenizer.ggml.model");
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tokenizer.ggml.model");
     if (llm_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks) != LLM_GGUF_OK || toks.type != LLM_GGUF_STR)
-        return fail(err, errlen, "missing tokenizer.ggml.tokens (an array of strings)");
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tokenizer.ggml.tokens (an array of strings)");
     int has_merges = llm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) == LLM_GGUF_OK;
     int has_scores = llm_gguf_get_arr(g, "tokenizer.ggml.scores", &scores) == LLM_GGUF_OK;
     int has_types = llm_gguf_get_arr(g, "tokenizer.ggml.token_type", &types) == LLM_GGUF_OK;
     if (has_merges && (merges.type != LLM_GGUF_STR || merges.n > (1u << 24)))
-        return fail(err, errlen, "tokenizer.ggml.merges is not an array of strings");
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.merges is not an array of strings");
     if (has_scores && (scores.n != toks.n || (scores.type != LLM_GGUF_F32 && scores.type != LLM_GGUF_F64)))
-        return fail(err, errlen, "tokenizer.ggml.scores: want %llu floats", (unsigned long long)toks.n);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.scores: want %llu floats", (unsigned long long)toks.n);
     if (has_types && (types.n != toks.n || types.type == LLM_GGUF_STR || types.type >= LLM_GGUF_F32))
-        return fail(err, errlen, "tokenizer.ggml.token_type: want %llu integers", (unsigned long long)toks.n);
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.token_type: want %llu integers", (unsigned long long)toks.n);
 
     int32_t nv = (int32_t)toks.n, nm = has_merges ? (int32_t)merges.n : 0;
     const char **tk = malloc(sizeof *tk * (size_t)nv);
@@ -242,15 +250,15 @@ static int load_tokenizer(llm_model *m, char *err, size_t errlen) {
     const char **mg = malloc(sizeof *mg * (size_t)(nm ? nm : 1));
     int32_t *ml = malloc(sizeof *ml * (size_t)(nm ? nm : 1));
     char model[32], pre[64];
-    int rc = -1;
+    int rc = LLM_ERR_MODEL;
     if (!tk || !tl || !mg || !ml || (has_types && !tt) || (has_scores && !sc)) {
-        fail(err, errlen, "out of memory reading the vocabulary");
+        llm_errf(err, errlen, LLM_ERR_MODEL, "out of memory reading the vocabulary");
         goto done;
     }
     for (int32_t i = 0; i < nv; i++) {
         llm_gguf_str s = llm_gguf_arr_str(&toks, (uint64_t)i);
         if (s.len > 1024) {
-            fail(err, errlen, "token %d is %llu bytes long", (int)i, (unsigned long long)s.len);
+            llm_errf(err, errlen, LLM_ERR_MODEL, "token %d is %llu bytes long", (int)i, (unsigned long long)s.len);
             goto done;
         }
         tk[i] = s.ptr, tl[i] = (int32_t)s.len;
@@ -260,7 +268,7 @@ static int load_tokenizer(llm_model *m, char *err, size_t errlen) {
     for (int32_t i = 0; i < nm; i++) {
         llm_gguf_str s = llm_gguf_arr_str(&merges, (uint64_t)i);
         if (s.len > 2048) {
-            fail(err, errlen, "merge %d is %llu bytes long", (int)i, (unsigned long long)s.len);
+            llm_errf(err, errlen, LLM_ERR_MODEL, "merge %d is %llu bytes long", (int)i, (unsigned long long)s.len);
             goto done;
         }
         mg[i] = s.ptr, ml[i] = (int32_t)s.len;
@@ -281,10 +289,10 @@ static int load_tokenizer(llm_model *m, char *err, size_t errlen) {
     d.add_space_prefix = llm_gguf_bool_or(g, "tokenizer.ggml.add_space_prefix", -1);
     char terr[200];
     if (llm_tokenizer_create(&d, &m->tok, terr, sizeof terr) != 0) {
-        fail(err, errlen, "tokenizer: %s", terr);
+        llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer: %s", terr);
         goto done;
     }
-    rc = 0;
+    rc = LLM_OK;
 done:
     free(tk), free(tl), free(tt), free(sc), free(mg), free(ml);
     return rc;
@@ -314,7 +322,7 @@ int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen) 
     *out = NULL;
     llm_gguf *g;
     char gerr[256];
-    if (llm_gguf_open(path, &g, gerr, sizeof gerr) != 0) return fail(err, errlen, "%s", gerr);
+    if (llm_gguf_open(path, &g, gerr, sizeof gerr) != 0) return llm_errf(err, errlen, LLM_ERR_MODEL, "%s", gerr);
     const char *slash = strrchr(path, '/');
     return llm_model_from_gguf(g, slash ? slash + 1 : path, out, err, errlen);
 }
@@ -324,47 +332,31 @@ int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *er
     llm_model *m = calloc(1, sizeof *m);
     if (!m) {
         llm_gguf_close(g);
-        return fail(err, errlen, "out of memory");
+        return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
     }
     m->gguf = g;
     llm_hparams *hp = &m->hp;
-    if (llm_hparams_read(m->gguf, hp, err, errlen)) goto fail;
-    int64_t D = hp->dim;
-    /* the 2L + 1 norm vectors are in the file at >= half a byte per element:
-     * a header claiming more cannot be right, and must not make us allocate */
-    if ((uint64_t)D * (uint64_t)(2 * hp->n_layers + 1) / 2 > llm_gguf_file_size(g)) {
-        fail(err, errlen, "the file (%llu bytes) is too small for %d layers of width %d",
-             (unsigned long long)llm_gguf_file_size(g), (int)hp->n_layers, (int)D);
-        goto fail;
-    }
-    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    m->norms = malloc(sizeof(float) * (size_t)D * (size_t)(2 * hp->n_layers + 1));
-    if (!m->layers || !m->norms) {
-        fail(err, errlen, "out of memory");
-        goto fail;
-    }
+    int rc = LLM_ERR_MODEL;
+    if (!(m->arch = arch_of(g, err, errlen)) || m->arch->read_hparams(g, hp, err, errlen)) goto fail;
     const llm_gguf_tensor *emb = llm_gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) {
-        fail(err, errlen, "missing tensor token_embd.weight");
+        llm_errf(err, errlen, LLM_ERR_MODEL, "missing tensor token_embd.weight");
         goto fail;
     }
     if (hp->n_vocab == 0) hp->n_vocab = (int32_t)(emb->dims[1] > 0 && emb->dims[1] < (1 << 24) ? emb->dims[1] : 0);
-    if (get_matrix(m->gguf, "token_embd.weight", hp->n_vocab, D, &m->tok_embd, err, errlen)) goto fail;
-    for (int32_t l = 0; l < hp->n_layers; l++)
-        if (load_layer(m, l, m->norms + (size_t)2 * l * D, err, errlen)) goto fail;
-    float *onorm = m->norms + (size_t)2 * hp->n_layers * D;
-    if (get_vector(m->gguf, "output_norm.weight", D, onorm, err, errlen)) goto fail;
-    m->output_norm = onorm;
+    if (llm_load_matrix(m->gguf, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err, errlen)) goto fail;
     if (llm_gguf_find_tensor(m->gguf, "output.weight")) {
-        if (get_matrix(m->gguf, "output.weight", hp->n_vocab, D, &m->output, err, errlen)) goto fail;
+        if (llm_load_matrix(m->gguf, "output.weight", hp->n_vocab, hp->dim, &m->output, err, errlen)) goto fail;
     } else {
         m->output = m->tok_embd;
         m->tied_output = 1;
     }
-    if (load_rope(m, err, errlen) || load_tokenizer(m, err, errlen)) goto fail;
+    if ((rc = m->arch->load(m, err, errlen)) != LLM_OK) goto fail;
+    rc = LLM_ERR_MODEL;
+    if (load_tokenizer(m, err, errlen)) goto fail;
     if (llm_tokenizer_n_vocab(m->tok) != hp->n_vocab) {
-        fail(err, errlen, "the tokenizer has %d tokens but token_embd.weight has %d rows",
-             (int)llm_tokenizer_n_vocab(m->tok), (int)hp->n_vocab);
+        llm_errf(err, errlen, LLM_ERR_MODEL, "the tokenizer has %d tokens but token_embd.weight has %d rows",
+                 (int)llm_tokenizer_n_vocab(m->tok), (int)hp->n_vocab);
         goto fail;
     }
     load_chat_format(m);
@@ -375,17 +367,28 @@ int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *er
     else
         snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     *out = m;
-    return 0;
+    return LLM_OK;
 fail:
     llm_model_free(m);
-    return -1;
+    return rc;
 }
 
 void llm_model_free(llm_model *m) {
     if (!m) return;
     llm_tokenizer_free(m->tok);
     free(m->layers);
+    free(m->lhp);
     free(m->norms);
     llm_gguf_close(m->gguf);
     free(m);
 }
+
+/* ---------------------------------------------------------------- accessors */
+
+const llm_hparams *llm_model_hparams(const llm_model *m) { return &m->hp; }
+const llm_tokenizer *llm_model_tokenizer(const llm_model *m) { return m->tok; }
+const llm_chat_format *llm_model_chat(const llm_model *m) { return &m->chat; }
+const char *llm_model_name(const llm_model *m) { return m->name; }
+const char *llm_model_arch(const llm_model *m) { return m->arch->name; }
+uint64_t llm_model_weight_bytes(const llm_model *m) { return m->weight_bytes; }
+int32_t llm_model_n_vocab(const llm_model *m) { return m->hp.n_vocab; }

@@ -1,33 +1,26 @@
-/* engine/model.h - a Llama-family model from a GGUF file, run on the paged KV
- * cache of libkvcache.
+/* engine/model.h - a model from a GGUF file, run on the paged KV cache of
+ * libkvcache: loading, contexts, sequences, the forward pass.
  *
- * The model (llama.cpp's `llama` architecture: Llama 1-3, TinyLlama, SmolLM2,
- * Mistral without sliding windows) is, per token,
- *
- *     x = token_embd[token]
- *     for each layer:
- *         h = rmsnorm(x) * attn_norm
- *         q, k, v = h Wq, h Wk, h Wv          RoPE on q and k at absolute positions
- *         x += attention(q, cached K, cached V) Wo      (GQA: H query heads over Hkv)
- *         h = rmsnorm(x) * ffn_norm
- *         x += (silu(h Wgate) * (h Wup)) Wdown         (SwiGLU)
- *     logits = (rmsnorm(x) * output_norm) Wout         (Wout = token_embd when tied)
- *
- * RoPE layout: the GGUF converter permutes the rows of HF's Wq and Wk so that
- * the two halves a Hugging Face checkpoint rotates together (i, i + d/2)
- * become adjacent (2i, 2i + 1); llama.cpp then rotates adjacent pairs
- * ("normal" mode) for this architecture. So a GGUF llama model takes
- * KV_ROPE_INTERLEAVED, not the split-half layout its HF original uses.
+ * The architecture is chosen by the file's `general.architecture` from a
+ * small table (engine/arch.h); each one is a file that composes the shared
+ * layer toolkit (engine/layers.h). Today: `llama` (engine/arch_llama.c:
+ * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows).
  *
  * Weights stay in the file mapping in their block format; only the small
  * norm vectors are decoded to f32 at load. An llm_model is immutable once
- * loaded: any number of contexts (and threads) may share it.
+ * loaded: any number of contexts (and threads) may share it. Its fields are
+ * the engine's (engine/arch.h); a program reads it through the accessors
+ * below.
  *
- * A context owns what running needs: the KV cache (pages for n_seqs
- * sequences of up to n_ctx positions), a thread pool, and scratch for n_batch
- * rows, all allocated once at creation. Calls on one context are serialized by
- * the caller. Errors are kv_status codes or LLM_ERR_TOKEN; llm_status_str
- * names them. A failed forward leaves every sequence as it was. */
+ * A context owns what running needs, all allocated once at creation: one KV
+ * cache per layer group the architecture declares (layers that share a
+ * sliding window share a cache; Llama has one group), each with pages for
+ * n_seqs sequences of up to n_ctx positions; a thread pool; scratch for
+ * n_batch rows. A sequence id names the same sequence in every cache: create,
+ * truncate and remove sequences with llm_seq_*, which keep the caches in step.
+ * Calls on one context are serialized by the caller. Every call returns an
+ * llm_status (engine/status.h); a failed forward leaves every sequence as it
+ * was. */
 #ifndef LLM_MODEL_H
 #define LLM_MODEL_H
 
@@ -37,68 +30,32 @@
 #include "kvcache.h"
 #include "chat.h"
 #include "gguf.h"
+#include "status.h"
 #include "tokenizer.h"
-
-/* A token id outside [0, n_vocab) in a batch (the library's codes are -1..-15). */
-#define LLM_ERR_TOKEN (-100)
-
-/* kv_status_str, plus the engine's own codes. */
-const char *llm_status_str(int status);
 
 /* ---------------------------------------------------------------- the model */
 
+/* Model-wide hyperparameters (<arch>.* keys). What differs between layers
+ * (window, RoPE base) is in the engine's per-layer table (engine/arch.h). */
 typedef struct {
     int32_t n_vocab;         /* V: tokens in the vocabulary (= rows of token_embd) */
-    int32_t dim;             /* D: llama.embedding_length */
-    int32_t n_layers;        /* L: llama.block_count */
-    int32_t n_heads;         /* H: llama.attention.head_count */
-    int32_t n_kv_heads;      /* Hkv: llama.attention.head_count_kv (H when absent) */
-    int32_t head_dim;        /* d: D / H, or llama.attention.key_length */
-    int32_t ffn_dim;         /* F: llama.feed_forward_length */
-    int32_t ctx_train;       /* llama.context_length: the context it was trained for */
-    float norm_eps;          /* llama.attention.layer_norm_rms_epsilon */
-    kv_rope_params rope;     /* theta (rope.freq_base), rot_dim (rope.dimension_count), layout */
+    int32_t dim;             /* D: <arch>.embedding_length */
+    int32_t n_layers;        /* L: <arch>.block_count */
+    int32_t n_heads;         /* H: <arch>.attention.head_count */
+    int32_t n_kv_heads;      /* Hkv: <arch>.attention.head_count_kv (H when absent) */
+    int32_t head_dim;        /* d: D / H, or <arch>.attention.key_length */
+    int32_t ffn_dim;         /* F: <arch>.feed_forward_length */
+    int32_t ctx_train;       /* <arch>.context_length: the context it was trained for */
+    float norm_eps;          /* <arch>.attention.layer_norm_rms_epsilon */
+    kv_rope_params rope;     /* theta (rope.freq_base), rot_dim (rope.dimension_count), layout;
+                              * of the full-attention layers when they differ */
 } llm_hparams;
 
-/* A weight matrix in the mapping: rows x cols, each row one block-format row. */
-typedef struct {
-    int type;                /* LLM_TYPE_* (engine/quant.h) */
-    const void *data;        /* [rows] rows of llm_row_bytes(type, cols) bytes */
-    int64_t rows;            /* outputs */
-    int64_t cols;            /* inputs: the contiguous dimension, GGUF dims[0] */
-} llm_matrix;
-
-typedef struct {
-    const float *attn_norm;  /* [D] */
-    llm_matrix wq;           /* [H*d][D] */
-    llm_matrix wk;           /* [Hkv*d][D] */
-    llm_matrix wv;           /* [Hkv*d][D] */
-    llm_matrix wo;           /* [D][H*d] */
-    const float *ffn_norm;   /* [D] */
-    llm_matrix w_gate;       /* [F][D] */
-    llm_matrix w_up;         /* [F][D] */
-    llm_matrix w_down;       /* [D][F] */
-} llm_layer_weights;
-
-typedef struct llm_model {
-    llm_gguf *gguf;              /* the file; every llm_matrix points into it */
-    llm_hparams hp;
-    llm_matrix tok_embd;         /* [V][D] */
-    const float *output_norm;    /* [D] */
-    llm_matrix output;           /* [V][D]; a copy of tok_embd when the file ties them */
-    int tied_output;             /* 1 when the file has no output.weight */
-    llm_layer_weights *layers;   /* [L] */
-    float *norms;                /* [(2L + 1) * D] the decoded norm vectors, one allocation */
-    kv_rope rope;                /* frequencies of hp.rope (and rope_freqs.weight if present) */
-    llm_tokenizer *tok;          /* from tokenizer.ggml.* */
-    llm_chat_format chat;        /* kind LLM_CHAT_UNKNOWN when no format was recognised */
-    uint64_t weight_bytes;       /* bytes of every tensor in the file */
-    char name[128];              /* general.name, or the file name */
-} llm_model;
+typedef struct llm_model llm_model;
 
 /* Maps the file and checks everything a forward pass relies on: the
  * architecture, every hyperparameter, every tensor's presence, type and shape.
- * Returns 0, or -1 with one line in err saying what is wrong. */
+ * LLM_OK, or LLM_ERR_MODEL with one line in err saying what is wrong. */
 int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen);
 /* The same over a file already opened (e.g. by llm_gguf_open_memory), which
  * the model takes over: closed by llm_model_free, or at once on failure.
@@ -107,8 +64,17 @@ int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *er
 void llm_model_free(llm_model *m);
 
 /* Reads only the hyperparameters (no tensors, no tokenizer): for `price` and
- * `info`. 0, or -1 with a message. */
+ * `info`. LLM_OK, or LLM_ERR_MODEL with a message. */
 int llm_hparams_read(const llm_gguf *g, llm_hparams *hp, char *err, size_t errlen);
+
+/* What a program may read of a loaded model. */
+const llm_hparams *llm_model_hparams(const llm_model *m);
+const llm_tokenizer *llm_model_tokenizer(const llm_model *m);
+const llm_chat_format *llm_model_chat(const llm_model *m); /* kind LLM_CHAT_UNKNOWN: none known */
+const char *llm_model_name(const llm_model *m);            /* general.name, or the file name */
+const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
+uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
+int32_t llm_model_n_vocab(const llm_model *m);
 
 /* ---------------------------------------------------------------- contexts */
 
@@ -126,12 +92,31 @@ llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;
 
+/* LLM_OK; LLM_ERR_PARAM for a parameter out of range, LLM_ERR_NOMEM, or the
+ * cache's kv_status, each with a message in err. */
 int llm_context_create(const llm_model *m, const llm_context_params *p, llm_context **out,
                        char *err, size_t errlen);
 void llm_context_free(llm_context *c);
 const llm_model *llm_context_model(const llm_context *c);
 llm_context_params llm_context_get_params(const llm_context *c); /* with n_ctx resolved */
-kv_cache *llm_context_cache(llm_context *c);   /* for sequences: kv_seq_new, _remove, _truncate */
+/* The caches, one per layer group: [llm_context_n_caches(c)]. For reading
+ * stats and K/V; change sequences through llm_seq_*, not on one cache. */
+int32_t llm_context_n_caches(const llm_context *c);
+kv_cache *llm_context_cache_at(llm_context *c, int32_t i);
+kv_cache *llm_context_cache(llm_context *c);   /* cache 0 (Llama's only one) */
+/* The caches' stats added together (bytes_per_token: of all caches). */
+kv_cache_stats llm_context_stats(const llm_context *c);
+
+/* ---------------------------------------------------------------- sequences */
+
+/* The same calls as kv_seq_*, on every cache of the context at once; all or
+ * nothing (a failure leaves every cache as it was, except LLM_ERR_WINDOW from
+ * a truncate, after which the sequence must be removed). */
+int llm_seq_new(llm_context *c, int32_t *seq);
+int llm_seq_remove(llm_context *c, int32_t seq);
+int32_t llm_seq_length(const llm_context *c, int32_t seq); /* or a negative status */
+int llm_seq_truncate(llm_context *c, int32_t seq, int32_t new_len);
+int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child);
 
 /* ---------------------------------------------------------------- running */
 
@@ -139,7 +124,7 @@ kv_cache *llm_context_cache(llm_context *c);   /* for sequences: kv_seq_new, _re
  * sequence seqs[b] receives tokens[row_start[b] .. row_start[b+1]). */
 typedef struct {
     int32_t n_seqs;
-    const int32_t *seqs;        /* [n_seqs] ids from kv_seq_new */
+    const int32_t *seqs;        /* [n_seqs] ids from llm_seq_new */
     const int32_t *row_start;   /* [n_seqs + 1], row_start[0] = 0, non-decreasing */
     const int32_t *tokens;      /* [rows] */
     const uint8_t *want;        /* [rows] nonzero: return this row's logits; NULL: the last
@@ -150,7 +135,8 @@ typedef struct {
  * model as one matrix pass: rows = row_start[n_seqs] <= n_batch. logits
  * receives [n_wanted][V], wanted rows in batch order (NULL: none are
  * computed, e.g. to feed a token whose successor is already known). On error
- * no sequence changed. */
+ * no sequence changed: LLM_ERR_TOKEN, LLM_ERR_SHAPE, LLM_ERR_CAPACITY (a
+ * sequence would pass n_ctx), LLM_ERR_OUT_OF_PAGES (retry after freeing). */
 int llm_forward(llm_context *c, const llm_batch *b, float *logits);
 
 /* Called during long evaluations: done of total tokens. */

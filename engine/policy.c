@@ -1,10 +1,33 @@
 /* engine/policy.c - the context shift and prompt-lookup drafting of
  * engine/policy.h (session files are engine/session_file.c). */
 #include "policy.h"
+#include "arch.h"
+
+/* The RoPE table of a cache group's layers (they share one: a group is the
+ * layers of one window), or NULL when they differ. */
+static const kv_rope *group_rope(const llm_model *m, int32_t group) {
+    int32_t r = -1;
+    for (int32_t l = 0; l < m->hp.n_layers; l++) {
+        if (m->lhp[l].group != group) continue;
+        if (r >= 0 && m->lhp[l].rope != r) return NULL;
+        r = m->lhp[l].rope;
+    }
+    return r >= 0 ? &m->ropes[r] : NULL;
+}
 
 int llm_context_shift(llm_context *c, int32_t seq, int32_t n_keep, int32_t n_discard) {
-    if (!c) return KV_ERR_NULL;
-    return kv_seq_shift(llm_context_cache(c), seq, n_keep, n_discard, &llm_context_model(c)->rope);
+    if (!c) return LLM_ERR_NULL;
+    const llm_model *m = c->m;
+    for (int32_t g = 0; g < c->n_caches; g++)
+        if (!group_rope(m, g)) return KV_ERR_UNSUPPORTED;
+    /* window caches first: they are the ones that can refuse (the next query
+     * would need a key they evicted), and their refusal changes nothing */
+    int rc = LLM_OK;
+    for (int32_t i = c->n_caches - 1; i >= 0 && rc == LLM_OK; i--) {
+        int32_t g = c->order[i];
+        rc = kv_seq_shift(c->caches[g], seq, n_keep, n_discard, group_rope(m, g));
+    }
+    return rc;
 }
 
 int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep) {

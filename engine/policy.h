@@ -27,7 +27,12 @@
 /* ---------------------------------------------------------------- context shift */
 
 /* Drops positions [n_keep, n_keep + n_discard) of seq and renumbers the rest
- * (kv_seq_shift with the model's RoPE). A kv_status; nothing changes on error. */
+ * in every cache of the context (kv_seq_shift, each with the RoPE table of
+ * its layers). Window caches go first: a refusal there (LLM_ERR_WINDOW, the
+ * next query would need a key it evicted) or a bad argument (LLM_ERR_LENGTH)
+ * changes nothing. KV_ERR_UNSUPPORTED when one cache serves layers with
+ * different RoPE tables. A failure in a later, full cache (out of pages for
+ * copies of shared pages) leaves the caches out of step: remove the sequence. */
 int llm_context_shift(llm_context *c, int32_t seq, int32_t n_keep, int32_t n_discard);
 
 /* How much a shift drops when a sequence of n_ctx positions is full and keeps

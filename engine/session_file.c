@@ -2,13 +2,15 @@
  *
  * File layout (native little-endian):
  *     magic "KVCSESS1" | u32 version (1) | u32 kv_type | u64 model fingerprint |
- *     char model name [128] | i32 n_vocab | i32 n_tokens | i32 tokens [n_tokens] |
- *     u64 FNV-1a of every byte before it |
- *     the library's sequence (kv_seq_save_file: its own header and checksum)
+ *     char model name [128] | i32 n_vocab | i32 n_tokens | i32 n_caches | i32 0 |
+ *     i32 tokens [n_tokens] | u64 FNV-1a of every byte before it |
+ *     for each cache of the context (one per layer group): the library's
+ *     sequence (kv_seq_save_file: its own header and checksum)
  * The engine's header comes first so that a file for another model or K/V
  * type is refused with the reason before any K/V is read, and so that the
  * tokens can be compared with the new prompt before anything is restored. */
 #include "policy.h"
+#include "arch.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@ typedef struct {
     char name[NAME_LEN];
     int32_t n_vocab;
     int32_t n_tokens;
+    int32_t n_caches;   /* the library's sequences that follow: one per cache of the context */
+    int32_t unused;
 } file_header;
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -40,13 +44,20 @@ uint64_t llm_model_fingerprint(const llm_model *m) {
     const llm_hparams *hp = &m->hp;
     const int32_t shape[] = {hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim,
                              hp->ffn_dim, hp->rope.rot_dim, (int32_t)hp->rope.layout, m->tok_embd.type,
-                             m->output.type};
+                             m->output.type, m->n_groups, m->n_ropes};
     uint64_t h = fnv(FNV0, shape, sizeof shape);
+    h = fnv(h, m->arch->name, strlen(m->arch->name));
     h = fnv(h, &hp->norm_eps, sizeof hp->norm_eps);
-    h = fnv(h, &hp->rope.theta, sizeof hp->rope.theta);
-    h = fnv(h, m->rope.inv_freq, sizeof(double) * (size_t)(m->rope.params.rot_dim / 2));
+    for (int32_t i = 0; i < m->n_ropes; i++)
+        h = fnv(h, m->ropes[i].inv_freq, sizeof(double) * (size_t)(m->ropes[i].params.rot_dim / 2));
+    for (int32_t l = 0; l < hp->n_layers; l++) {
+        h = fnv(h, &m->lhp[l], sizeof m->lhp[l]);
+        const float *norms[2] = {m->layers[l].attn_norm, m->layers[l].ffn_norm};
+        for (int k = 0; k < 2; k++)
+            if (norms[k]) h = fnv(h, norms[k], sizeof(float) * (size_t)hp->dim);
+    }
     h = fnv(h, &m->weight_bytes, sizeof m->weight_bytes);
-    return fnv(h, m->norms, sizeof(float) * (size_t)(2 * hp->n_layers + 1) * (size_t)hp->dim);
+    return fnv(h, m->output_norm, sizeof(float) * (size_t)hp->dim);
 }
 
 static int fail(char *err, size_t errlen, const char *msg, const char *path) {
@@ -57,11 +68,11 @@ static int fail(char *err, size_t errlen, const char *msg, const char *path) {
 int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, const char *path,
                           char *err, size_t errlen) {
     if (!c || !path || (n > 0 && !tokens) || n < 0) return fail(err, errlen, "bad arguments", path ? path : "");
-    kv_cache *cache = llm_context_cache(c);
-    if (kv_seq_length(cache, seq) != n) return fail(err, errlen, "the token ids do not match the sequence", path);
+    if (llm_seq_length(c, seq) != n) return fail(err, errlen, "the token ids do not match the sequence", path);
     const llm_model *m = llm_context_model(c);
     file_header h = {.version = VERSION, .kv_type = (uint32_t)llm_context_get_params(c).kv_type,
-                     .fingerprint = llm_model_fingerprint(m), .n_vocab = m->hp.n_vocab, .n_tokens = n};
+                     .fingerprint = llm_model_fingerprint(m), .n_vocab = m->hp.n_vocab, .n_tokens = n,
+                     .n_caches = llm_context_n_caches(c)};
     memcpy(h.magic, MAGIC, sizeof MAGIC);
     snprintf(h.name, sizeof h.name, "%s", m->name);
     uint64_t sum = fnv(fnv(FNV0, &h, sizeof h), tokens, sizeof(int32_t) * (size_t)n);
@@ -73,7 +84,8 @@ int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, in
         return -1;
     }
     int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(tokens, sizeof(int32_t), (size_t)n, f) == (size_t)n &&
-             fwrite(&sum, sizeof sum, 1, f) == 1 && kv_seq_save_file(cache, seq, f) == KV_OK;
+             fwrite(&sum, sizeof sum, 1, f) == 1;
+    for (int32_t i = 0; ok && i < h.n_caches; i++) ok = kv_seq_save_file(llm_context_cache_at(c, i), seq, f) == KV_OK;
     if (fclose(f) != 0) ok = 0;
     if (!ok || rename(tmp, path) != 0) {
         remove(tmp);
@@ -152,21 +164,27 @@ int llm_session_file_load(llm_context *c, const char *path, const int32_t *promp
         fclose(f);
         return fail(err, errlen, "shares no prefix with this prompt", path);
     }
-    kv_cache *cache = llm_context_cache(c);
-    int32_t s = -1;
-    int rc = kv_seq_restore_file(cache, f, &s);
-    int trailing = rc == KV_OK && fgetc(f) != EOF;
+    /* one sequence per cache, which must get the same id in each */
+    int32_t got[LLM_MAX_GROUPS], n_got = 0, rc = KV_OK;
+    const char *why = h.n_caches != llm_context_n_caches(c) ? "made for another cache layout" : NULL;
+    for (int32_t i = 0; !why && i < h.n_caches; i++) {
+        rc = kv_seq_restore_file(llm_context_cache_at(c, i), f, &got[i]);
+        if (rc == KV_OK) n_got++;
+        why = rc == KV_ERR_FORMAT ? "corrupt or truncated K/V"
+              : rc == KV_ERR_MISMATCH ? "made for another cache configuration"
+              : rc ? kv_status_str(rc)
+              : got[i] != got[0] ? "the sequence slots of the caches differ"
+              : kv_seq_length(llm_context_cache_at(c, i), got[i]) != h.n_tokens ? "corrupt (the K/V hold another number of tokens)"
+              : NULL;
+    }
+    if (!why && fgetc(f) != EOF) why = "corrupt (bytes after the end)";
     fclose(f);
-    const char *why = rc == KV_ERR_FORMAT ? "corrupt or truncated K/V"
-                      : rc == KV_ERR_MISMATCH ? "made for another cache configuration"
-                      : rc ? kv_status_str(rc) : NULL;
-    if (!why && trailing) why = "corrupt (bytes after the end)";
-    if (!why && kv_seq_length(cache, s) != h.n_tokens) why = "corrupt (the K/V hold another number of tokens)";
-    if (!why && (rc = kv_seq_truncate(cache, s, common)) != KV_OK) why = kv_status_str(rc);
+    int32_t s = n_got ? got[0] : -1;
+    if (!why && (rc = llm_seq_truncate(c, s, common)) != LLM_OK) why = llm_status_str(rc);
     if (why) {
-        if (s >= 0) { /* emptied first, so that no page is offered to the prefix cache */
-            kv_seq_truncate(cache, s, 0);
-            kv_seq_remove(cache, s);
+        for (int32_t i = 0; i < n_got; i++) { /* emptied first, so that no page is offered to the prefix cache */
+            kv_seq_truncate(llm_context_cache_at(c, i), got[i], 0);
+            kv_seq_remove(llm_context_cache_at(c, i), got[i]);
         }
         return fail(err, errlen, why, path);
     }

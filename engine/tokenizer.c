@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -17,9 +18,6 @@ llm_tokenizer_desc llm_tokenizer_desc_default(void) {
     return d;
 }
 
-static void set_err(char *err, size_t errlen, const char *msg, long a) {
-    if (err && errlen) snprintf(err, errlen, msg, a);
-}
 
 /* ---------------------------------------------------------------- building */
 
@@ -143,7 +141,7 @@ static int build_merges(llm_tokenizer *t, const llm_tokenizer_desc *d, char *err
     char *cat = malloc(maxlen + 1);
     if (!t->merge_map || !cat) {
         free(cat);
-        set_err(err, errlen, "out of memory (%ld merges)", d->n_merges);
+        llm_errf(err, errlen, -1, "out of memory (%ld merges)", (long)(d->n_merges));
         return -1;
     }
     for (uint32_t h = 0; h <= t->merge_mask; h++) t->merge_map[h].left = -1;
@@ -153,7 +151,7 @@ static int build_merges(llm_tokenizer *t, const llm_tokenizer_desc *d, char *err
         const char *sp = m ? memchr(m, ' ', ml) : NULL;
         if (!sp || sp == m || sp == m + ml - 1) {
             free(cat);
-            set_err(err, errlen, "merge %ld is not of the form \"left right\"", i);
+            llm_errf(err, errlen, -1, "merge %ld is not of the form \"left right\"", (long)(i));
             return -1;
         }
         size_t ln = (size_t)(sp - m), rn = ml - ln - 1;
@@ -178,7 +176,7 @@ int llm_tokenizer_create(const llm_tokenizer_desc *d, llm_tokenizer **out, char 
     if (!d || !out) return -1;
     *out = NULL;
     if (!d->model || !d->tokens || d->n_vocab <= 0) {
-        set_err(err, errlen, "tokenizer needs a model name and %ld or more tokens", 1);
+        llm_errf(err, errlen, -1, "tokenizer needs a model name and 1 or more tokens");
         return -1;
     }
     int kind;
@@ -187,35 +185,35 @@ int llm_tokenizer_create(const llm_tokenizer_desc *d, llm_tokenizer **out, char 
     } else if (strcmp(d->model, "llama") == 0) {
         kind = KIND_SPM;
     } else {
-        if (err && errlen) snprintf(err, errlen, "unsupported tokenizer model '%s'", d->model);
+        llm_errf(err, errlen, -1, "unsupported tokenizer model '%s'", d->model);
         return -1;
     }
     llm_pre_kind pre = LLM_PRE_GPT2;
     int ignore_merges = 0;
     if (kind == KIND_BPE && llm_pre_lookup(d->pre, &pre, &ignore_merges) != 0) {
-        if (err && errlen) snprintf(err, errlen, "unsupported pre-tokenizer '%s'", d->pre);
+        llm_errf(err, errlen, -1, "unsupported pre-tokenizer '%s'", d->pre);
         return -1;
     }
     const int32_t ids[4] = {d->bos_id, d->eos_id, d->unk_id, d->pad_id};
     for (int i = 0; i < 4; i++) {
         if (ids[i] < -1 || ids[i] >= d->n_vocab) {
-            set_err(err, errlen, "special token id %ld out of range", ids[i]);
+            llm_errf(err, errlen, -1, "special token id %ld out of range", (long)(ids[i]));
             return -1;
         }
     }
     /* Past 2^28 entries the hash tables' sizes would overflow; no real
      * vocabulary comes near (the largest have about 2^18). */
     if (d->n_vocab > (1 << 28) || d->n_merges > (1 << 28)) {
-        set_err(err, errlen, "vocabulary too large (%ld tokens)", d->n_vocab);
+        llm_errf(err, errlen, -1, "vocabulary too large (%ld tokens)", (long)(d->n_vocab));
         return -1;
     }
     if (d->n_merges < 0 || (d->n_merges > 0 && !d->merges)) {
-        set_err(err, errlen, "bad merge count %ld", d->n_merges);
+        llm_errf(err, errlen, -1, "bad merge count %ld", (long)(d->n_merges));
         return -1;
     }
     for (int32_t i = 0; i < d->n_merges; i++) {
         if (!d->merges[i] || (d->merge_len && d->merge_len[i] < 0)) {
-            set_err(err, errlen, "merge %ld has no text", i);
+            llm_errf(err, errlen, -1, "merge %ld has no text", (long)(i));
             return -1;
         }
     }
@@ -233,14 +231,14 @@ int llm_tokenizer_create(const llm_tokenizer_desc *d, llm_tokenizer **out, char 
     size_t nv = (size_t)d->n_vocab, total = 0;
     for (size_t i = 0; i < nv; i++) {
         if (!d->tokens[i] || (d->token_len && d->token_len[i] < 0)) {
-            set_err(err, errlen, "token %ld has no text", (long)i);
+            llm_errf(err, errlen, -1, "token %ld has no text", (long)i);
             llm_tokenizer_free(t);
             return -1;
         }
         total += d->token_len ? (size_t)d->token_len[i] : strlen(d->tokens[i]);
     }
     if (total > 0x7FFFFFFFu) {
-        set_err(err, errlen, "vocabulary text too large (%ld bytes)", (long)total);
+        llm_errf(err, errlen, -1, "vocabulary text too large (%ld bytes)", (long)total);
         llm_tokenizer_free(t);
         return -1;
     }
@@ -322,7 +320,7 @@ int llm_tokenizer_create(const llm_tokenizer_desc *d, llm_tokenizer **out, char 
     return 0;
 oom:
     llm_tokenizer_free(t);
-    set_err(err, errlen, "out of memory building a %ld-token vocabulary", d->n_vocab);
+    llm_errf(err, errlen, -1, "out of memory building a %ld-token vocabulary", (long)(d->n_vocab));
     return -1;
 }
 

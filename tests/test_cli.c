@@ -294,6 +294,60 @@ TEST(cli_chat_keeps_the_cache_and_prefills_only_the_new_turn) {
     fx_free(&fx);
 }
 
+TEST(cli_chat_reads_a_long_line_as_one_turn_and_refuses_it_whole_keeping_the_conversation) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "chat -m %s -n 4 --temp 0 -t 2 --ctx 512", path);
+    /* 9,000 characters: more than any fixed line buffer, and (a token per byte) far more than 512 tokens */
+    size_t n = 9000;
+    char *in = malloc(n + 64);
+    strcpy(in, "hello\n");
+    memset(in + 6, 'a', n);
+    strcpy(in + 6 + n, "\nbye\n");
+    result r = EXPECT(args, in, 0);
+    const char *msg = strstr(r.err, "this message is ");
+    CHECK(msg != NULL);
+    if (msg) {
+        CHECK(atoi(msg + 16) > 9000);
+        CHECK(strstr(msg, "the context holds 512") != NULL);
+        CHECK(strstr(msg + 1, "this message is ") == NULL); /* refused once, as one turn */
+    }
+    CHECK(strstr(r.err, "new conversation") == NULL);
+    /* the conversation went on: turn 2 ("bye") reuses all of turn 1 */
+    const char *t1 = strstr(r.err, "[turn 1: prefilled "), *t2 = strstr(r.err, "[turn 2: prefilled ");
+    CHECK(t1 && t2 && !strstr(r.err, "[turn 3"));
+    if (t1 && t2) {
+        const char *reused = strstr(t2, "new tokens (");
+        CHECK_EQ_INT(reused ? atoi(reused + 12) : -1, atoi(t1 + 19) + 4 + 1);
+    }
+    done(&r);
+    free(in);
+    fx_free(&fx);
+}
+
+TEST(cli_generate_stops_cleanly_when_the_context_is_full) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    /* 8 prompt tokens in 16 positions: 8 generated, then a clean stop that says why */
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 100 --temp 0 --ctx 16", path);
+    result r = EXPECT(args, NULL, 0);
+    const char *dec = strstr(r.err, "decode:  ");
+    if (!dec || atoi(dec + 9) != 8 || !strstr(dec, "stopped at context full"))
+        test_fail(__FILE__, __LINE__, "no clean stop at a full context: %s", r.err);
+    CHECK(strstr(r.err, "16 of 16 positions (prompt 8, generated 8)") != NULL);
+    done(&r);
+    /* a prompt that fills the context: refused with both numbers */
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 4 --ctx 8", path);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.err, "the prompt is 8 tokens; the context holds 8") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
 /* Writes n bytes to a fresh file under /tmp named for this process and tag. */
 static void write_bytes(char *path, size_t cap, const char *tag, const void *data, size_t n) {
     snprintf(path, cap, "/tmp/kvcache_cli_%s_%d", tag, (int)getpid());

@@ -42,7 +42,7 @@ static llm_context *context(const llm_model *m, int32_t threads, kv_dtype kv, in
 }
 
 static int32_t tokenize(const llm_model *m, const char *text, int32_t *ids, int32_t cap) {
-    int32_t n = llm_tokenize(m->tok, text, strlen(text), 1, 1, ids, cap);
+    int32_t n = llm_tokenize(llm_model_tokenizer(m), text, strlen(text), 1, 1, ids, cap);
     CHECK(n > 0);
     return n;
 }
@@ -50,13 +50,13 @@ static int32_t tokenize(const llm_model *m, const char *text, int32_t *ids, int3
 /* Greedy decoding of n tokens after a prompt; stops at end of turn. */
 static int32_t greedy(llm_context *c, const int32_t *prompt, int32_t n_prompt, int32_t n, int32_t *out) {
     const llm_model *m = llm_context_model(c);
-    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    float *logits = malloc(sizeof(float) * (size_t)llm_model_n_vocab(m));
     int32_t seq, k = 0;
     CHECK_EQ_INT(kv_seq_new(llm_context_cache(c), &seq), KV_OK);
     int rc = llm_eval(c, seq, prompt, n_prompt, 0, logits, NULL, NULL);
     while (rc == KV_OK && k < n) {
-        out[k] = llm_argmax(logits, m->hp.n_vocab);
-        if (llm_token_is_eog(m->tok, out[k])) break;
+        out[k] = llm_argmax(logits, llm_model_n_vocab(m));
+        if (llm_token_is_eog(llm_model_tokenizer(m), out[k])) break;
         rc = llm_eval(c, seq, &out[k++], 1, 0, logits, NULL, NULL);
     }
     CHECK_EQ_INT(rc, KV_OK);
@@ -68,10 +68,10 @@ static int32_t greedy(llm_context *c, const int32_t *prompt, int32_t n_prompt, i
 TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
     llm_model *m = real_model();
     if (!m) return;
-    CHECK_EQ_INT(m->chat.kind, LLM_CHAT_CHATML);
+    CHECK_EQ_INT(llm_model_chat(m)->kind, LLM_CHAT_CHATML);
     llm_chat_msg msg = {"user", "What is the capital of France?"};
     char text[1024];
-    CHECK(llm_chat_render(&m->chat, &msg, 1, 1, text, sizeof text) > 0);
+    CHECK(llm_chat_render(llm_model_chat(m), &msg, 1, 1, text, sizeof text) > 0);
     int32_t prompt[256], n_prompt = tokenize(m, text, prompt, 256);
     int32_t out[3][24], n[3];
     for (int t = 1; t <= 3; t++) {
@@ -84,7 +84,7 @@ TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
     CHECK(memcmp(out[0], out[1], sizeof(int32_t) * (size_t)n[0]) == 0);
     CHECK(memcmp(out[0], out[2], sizeof(int32_t) * (size_t)n[0]) == 0);
     char reply[512];
-    CHECK(llm_detokenize(m->tok, out[0], n[0], 0, reply, sizeof reply) > 0);
+    CHECK(llm_detokenize(llm_model_tokenizer(m), out[0], n[0], 0, reply, sizeof reply) > 0);
     printf("     reply: %s\n", reply);
     CHECK(strstr(reply, "Paris") != NULL);
     CHECK(strstr(reply, "capital") != NULL);
@@ -92,7 +92,7 @@ TEST(engine_real_greedy_output_is_identical_for_1_2_3_threads_and_coherent) {
     int32_t p2[64], n2 = tokenize(m, "One, two, three, four,", p2, 64), o2[12];
     llm_context *c = context(m, 2, KV_F16, 128);
     int32_t k = greedy(c, p2, n2, 12, o2);
-    CHECK(llm_detokenize(m->tok, o2, k, 0, reply, sizeof reply) > 0);
+    CHECK(llm_detokenize(llm_model_tokenizer(m), o2, k, 0, reply, sizeof reply) > 0);
     printf("     continuation: %s\n", reply);
     CHECK(strstr(reply, "five, six, seven") != NULL);
     llm_context_free(c);
@@ -107,7 +107,7 @@ TEST(engine_real_cached_decode_equals_full_recompute_32_steps) {
     llm_model *m = real_model();
     if (!m) return;
     enum { STEPS = 32 };
-    const int32_t V = m->hp.n_vocab;
+    const int32_t V = llm_model_n_vocab(m);
     llm_context *c = context(m, 2, KV_F32, 128);
     int32_t ids[128], n = tokenize(m, "Lighthouses were built on rocky coasts because", ids, 64), seq;
     const int32_t n_prompt = n;
@@ -148,25 +148,25 @@ TEST(engine_real_tokenizer_round_trips_utf8_with_accents_emoji_and_cjk) {
         "  leading spaces,\ttabs\nand newlines\n\n",
     };
     for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
-        int32_t ids[256], n = llm_tokenize(m->tok, texts[k], strlen(texts[k]), 1, 0, ids, 256);
+        int32_t ids[256], n = llm_tokenize(llm_model_tokenizer(m), texts[k], strlen(texts[k]), 1, 0, ids, 256);
         CHECK(n > 0);
         char back[512];
-        int32_t len = llm_detokenize(m->tok, ids, n, 0, back, sizeof back);
+        int32_t len = llm_detokenize(llm_model_tokenizer(m), ids, n, 0, back, sizeof back);
         if (len != (int32_t)strlen(texts[k]) || strcmp(back, texts[k]))
             test_fail(__FILE__, __LINE__, "round trip of text %d gave '%s'", (int)k, back);
     }
     /* the emoji and CJK need byte-level pieces: more tokens than characters would be a
      * sign of nothing, but every id must be a real vocabulary entry */
-    int32_t ids[64], n = llm_tokenize(m->tok, "\xf0\x9f\x98\x80", 4, 0, 0, ids, 64);
+    int32_t ids[64], n = llm_tokenize(llm_model_tokenizer(m), "\xf0\x9f\x98\x80", 4, 0, 0, ids, 64);
     CHECK(n >= 1 && n <= 4);
-    for (int32_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < m->hp.n_vocab);
+    for (int32_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < llm_model_n_vocab(m));
     llm_model_free(m);
 }
 
 /* llama.cpp's method, written out here apart from `kvcache perplexity`:
  * windows of ctx tokens from an empty cache, each scored on its second half. */
 static double perplexity(const llm_model *m, const int32_t *ids, int32_t n, int32_t ctx, kv_dtype kv) {
-    const int32_t V = m->hp.n_vocab, first = ctx / 2;
+    const int32_t V = llm_model_n_vocab(m), first = ctx / 2;
     llm_context *c = context(m, 2, kv, ctx);
     float *logits = malloc(sizeof(float) * (size_t)(ctx - 1 - first) * (size_t)V);
     uint8_t *want = malloc((size_t)ctx);
@@ -207,7 +207,7 @@ TEST(engine_real_perplexity_of_english_text_is_in_its_recorded_range) {
     fclose(f);
     text[len] = 0;
     static int32_t ids[4096];
-    int32_t n = llm_tokenize(m->tok, text, len, 1, 0, ids, 4096);
+    int32_t n = llm_tokenize(llm_model_tokenizer(m), text, len, 1, 0, ids, 4096);
     CHECK(n >= 512);
     double p16 = perplexity(m, ids, n, 128, KV_F16), p8 = perplexity(m, ids, n, 128, KV_Q8);
     printf("     %d tokens; ppl f16 K/V %.4f, q8 K/V %.4f\n", (int)n, p16, p8);

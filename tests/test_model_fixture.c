@@ -160,6 +160,7 @@ static double *add_norm(builder *b, const char *name, int64_t n) {
     float *v = malloc(sizeof(float) * (size_t)n);
     double *d = malloc(sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(1.0 + 0.1 * normal(b));
+    if (b->s->nan_norm && !strcmp(b->s->nan_norm, name)) d[0] = v[0] = NAN;
     int64_t dims[1] = {n};
     if (!b->s->skip_tensor || strcmp(b->s->skip_tensor, name)) gw_add_tensor_f32(b->w, name, GW_F32, 1, dims, v);
     free(v);

@@ -32,6 +32,7 @@ typedef struct {
     const char *skip_tensor;  /* leave this tensor out */
     const char *bad_tensor;   /* write this tensor with one more row than it should have */
     int extra_tokens;         /* tokens in the vocabulary beyond token_embd's rows */
+    const char *nan_norm;     /* write this norm vector with a NaN as its first element */
 } fx_spec;
 
 /* One layer's decoded weights, row-major [out][in]. */

@@ -16,7 +16,7 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/model.h"
+#include "../engine/arch.h"
 
 enum { N_TOK = 12, STEPS = 32 };
 
@@ -305,7 +305,7 @@ static void check_load_error(const fx_spec *spec, const char *expect) {
     if (fx_build(spec, &fx)) return;
     llm_model *m = (llm_model *)1;
     char err[256] = "";
-    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), -1);
+    CHECK_EQ_INT(llm_model_load(fx.path, &m, err, sizeof err), LLM_ERR_MODEL);
     CHECK(m == NULL);
     if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
     fx_free(&fx);
@@ -323,6 +323,6 @@ TEST(model_load_names_what_is_wrong) {
     check_load_error(&(fx_spec){.type = GW_F32, .extra_tokens = 3}, "token_embd.weight has shape");
     llm_model *m;
     char err[256];
-    CHECK_EQ_INT(llm_model_load("/nonexistent/model.gguf", &m, err, sizeof err), -1);
+    CHECK_EQ_INT(llm_model_load("/nonexistent/model.gguf", &m, err, sizeof err), LLM_ERR_MODEL);
     CHECK(strstr(err, "/nonexistent/model.gguf") != NULL);
 }

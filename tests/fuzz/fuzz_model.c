@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(err[0] && m == NULL);
         return 0;
     }
-    const llm_hparams *hp = &m->hp;
+    const llm_hparams *hp = llm_model_hparams(m);
     /* run only what stays fast: a few layers of a narrow model */
     if (hp->n_layers <= 4 && hp->dim <= 512 && hp->ffn_dim <= 2048 && hp->n_vocab <= 4096 && hp->n_heads <= 16) {
         llm_context_params p = llm_context_default_params();
@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (llm_context_create(m, &p, &c, err, sizeof err) == 0) {
             int32_t toks[6], seq, n = 0;
             const char *text = "hi \xc3\xa9";
-            n = llm_tokenize(m->tok, text, strlen(text), 1, 1, toks, 6);
+            n = llm_tokenize(llm_model_tokenizer(m), text, strlen(text), 1, 1, toks, 6);
             if (n <= 0) toks[0] = 0, n = 1;
             for (int i = 0; i < n; i++) REQUIRE(toks[i] >= 0 && toks[i] < hp->n_vocab);
             float *lg = malloc(sizeof(float) * (size_t)hp->n_vocab * 2);

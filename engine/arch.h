@@ -1,0 +1,175 @@
+/* engine/arch.h - inside the engine: the model and context structs, the
+ * per-layer hyperparameters, and the table of architectures. For the engine sources
+ * (and tests that inspect a loaded model), not for programs, which read a
+ * model through engine/model.h.
+ *
+ * An architecture is one file (engine/arch_NAME.c) holding an llm_arch: how
+ * to read its hyperparameters, how to find its tensors, and its forward pass
+ * composed from engine/layers.h. At load it declares
+ *
+ *   - per layer (m->lhp[l]): which cache group holds its K/V and at which
+ *     layer index, its sliding window, its RoPE table, its softmax scale;
+ *   - the groups (m->groups): layers sharing a window share one kv_cache, and
+ *     the context makes one cache per group (reserved together, all or
+ *     nothing);
+ *   - up to LLM_MAX_ROPES RoPE tables (e.g. one base for local layers, one
+ *     for global ones).
+ *
+ * Llama: one group of every layer, window 0, one RoPE table. */
+#ifndef LLM_ARCH_H
+#define LLM_ARCH_H
+
+#include "model.h"
+
+enum {
+    LLM_MAX_GROUPS = 4,  /* caches per context */
+    LLM_MAX_ROPES = 2,   /* RoPE tables per model */
+};
+
+/* A weight matrix in the mapping: rows x cols, each row one block-format row. */
+typedef struct {
+    int type;                /* LLM_TYPE_* (engine/quant.h) */
+    const void *data;        /* [rows] rows of llm_row_bytes(type, cols) bytes */
+    int64_t rows;            /* outputs */
+    int64_t cols;            /* inputs: the contiguous dimension, GGUF dims[0] */
+} llm_matrix;
+
+/* One layer's weights. An architecture fills what it has; the rest stays
+ * NULL / zero. */
+typedef struct {
+    const float *attn_norm;      /* [D] */
+    llm_matrix wq;               /* [H*d][D] */
+    llm_matrix wk;               /* [Hkv*d][D] */
+    llm_matrix wv;               /* [Hkv*d][D] */
+    llm_matrix wo;               /* [D][H*d] */
+    const float *ffn_norm;       /* [D] */
+    llm_matrix w_gate;           /* [F][D] */
+    llm_matrix w_up;             /* [F][D] */
+    llm_matrix w_down;           /* [D][F] */
+    const float *attn_q_norm;    /* [d] per-head RMSNorm of q (Gemma 3), or NULL */
+    const float *attn_k_norm;    /* [d] per-head RMSNorm of k, or NULL */
+    const float *post_attn_norm; /* [D] norm of the attention output before the residual, or NULL */
+    const float *post_ffn_norm;  /* [D] norm of the FFN output before the residual, or NULL */
+} llm_layer_weights;
+
+/* What may differ from layer to layer. */
+typedef struct {
+    int32_t group;           /* the cache holding this layer's K/V: [0, n_groups) */
+    int32_t group_layer;     /* its layer index inside that cache */
+    int32_t window;          /* sliding window W (0: full causal); = its group's window */
+    int32_t rope;            /* which of m->ropes rotates its q and k: [0, n_ropes) */
+    float attn_scale;        /* softmax scale; 0: 1/sqrt(d) */
+} llm_layer_hparams;
+
+/* Layers that share one cache. */
+typedef struct {
+    int32_t n_layers;        /* layers in the group (their group_layer is 0..n_layers-1) */
+    int32_t window;          /* W of every layer of the group; 0: full attention */
+} llm_cache_group;
+
+struct llm_arch;
+
+struct llm_model {
+    const struct llm_arch *arch; /* from general.architecture */
+    llm_gguf *gguf;              /* the file; every llm_matrix points into it */
+    llm_hparams hp;
+    llm_layer_hparams *lhp;      /* [L] */
+    int32_t n_groups;            /* caches a context makes */
+    llm_cache_group groups[LLM_MAX_GROUPS];
+    int32_t n_ropes;
+    kv_rope ropes[LLM_MAX_ROPES]; /* frequencies (with rope_freqs.weight applied if present) */
+    llm_matrix tok_embd;         /* [V][D] */
+    const float *output_norm;    /* [D] */
+    llm_matrix output;           /* [V][D]; a copy of tok_embd when the file ties them */
+    int tied_output;             /* 1 when the file has no output.weight */
+    llm_layer_weights *layers;   /* [L] */
+    float *norms;                /* every decoded norm vector, one allocation (the arch's layout) */
+    llm_tokenizer *tok;          /* from tokenizer.ggml.* */
+    llm_chat_format chat;        /* kind LLM_CHAT_UNKNOWN when no format was recognised */
+    uint64_t weight_bytes;       /* bytes of every tensor in the file */
+    char name[128];              /* general.name, or the file name */
+};
+
+/* Activations of one pass, `rows` rows each. */
+typedef struct {
+    int32_t rows;
+    float *x;           /* [rows][D] residual stream */
+    float *h;           /* [rows][D] normed input of a block; block output */
+    float *q;           /* [rows][H*d] queries, rotated */
+    float *k;           /* [rows][Hkv*d] keys, rotated */
+    float *v;           /* [rows][Hkv*d] values */
+    float *att;         /* [rows][H*d] attention output */
+    float *gate;        /* [rows][F] gate projection, then act(gate) * up */
+    float *up;          /* [rows][F] up projection */
+    int32_t *pos;       /* [rows] absolute position of each row */
+    int32_t *out_rows;  /* [rows] rows whose logits are wanted, ascending */
+} llm_scratch;
+
+struct llm_context {
+    const llm_model *m;     /* borrowed; outlives the context */
+    llm_context_params p;   /* n_ctx resolved */
+    int32_t n_caches;       /* = m->n_groups */
+    kv_cache *caches[LLM_MAX_GROUPS]; /* one per group, n_seqs sequences of up to n_ctx positions */
+    int32_t order[LLM_MAX_GROUPS];    /* reserve order: full caches first, window caches last */
+    kv_pool *pool;          /* n_threads - 1 workers; also runs the caches' attention */
+    llm_scratch ws;         /* n_batch rows */
+    uint8_t *all_rows;      /* [n_batch] all ones: "every row's logits" for llm_eval */
+};
+
+/* One forward pass, as an architecture's forward receives it. */
+typedef struct {
+    llm_context *c;
+    llm_scratch *ws;         /* rows 0..rows-1; pos and out_rows set */
+    int32_t rows;
+    const int32_t *tokens;   /* [rows] ids, checked against V */
+    const kv_batch *kb;      /* the batch, the same in every cache (reserved); NULL: no cache,
+                              * the rows are one sequence attending densely among themselves */
+    int32_t n_out;           /* rows of logits wanted (ws->out_rows[0..n_out)) */
+    float *logits;           /* [n_out][V], or NULL: none */
+} llm_pass;
+
+typedef struct llm_arch {
+    const char *name;        /* general.architecture */
+    /* Model-wide hyperparameters from the <name>.* keys. LLM_OK or LLM_ERR_MODEL. */
+    int (*read_hparams)(const llm_gguf *g, llm_hparams *hp, char *err, size_t errlen);
+    /* Everything else the forward needs, with m->hp, m->tok_embd and
+     * m->output (or tied) already set: layers, norms, m->lhp, m->groups,
+     * m->ropes. LLM_OK or LLM_ERR_MODEL / LLM_ERR_NOMEM. */
+    int (*load)(llm_model *m, char *err, size_t errlen);
+    /* Every layer over ps->rows, then the logits. An llm_status. */
+    int (*forward)(const llm_pass *ps);
+} llm_arch;
+
+extern const llm_arch llm_arch_llama;   /* engine/arch_llama.c */
+
+/* The architecture named name[0..len), or NULL. */
+const llm_arch *llm_arch_find(const char *name, size_t len);
+/* "llama, ..." : the names, for error messages. */
+const char *llm_arch_names(void);
+
+/* ---- loading helpers for architecture files (engine/model.c) */
+
+/* <prefix>.block_count, embedding_length, feed_forward_length, head_count,
+ * head_count_kv, context_length, key_length/value_length, the RMS epsilon,
+ * rope.freq_base/dimension_count (layout left as the default NEOX) and the
+ * vocabulary size. */
+int llm_read_common_hparams(const llm_gguf *g, const char *prefix, llm_hparams *hp, char *err, size_t errlen);
+/* A required count in [lo, hi]; an optional one (keeps *out when absent). */
+int llm_read_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out, char *err,
+                   size_t errlen);
+int llm_read_opt_count(const llm_gguf *g, const char *key, int32_t lo, int32_t hi, int32_t *out, char *err,
+                       size_t errlen);
+/* The tensor `name` as a rows x cols matrix (GGUF dims {cols, rows}). */
+int llm_load_matrix(const llm_gguf *g, const char *name, int64_t rows, int64_t cols, llm_matrix *out,
+                    char *err, size_t errlen);
+/* The vector `name` of n elements, decoded to f32 into dst. */
+int llm_load_vector(const llm_gguf *g, const char *name, int64_t n, float *dst, char *err, size_t errlen);
+/* m->ropes[i] from params, with rope_freqs.weight divisors applied when the
+ * file has that tensor and use_freqs is set. */
+int llm_load_rope(llm_model *m, int32_t i, const kv_rope_params *params, int use_freqs, char *err,
+                  size_t errlen);
+/* Every layer in one group of window 0 with RoPE table 0: what an
+ * architecture without sliding windows declares. NOMEM or OK. */
+int llm_layers_one_group(llm_model *m);
+
+#endif

@@ -1,0 +1,191 @@
+/* engine/layers.c - the layer toolkit (engine/layers.h): matrix products as
+ * pool jobs, norms, activations, RoPE and attention over the cache, logits. */
+#include "layers.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+
+/* Rows of W one matmul task computes. A fixed size, so how the work is cut
+ * never depends on the thread count (and a multiple of the 8-row decode
+ * chunk of llm_matmul_rows). 32 rows of a 576-wide Q4_1 matrix is ~11 KB of
+ * weights: big enough to amortize a task, small enough to balance 3 threads
+ * over the 192 rows of a K projection. EW_ROWS: rows per element-wise task. */
+enum { MM_ROWS = 32, EW_ROWS = 16 };
+
+/* ---------------------------------------------------------------- scratch */
+
+void llm_scratch_free(llm_scratch *s) {
+    free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att);
+    free(s->gate), free(s->up), free(s->pos), free(s->out_rows);
+    memset(s, 0, sizeof *s);
+}
+
+int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows) {
+    size_t r = (size_t)rows, qd = (size_t)hp->n_heads * (size_t)hp->head_dim;
+    size_t kvd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+    s->rows = rows;
+    s->x = malloc(sizeof(float) * r * (size_t)hp->dim);
+    s->h = malloc(sizeof(float) * r * (size_t)hp->dim);
+    s->q = malloc(sizeof(float) * r * qd);
+    s->k = malloc(sizeof(float) * r * kvd);
+    s->v = malloc(sizeof(float) * r * kvd);
+    s->att = malloc(sizeof(float) * r * qd);
+    s->gate = malloc(sizeof(float) * r * (size_t)hp->ffn_dim);
+    s->up = malloc(sizeof(float) * r * (size_t)hp->ffn_dim);
+    s->pos = malloc(sizeof(int32_t) * r);
+    s->out_rows = malloc(sizeof(int32_t) * r);
+    if (s->x && s->h && s->q && s->k && s->v && s->att && s->gate && s->up && s->pos && s->out_rows) return LLM_OK;
+    llm_scratch_free(s);
+    return LLM_ERR_NOMEM;
+}
+
+/* ---------------------------------------------------------------- matrix products */
+
+static int32_t tasks_of(const llm_matrix *w) { return (int32_t)((w->rows + MM_ROWS - 1) / MM_ROWS); }
+
+static void mm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const llm_mm_job *j = ctx;
+    int i = j->n_parts - 1;
+    while (task < j->part[i].first_task) i--;
+    const llm_matrix *w = j->part[i].w;
+    int64_t r0 = (int64_t)(task - j->part[i].first_task) * MM_ROWS;
+    int64_t r1 = r0 + MM_ROWS < w->rows ? r0 + MM_ROWS : w->rows;
+    llm_matmul_rows(w->type, w->data, w->cols, r0, r1, j->part[i].x, j->m, j->part[i].y, j->part[i].ldy);
+}
+
+llm_mm_job llm_mm_begin(int32_t m) { return (llm_mm_job){.m = m}; }
+
+void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, int64_t ldy) {
+    int32_t first = j->n_parts ? j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w) : 0;
+    j->part[j->n_parts].w = w, j->part[j->n_parts].x = x, j->part[j->n_parts].y = y;
+    j->part[j->n_parts].ldy = ldy, j->part[j->n_parts].first_task = first;
+    j->n_parts++;
+}
+
+void llm_mm_run(kv_pool *pool, llm_mm_job *j) {
+    int32_t n_tasks = j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w);
+    kv_pool_run(pool, n_tasks, mm_task, j);
+}
+
+void llm_matmul(kv_pool *pool, const llm_matrix *w, const float *x, int32_t m, float *y) {
+    llm_mm_job j = llm_mm_begin(m);
+    llm_mm_add(&j, w, x, y, w->rows);
+    llm_mm_run(pool, &j);
+}
+
+/* ---------------------------------------------------------------- element-wise */
+
+void llm_embed(const llm_model *m, const int32_t *tokens, int32_t rows, float *x) {
+    const int64_t D = m->hp.dim, row = llm_row_bytes(m->tok_embd.type, D);
+    for (int32_t r = 0; r < rows; r++)
+        llm_dequant_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)tokens[r] * (size_t)row,
+                        x + (size_t)r * (size_t)D, D);
+}
+
+/* The mean in double: 576-4096 squares summed in f32 lose a few bits we can
+ * keep for free. */
+void llm_rmsnorm(const float *x, const float *w, float *out, int32_t rows, int64_t n, float eps) {
+    for (int32_t r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * (size_t)n;
+        float *o = out + (size_t)r * (size_t)n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / (double)n + eps));
+        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * s * w[i];
+    }
+}
+
+void llm_rmsnorm_heads(float *x, const float *w, int32_t rows, int32_t n_heads, int32_t d, float eps) {
+    llm_rmsnorm(x, w, x, rows * n_heads, d, eps);
+}
+
+void llm_add_into(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void llm_scale(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* gate = act(gate) * up in row blocks over threads (F transcendental calls
+ * per row are the one element-wise cost that shows in prefill). */
+typedef struct {
+    float *gate;          /* [rows][F] */
+    const float *up;      /* [rows][F] */
+    int32_t rows;
+    int64_t F;
+} glu_job;
+
+static void swiglu_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const glu_job *j = ctx;
+    int32_t r1 = (task + 1) * EW_ROWS < j->rows ? (task + 1) * EW_ROWS : j->rows;
+    for (size_t i = (size_t)task * EW_ROWS * (size_t)j->F; i < (size_t)r1 * (size_t)j->F; i++) {
+        float g = j->gate[i];
+        j->gate[i] = g / (1.0f + expf(-g)) * j->up[i]; /* silu(g) = g * sigmoid(g) */
+    }
+}
+
+/* gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), the tanh form Gemma uses */
+static void geglu_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const glu_job *j = ctx;
+    int32_t r1 = (task + 1) * EW_ROWS < j->rows ? (task + 1) * EW_ROWS : j->rows;
+    for (size_t i = (size_t)task * EW_ROWS * (size_t)j->F; i < (size_t)r1 * (size_t)j->F; i++) {
+        float g = j->gate[i];
+        j->gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * j->up[i];
+    }
+}
+
+static void run_glu(kv_pool *pool, kv_task_fn fn, float *gate, const float *up, int32_t rows, int64_t F) {
+    glu_job j = {gate, up, rows, F};
+    kv_pool_run(rows >= 2 * EW_ROWS ? pool : NULL, (rows + EW_ROWS - 1) / EW_ROWS, fn, &j);
+}
+
+void llm_swiglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F) {
+    run_glu(pool, swiglu_task, gate, up, rows, F);
+}
+
+void llm_geglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F) {
+    run_glu(pool, geglu_task, gate, up, rows, F);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+int llm_rope_qk(const llm_pass *ps, const kv_rope *rope) {
+    const llm_hparams *hp = &ps->c->m->hp;
+    int rc = kv_rope_apply_f32(rope, ps->ws->q, ps->rows, hp->n_heads, ps->ws->pos);
+    return rc ? rc : kv_rope_apply_f32(rope, ps->ws->k, ps->rows, hp->n_kv_heads, ps->ws->pos);
+}
+
+int llm_attention(const llm_pass *ps, int32_t l) {
+    const llm_model *m = ps->c->m;
+    const llm_hparams *hp = &m->hp;
+    const llm_layer_hparams *lp = &m->lhp[l];
+    llm_scratch *ws = ps->ws;
+    if (ps->kb) {
+        kv_cache *cache = ps->c->caches[lp->group];
+        int rc = kv_append_f32(cache, lp->group_layer, ps->kb, ws->k, ws->v);
+        return rc ? rc : kv_attend_f32(cache, lp->group_layer, ps->kb, hp->n_heads, ws->q, ws->att, lp->attn_scale);
+    }
+    return kv_attention_f32(ps->rows, ps->rows, hp->n_heads, hp->n_kv_heads, hp->head_dim, ws->q, ws->k, ws->v,
+                            ws->att, lp->window, lp->attn_scale);
+}
+
+/* ---------------------------------------------------------------- output */
+
+void llm_logits(const llm_pass *ps, const float *out_norm) {
+    if (ps->n_out == 0 || !ps->logits) return;
+    const llm_model *m = ps->c->m;
+    const int64_t D = m->hp.dim;
+    llm_scratch *ws = ps->ws;
+    /* only the rows that need logits: gather, norm, project onto the vocabulary */
+    for (int32_t i = 0; i < ps->n_out; i++)
+        memmove(ws->h + (size_t)i * (size_t)D, ws->x + (size_t)ws->out_rows[i] * (size_t)D, sizeof(float) * (size_t)D);
+    llm_rmsnorm(ws->h, out_norm, ws->h, ps->n_out, D, m->hp.norm_eps);
+    llm_matmul(ps->c->pool, &m->output, ws->h, ps->n_out, ps->logits);
+}

@@ -1,0 +1,77 @@
+/* engine/layers.h - the layer toolkit architectures compose (engine/arch_NAME.c):
+ * token embedding, RMSNorm (over rows or per head), matrix products over a
+ * batch of rows (several sharing an input run as one pool job), RoPE at the
+ * rows' positions, attention over the paged cache (or dense, for the
+ * reference pass), the FFN activations, residual adds, and the final
+ * projection onto the vocabulary for the wanted rows.
+ *
+ * Every piece works on `rows` rows of the pass's scratch (engine/arch.h) and
+ * cuts its work into tasks of a fixed size, so results never depend on the
+ * thread count. Internal to the engine. */
+#ifndef LLM_LAYERS_H
+#define LLM_LAYERS_H
+
+#include "arch.h"
+
+/* ---- scratch */
+int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows); /* LLM_OK or LLM_ERR_NOMEM */
+void llm_scratch_free(llm_scratch *s);
+
+/* ---- matrix products: y = x W^T for m rows of x */
+
+/* Up to three products run as one pool job (Q, K and V share an input; so
+ * do gate and up). */
+typedef struct {
+    struct {
+        const llm_matrix *w;    /* [rows][cols] */
+        const float *x;         /* [m][cols] */
+        float *y;               /* [m][ldy] */
+        int64_t ldy;            /* row stride of y (>= w->rows) */
+        int32_t first_task;     /* index of this part's first task in the job */
+    } part[3];
+    int n_parts;
+    int32_t m;                  /* rows of x */
+} llm_mm_job;
+
+/* A job over m rows; add 1-3 products, then run. */
+llm_mm_job llm_mm_begin(int32_t m);
+void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, int64_t ldy);
+void llm_mm_run(kv_pool *pool, llm_mm_job *j);
+/* One product: y [m][w->rows] = x [m][w->cols] W^T. */
+void llm_matmul(kv_pool *pool, const llm_matrix *w, const float *x, int32_t m, float *y);
+
+/* ---- element-wise */
+
+/* x [rows][D] = token_embd rows of tokens [rows], decoded. */
+void llm_embed(const llm_model *m, const int32_t *tokens, int32_t rows, float *x);
+/* out = x / sqrt(mean(x^2) + eps) * w per row of n (out may be x). */
+void llm_rmsnorm(const float *x, const float *w, float *out, int32_t rows, int64_t n, float eps);
+/* The same per head, in place: x [rows][n_heads][d], w [d] (q/k norms). */
+void llm_rmsnorm_heads(float *x, const float *w, int32_t rows, int32_t n_heads, int32_t d, float eps);
+/* x += y over n. */
+void llm_add_into(float *x, const float *y, size_t n);
+/* x *= s over n. */
+void llm_scale(float *x, size_t n, float s);
+/* gate [rows][F] = silu(gate) * up (SwiGLU, Llama). */
+void llm_swiglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F);
+/* gate [rows][F] = gelu_tanh(gate) * up (GeGLU, Gemma). */
+void llm_geglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F);
+
+/* ---- attention */
+
+/* Rotates ws->q (H heads) and ws->k (Hkv heads) at ws->pos by rope. */
+int llm_rope_qk(const llm_pass *ps, const kv_rope *rope);
+/* Layer l's attention of ws->q over ws->k / ws->v into ws->att: with a cache,
+ * appends k and v to the layer's cache (m->lhp[l]: group, group_layer) and
+ * attends over it; without one, dense causal attention among the rows. The
+ * layer's window and scale apply either way. */
+int llm_attention(const llm_pass *ps, int32_t l);
+
+/* ---- output */
+
+/* The wanted rows of ws->x (ws->out_rows[0..n_out)): norm by out_norm,
+ * project by m->output into ps->logits [n_out][V]. Nothing when n_out is 0
+ * or logits NULL. Clobbers ws->h. */
+void llm_logits(const llm_pass *ps, const float *out_norm);
+
+#endif

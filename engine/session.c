@@ -1,0 +1,249 @@
+/* engine/session.c - one sequence's generation loop (engine/session.h):
+ * common-prefix reuse, chunked prefill, then sample -> text stream ->
+ * forward until a stop reason, timed per phase. */
+#include "session.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct llm_session {
+    llm_context *c;      /* borrowed */
+    int32_t seq;         /* its sequence in every cache of c */
+    int32_t *toks;       /* [cap] what the sequence holds: [0, n_cached) in the cache, then at
+                          * most one generated token not fed yet */
+    int32_t n, n_cached, cap;
+    float *logits;       /* [V] of the last position fed */
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+llm_gen_params llm_gen_default_params(void) {
+    return (llm_gen_params){.max_tokens = 128, .sampler = llm_sampler_default_params()};
+}
+
+int llm_session_create(llm_context *c, llm_session **out) {
+    *out = NULL;
+    if (!c) return LLM_ERR_NULL;
+    llm_session *s = calloc(1, sizeof *s);
+    if (!s) return LLM_ERR_NOMEM;
+    s->c = c;
+    s->cap = 256;
+    s->toks = malloc(sizeof(int32_t) * (size_t)s->cap);
+    s->logits = malloc(sizeof(float) * (size_t)llm_model_n_vocab(llm_context_model(c)));
+    int rc = s->toks && s->logits ? llm_seq_new(c, &s->seq) : LLM_ERR_NOMEM;
+    if (rc != LLM_OK) {
+        free(s->toks), free(s->logits), free(s);
+        return rc;
+    }
+    *out = s;
+    return LLM_OK;
+}
+
+void llm_session_free(llm_session *s) {
+    if (!s) return;
+    llm_seq_remove(s->c, s->seq);
+    free(s->toks), free(s->logits), free(s);
+}
+
+const int32_t *llm_session_tokens(const llm_session *s, int32_t *n) {
+    *n = s->n;
+    return s->toks;
+}
+int32_t llm_session_n_cached(const llm_session *s) { return s->n_cached; }
+int32_t llm_session_seq(const llm_session *s) { return s->seq; }
+
+static int reserve_tokens(llm_session *s, int64_t n) {
+    if (n <= s->cap) return LLM_OK;
+    if (n > INT32_MAX / 2) return LLM_ERR_SHAPE;
+    int32_t cap = (int32_t)(2 * n);
+    int32_t *nt = realloc(s->toks, sizeof(int32_t) * (size_t)cap);
+    if (!nt) return LLM_ERR_NOMEM;
+    s->toks = nt, s->cap = cap;
+    return LLM_OK;
+}
+
+/* Keeps toks[0..k) (k <= n): the cache is cut back when it holds more. A
+ * window cache may refuse to go back that far; then the sequence starts
+ * over, empty. */
+static void cut_cache(llm_session *s, int32_t k) {
+    if (k < s->n_cached) {
+        if (llm_seq_truncate(s->c, s->seq, k) != LLM_OK) {
+            llm_seq_remove(s->c, s->seq);
+            llm_seq_new(s->c, &s->seq); /* takes the slot just freed */
+            k = 0;
+        }
+        s->n_cached = k;
+    }
+    s->n = k;
+}
+
+int llm_session_truncate(llm_session *s, int32_t n) {
+    if (n < 0 || n > s->n) return LLM_ERR_LENGTH;
+    cut_cache(s, n);
+    return LLM_OK;
+}
+
+void llm_session_reset(llm_session *s) { llm_session_truncate(s, 0); }
+
+static int check_ids(const llm_session *s, const int32_t *tokens, int32_t n) {
+    int32_t V = llm_model_n_vocab(llm_context_model(s->c));
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) return LLM_ERR_TOKEN;
+    return LLM_OK;
+}
+
+int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n) {
+    if (!s || n < 0 || (n > 0 && !tokens)) return LLM_ERR_NULL;
+    int rc = check_ids(s, tokens, n);
+    if (!rc) rc = reserve_tokens(s, (int64_t)s->n + n);
+    if (rc) return rc;
+    memcpy(s->toks + s->n, tokens, sizeof(int32_t) * (size_t)n);
+    rc = llm_eval(s->c, s->seq, s->toks + s->n_cached, s->n + n - s->n_cached, 0, NULL, NULL, NULL);
+    if (rc) return rc; /* llm_eval put the sequence back: nothing changed */
+    s->n += n, s->n_cached = s->n;
+    return LLM_OK;
+}
+
+static int all_finite(const float *x, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* Sends text to the caller; nonzero when it asks to stop. */
+static int show(const llm_gen_params *p, const char *text, size_t len) {
+    return len && p->on_text ? p->on_text(p->user, text, len) : 0;
+}
+
+#define STOP(why, st, ...) \
+    (res->reason = (why), res->status = (st), snprintf(res->message, sizeof res->message, __VA_ARGS__))
+
+int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const llm_gen_params *p,
+                         llm_gen_result *res) {
+    memset(res, 0, sizeof *res);
+    res->eog_token = -1, res->n_prompt = n;
+    if (!s || !p || !tokens || n < 1) return STOP(LLM_STOP_ERROR, LLM_ERR_NULL, "no prompt tokens"), res->status;
+    const int32_t n_ctx = llm_context_get_params(s->c).n_ctx;
+    const llm_model *m = llm_context_model(s->c);
+    const int32_t V = llm_model_n_vocab(m);
+    if (p->reserve < 0 || p->n_stops < 0 || p->n_stops > LLM_MAX_STOPS)
+        return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "reserve < 0 or more than %d stop strings", LLM_MAX_STOPS), res->status;
+    if (check_ids(s, tokens, n))
+        return STOP(LLM_STOP_ERROR, LLM_ERR_TOKEN, "a prompt token id is outside the vocabulary of %d", (int)V),
+               res->status;
+    if ((int64_t)n + (p->max_tokens != 0) + p->reserve > n_ctx) /* room for the prompt and one token */
+        return STOP(LLM_STOP_CONTEXT, LLM_ERR_CAPACITY, "the prompt is %d tokens%s; the context holds %d", (int)n,
+                    p->reserve ? " plus room for the end of turn" : "", (int)n_ctx),
+               res->status;
+    llm_sampler smp;
+    if (llm_sampler_init(&smp, &p->sampler, V) != 0)
+        return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "bad sampler parameters (or out of memory)"), res->status;
+    llm_textstream *ts;
+    int rc = llm_textstream_create(llm_model_tokenizer(m), p->stops, p->n_stops, p->max_tokens,
+                                   p->ignore_eog ? LLM_STREAM_IGNORE_EOG : 0, &ts);
+    /* it never holds more than n_ctx tokens in the cache and one not fed yet */
+    int64_t most = (int64_t)n + (p->max_tokens >= 0 ? p->max_tokens : n_ctx) + 1;
+    if (rc == LLM_OK) rc = reserve_tokens(s, most < (int64_t)n_ctx + 1 ? most : (int64_t)n_ctx + 1);
+    if (rc != LLM_OK) {
+        llm_sampler_free(&smp);
+        llm_textstream_free(ts);
+        return STOP(LLM_STOP_ERROR, rc, "%s", rc == LLM_ERR_PARAM ? "a stop string is empty" : llm_status_str(rc)),
+               res->status;
+    }
+
+    /* prefill what the cache does not hold yet (at least the last token, for its logits) */
+    int32_t k = 0;
+    while (k < n && k < s->n_cached && tokens[k] == s->toks[k]) k++;
+    if (k == n) k = n - 1;
+    cut_cache(s, k);
+    k = s->n;
+    memcpy(s->toks + k, tokens + k, sizeof(int32_t) * (size_t)(n - k));
+    s->n = n;
+    res->n_reused = k;
+    double t0 = now();
+    rc = llm_eval(s->c, s->seq, tokens + k, n - k, 0, s->logits, p->progress, p->progress_user);
+    res->t_prefill = now() - t0;
+    t0 = now();
+    if (rc != LLM_OK) {
+        s->n = k;
+        STOP(LLM_STOP_ERROR, rc, "prefill of %d tokens failed: %s", (int)(n - k), llm_status_str(rc));
+    } else {
+        s->n_cached = n;
+    }
+
+    /* sample -> stream -> forward */
+    while (rc == LLM_OK) {
+        if (p->max_tokens == 0) {
+            STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
+            break;
+        }
+        if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx) {
+            STOP(LLM_STOP_CONTEXT, LLM_OK, "context full: %d of %d positions (prompt %d, generated %d%s)",
+                 (int)s->n_cached, (int)n_ctx, (int)n, (int)res->n_generated,
+                 p->reserve ? ", room kept for the end of turn" : "");
+            break;
+        }
+        if (!all_finite(s->logits, V)) {
+            rc = LLM_ERR_NONFINITE;
+            STOP(LLM_STOP_ERROR, rc, "the logits at position %d are not finite (NaN or infinity): nothing sampled",
+                 (int)(s->n_cached - 1));
+            break;
+        }
+        if (p->on_logits && p->on_logits(p->user, s->logits, V)) {
+            STOP(LLM_STOP_CANCEL, LLM_OK, "cancelled");
+            break;
+        }
+        int cancel = 0;
+        int32_t tok = llm_sample(&smp, s->logits);
+        if (p->on_token && p->on_token(p->user, tok)) cancel = 1;
+        const char *text;
+        size_t len;
+        llm_stop_reason why = llm_textstream_push(ts, tok, &text, &len);
+        if (show(p, text, len)) cancel = 1;
+        if (why == LLM_STOP_EOG) {
+            res->eog_token = tok;
+            STOP(why, LLM_OK, "end of generation token %d", (int)tok);
+            break;
+        }
+        if (why == LLM_STOP_ERROR) {
+            rc = LLM_ERR_TOKEN;
+            STOP(why, rc, "sampled token %d cannot be rendered", (int)tok);
+            break;
+        }
+        if (reserve_tokens(s, (int64_t)s->n + 1)) {
+            rc = LLM_ERR_NOMEM;
+            STOP(LLM_STOP_ERROR, rc, "out of memory");
+            break;
+        }
+        s->toks[s->n++] = tok;
+        res->n_generated++;
+        if (why != LLM_STOP_NONE || cancel) {
+            STOP(why != LLM_STOP_NONE ? why : LLM_STOP_CANCEL, LLM_OK, "%s",
+                 llm_stop_reason_str(why != LLM_STOP_NONE ? why : LLM_STOP_CANCEL));
+            break;
+        }
+        rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
+        if (rc != LLM_OK) {
+            STOP(LLM_STOP_ERROR, rc, "decoding failed after %d tokens: %s", (int)res->n_generated, llm_status_str(rc));
+            break;
+        }
+        s->n_cached++;
+    }
+    if (res->reason != LLM_STOP_STRING) {
+        const char *text;
+        size_t len;
+        llm_textstream_flush(ts, &text, &len);
+        show(p, text, len);
+    }
+    res->t_decode = now() - t0;
+    llm_textstream_free(ts);
+    llm_sampler_free(&smp);
+    return res->status;
+}
