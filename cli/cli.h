@@ -81,6 +81,43 @@ int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t le
                           int32_t *n_out);
 /* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
+/* ---- cache policies (engine/policy.h), for generate and chat ---- */
+
+#include "../engine/session.h" /* llm_session, llm_gen_result */
+
+typedef struct {
+    int context_shift;    /* --context-shift: a full context drops old positions and goes on */
+    int64_t keep;         /* --keep N: positions a shift keeps; -1: the system prompt (at least 4) */
+    const char *session;  /* --session FILE: restore the common prefix, save after the run */
+    int64_t draft_lookup; /* --draft-lookup N (generate): prompt-lookup speculative decoding */
+} cli_policy_opts;
+
+#define CLI_POLICY_HELP                                                                          \
+    "  --context-shift    when the context is full, keep the first --keep positions, drop half\n" \
+    "                     of the rest and go on (default: stop, saying so)\n"                      \
+    "  --keep N           positions a context shift keeps (default: the system prompt, >= 4)\n"    \
+    "  --session FILE     restore the cached prefix FILE holds (if it begins this prompt and was\n" \
+    "                     made by this model and --kv-type), prefill only the rest, save after\n"  \
+    "                     the run\n"
+
+cli_policy_opts cli_policy_opts_default(void);
+/* Matches --context-shift, --keep, --session (and --draft-lookup when
+ * lookup is set) at argv[*i]. */
+bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool lookup);
+/* 0, or 2 after a message naming the bad option. */
+int cli_policy_check(const char *cmd, const cli_policy_opts *o);
+/* Tokens a chat prompt starts with whatever the user says: BOS, the system
+ * message (or the template's own), the user header. The default --keep. */
+int32_t cli_chat_prefix_tokens(const struct llm_model *m, const char *system);
+/* --session: restores what FILE shares with prompt [n] into s (a line on
+ * stderr says what happened, or why the run goes on cold); the count. */
+int32_t cli_session_restore(const char *cmd, struct llm_session *s, const char *path, const int32_t *prompt,
+                            int32_t n);
+/* --session: saves s to FILE, a line on stderr either way; 0 or 1. */
+int cli_session_save(const char *cmd, const struct llm_session *s, const char *path);
+/* A line per policy that acted in a generation: shifts, lookup acceptance. */
+void cli_policy_report(const llm_gen_result *res);
+
 /* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */
 char *cli_read_file(const char *path, size_t *len);
 
