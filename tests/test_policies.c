@@ -382,3 +382,198 @@ TEST(policy_corrupt_truncated_or_foreign_session_files_are_refused_and_change_no
     session_teardown(&s);
     session_teardown(&other);
 }
+
+/* ---------------------------------------------------------------- in the generation loop */
+
+#include "../engine/session.h"
+
+typedef struct {
+    int32_t toks[1024];
+    int32_t n;
+    float *logits;     /* [cap][V] the logits each sample was drawn from, or NULL */
+    int32_t n_logits, cap;
+} trace;
+
+static int t_token(void *user, int32_t token) {
+    trace *t = user;
+    if (t->n < 1024) t->toks[t->n++] = token;
+    return 0;
+}
+
+static int t_logits(void *user, float *logits, int32_t n_vocab) {
+    trace *t = user;
+    if (t->logits && t->n_logits < t->cap)
+        memcpy(t->logits + (size_t)t->n_logits++ * (size_t)n_vocab, logits, sizeof(float) * (size_t)n_vocab);
+    return 0;
+}
+
+/* One generation on a fresh session of c; the tokens into *t. */
+static llm_gen_result generate(llm_context *c, const int32_t *prompt, int32_t n, llm_gen_params gp, trace *t,
+                               int32_t *n_cached, int32_t *seq_len) {
+    llm_session *s = NULL;
+    llm_gen_result res;
+    memset(&res, 0, sizeof res);
+    CHECK_EQ_INT(llm_session_create(c, &s), LLM_OK);
+    if (!s) return res;
+    gp.on_token = t_token, gp.on_logits = t_logits, gp.user = t;
+    llm_session_generate(s, prompt, n, &gp, &res);
+    *n_cached = llm_session_n_cached(s);
+    *seq_len = llm_seq_length(c, llm_session_seq(s));
+    llm_session_free(s);
+    return res;
+}
+
+TEST(policy_prompt_lookup_gives_the_tokens_of_plain_decoding_greedy_and_sampled) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_F32, .seed = 51, .rot_dim = 32}, &fx)) return;
+    llm_model *m = load(&fx);
+    if (!m) return fx_free(&fx);
+    llm_context *c = make_ctx(m, KV_F32, 512);
+    /* a prompt built to be copied (a phrase three times over) and one that is not */
+    int32_t copy[60], plain[60];
+    some_tokens(copy, 20, 8), some_tokens(plain, 60, 9);
+    memcpy(copy + 20, copy, sizeof(int32_t) * 20), memcpy(copy + 40, copy, sizeof(int32_t) * 20);
+    const int32_t *prompts[2] = {copy, plain};
+    const float temps[2] = {0, 1.5f};
+    const int32_t lengths[3] = {120, 13, 1};
+    int64_t drafted = 0, accepted = 0;
+    for (int pi = 0; pi < 2; pi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int li = 0; li < 3; li++) {
+                llm_gen_params gp = llm_gen_default_params();
+                gp.max_tokens = lengths[li];
+                gp.sampler.temp = temps[ti], gp.sampler.seed = 77;
+                gp.ignore_eog = 1; /* long runs: the random model's EOG would end them early */
+                trace a = {0}, b = {0};
+                int32_t ca, cb, la, lb;
+                llm_gen_result ra = generate(c, prompts[pi], 60, gp, &a, &ca, &la);
+                gp.draft_lookup = 8;
+                llm_gen_result rb = generate(c, prompts[pi], 60, gp, &b, &cb, &lb);
+                if (a.n != b.n || memcmp(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n) != 0)
+                    test_fail(__FILE__, __LINE__, "prompt %d temp %g max %d: lookup changed the tokens", pi,
+                              (double)temps[ti], (int)lengths[li]);
+                CHECK_EQ_INT(ra.n_generated, rb.n_generated);
+                CHECK_EQ_INT(ra.reason, rb.reason);
+                CHECK_EQ_INT(ca, cb); /* the cache holds the same: rejected drafts were rolled back */
+                CHECK_EQ_INT(la, lb);
+                CHECK_EQ_INT(ca, la);
+                CHECK(rb.n_accepted <= rb.n_drafted);
+                CHECK(rb.n_passes <= ra.n_passes);
+                drafted += rb.n_drafted, accepted += rb.n_accepted;
+            }
+    printf("     lookup: %lld of %lld drafted tokens accepted\n", (long long)accepted, (long long)drafted);
+    CHECK(accepted > 0);           /* both branches ran: drafts taken ... */
+    CHECK(drafted > accepted);     /* ... and drafts rolled back */
+    llm_context_free(c);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+TEST(policy_a_session_with_context_shift_runs_past_its_context_as_the_oracle_says) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_F32, .seed = 52, .rot_dim = 32}, &fx)) return;
+    llm_model *m = load(&fx);
+    if (!m) return fx_free(&fx);
+    enum { N_CTX = 32, N = 10, GEN = 90, KEEP = 5 };
+    llm_context *c = make_ctx(m, KV_F32, N_CTX);
+    int32_t prompt[N];
+    some_tokens(prompt, N, 10);
+    for (int lookup = 0; lookup <= 8; lookup += 8) {
+        llm_gen_params gp = llm_gen_default_params();
+        gp.max_tokens = GEN, gp.sampler.temp = 0, gp.ignore_eog = 1;
+        gp.context_shift = 1, gp.n_keep = KEEP, gp.draft_lookup = lookup;
+        trace t = {.logits = malloc(sizeof(float) * GEN * FX_VOCAB), .cap = GEN};
+        int32_t cached, len;
+        llm_gen_result r = generate(c, prompt, N, gp, &t, &cached, &len);
+        CHECK_EQ_INT(r.n_generated, GEN); /* three times the context */
+        CHECK_EQ_INT(r.reason, LLM_STOP_LENGTH);
+        CHECK_EQ_INT(t.n_logits, GEN);
+        /* the shifts the loop must have made: before feeding a token that
+         * does not fit, keep KEEP and drop half of the rest */
+        fx_shift sh[16];
+        int32_t n_sh = 0, held = N, dropped = 0;
+        for (int32_t g = 0; g < GEN; g++) {
+            if (held + 1 > N_CTX && n_sh < 16) {
+                int32_t drop = (held - KEEP) / 2;
+                sh[n_sh++] = (fx_shift){N + g, KEEP, drop};
+                held -= drop, dropped += drop;
+            }
+            held++; /* token g is fed */
+        }
+        CHECK_EQ_INT(r.n_shifts, n_sh);
+        CHECK_EQ_INT(r.n_discarded, dropped);
+        int32_t stream[N + GEN];
+        memcpy(stream, prompt, sizeof prompt), memcpy(stream + N, t.toks, sizeof(int32_t) * GEN);
+        double *want = malloc(sizeof(double) * (N + GEN) * FX_VOCAB);
+        fx_reference_shifted(&fx, stream, N + GEN - 1, sh, n_sh, want);
+        /* sample g was drawn from the logits after stream token N + g - 1 */
+        double d = rel_diff(t.logits, want + (size_t)(N - 1) * FX_VOCAB, (int64_t)GEN * FX_VOCAB);
+        printf("     %d shifts over %d tokens (lookup %d): logits vs oracle %.2e (relative)\n", (int)n_sh,
+               (int)(N + GEN), lookup, d);
+        CHECK(d <= 1e-5);
+        /* and the greedy tokens are the oracle's */
+        int same = 1;
+        for (int32_t g = 0; g < GEN; g++) {
+            const double *row = want + (size_t)(N - 1 + g) * FX_VOCAB;
+            int32_t best = 0;
+            for (int32_t i = 1; i < FX_VOCAB; i++) best = row[i] > row[best] ? i : best;
+            same &= best == t.toks[g];
+        }
+        CHECK(same);
+        free(t.logits), free(want);
+    }
+    llm_context_free(c);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+TEST(policy_a_session_saved_and_loaded_generates_what_a_cold_session_does) {
+    session_fixture s;
+    if (session_setup(&s, 53)) return;
+    llm_context *c = make_ctx(s.m, KV_F16, 64);
+    int32_t prompt[40];
+    some_tokens(prompt, 40, 11);
+    llm_gen_params gp = llm_gen_default_params();
+    gp.max_tokens = 8, gp.sampler.temp = 0, gp.ignore_eog = 1;
+    /* a first run on the first 20 prompt tokens, saved */
+    llm_session *a;
+    llm_gen_result r;
+    char err[256] = "";
+    CHECK_EQ_INT(llm_session_create(c, &a), LLM_OK);
+    llm_session_generate(a, prompt, 20, &gp, &r);
+    CHECK_EQ_INT(llm_session_save(a, s.path, err, sizeof err), LLM_OK);
+    int32_t n_saved = llm_session_n_cached(a);
+    llm_session_free(a);
+    /* cold and warm runs of the whole prompt */
+    trace cold = {0}, warm = {0};
+    int32_t cc, cl, wc, wl;
+    llm_gen_result rc = generate(c, prompt, 40, gp, &cold, &cc, &cl);
+    llm_session *b;
+    CHECK_EQ_INT(llm_session_create(c, &b), LLM_OK);
+    int32_t restored = -1;
+    CHECK_EQ_INT(llm_session_load(b, s.path, prompt, 40, &restored, err, sizeof err), LLM_OK);
+    CHECK_EQ_INT(restored, 20); /* the saved run's prompt part: its reply differs from prompt[20..] */
+    CHECK(n_saved > 20);
+    gp.on_token = t_token, gp.on_logits = t_logits, gp.user = &warm;
+    llm_gen_result rw;
+    llm_session_generate(b, prompt, 40, &gp, &rw);
+    CHECK_EQ_INT(rw.n_reused, 20);
+    CHECK_EQ_INT(rw.n_generated, rc.n_generated);
+    CHECK(warm.n == cold.n && memcmp(warm.toks, cold.toks, sizeof(int32_t) * (size_t)cold.n) == 0);
+    /* a bad file: refused, the session empty and usable, the same answer */
+    FILE *f = fopen(s.path, "r+b");
+    if (f) fseek(f, 300, SEEK_SET), fputc(0x5a, f), fclose(f);
+    trace again = {0};
+    CHECK(llm_session_load(b, s.path, prompt, 40, &restored, err, sizeof err) != LLM_OK);
+    CHECK_EQ_INT(restored, 0);
+    int32_t n_held;
+    llm_session_tokens(b, &n_held);
+    CHECK_EQ_INT(n_held, 0);
+    gp.user = &again;
+    llm_session_generate(b, prompt, 40, &gp, &rw);
+    CHECK(again.n == cold.n && memcmp(again.toks, cold.toks, sizeof(int32_t) * (size_t)cold.n) == 0);
+    llm_session_free(b);
+    (void)cc, (void)cl, (void)wc, (void)wl;
+    llm_context_free(c);
+    session_teardown(&s);
+}
