@@ -428,3 +428,147 @@ TEST(cli_more_threads_than_cores_is_allowed_with_a_warning) {
     done(&r);
     fx_free(&fx);
 }
+
+/* ---------------------------------------------------------------- cache policies (issue 14) */
+
+TEST(cli_generate_with_context_shift_runs_past_the_context_and_says_so) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 100 --temp 0 --ctx 16 --context-shift", path);
+    result r = EXPECT(args, NULL, 0);
+    const char *dec = strstr(r.err, "decode:  ");
+    CHECK(dec && atoi(dec + 9) + 0 >= 1);
+    /* 100 tokens in 16 positions: shifts, and no stop at a full context */
+    if (dec && !strstr(dec, "stopped at token limit") && !strstr(dec, "stopped at end of turn"))
+        test_fail(__FILE__, __LINE__, "not run to the end: %s", r.err);
+    CHECK(strstr(r.err, "context full") == NULL);
+    if (strstr(dec ? dec : "", "token limit")) CHECK(strstr(r.err, "context shift: ") != NULL);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p hi --keep 4", path); /* --keep without --context-shift */
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--keep goes with --context-shift") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_chat_with_context_shift_holds_a_conversation_ten_times_its_context) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    /* 24 turns of ~14 prompt tokens, 6-token replies and an end marker:
+     * about 600 positions through a context of 64 */
+    char in[4096] = "";
+    for (int i = 0; i < 24; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "turn %d: tell me more about it\n", i);
+        strcat(in, line);
+    }
+    char args[512];
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ctx 64 --context-shift", path);
+    result r = EXPECT(args, in, 0);
+    CHECK(strstr(r.err, "[turn 24: ") != NULL);
+    CHECK(strstr(r.err, "[context shift: dropped ") != NULL);
+    CHECK(strstr(r.err, "new conversation") == NULL);
+    CHECK(strstr(r.err, "context full") == NULL);
+    done(&r);
+    /* without it, the same input starts over instead */
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ctx 64", path);
+    r = EXPECT(args, in, 0);
+    CHECK(strstr(r.err, "[turn 24: ") != NULL);
+    CHECK(strstr(r.err, "starting a new conversation") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_generate_session_file_round_trip_equals_a_cold_run_and_a_bad_file_changes_nothing) {
+    fx_model fx, other;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char sess[128], args[2048], cold_args[1024];
+    snprintf(sess, sizeof sess, "/tmp/kvcache_cli_session_%d", (int)getpid());
+    remove(sess);
+    const char *prompt = "the quick brown fox jumps over the lazy dog";
+    snprintf(cold_args, sizeof cold_args, "generate -m %s -p '%s' -n 12 --temp 0", path, prompt);
+    result cold = EXPECT(cold_args, NULL, 0);
+    /* first run: no file yet, saved after */
+    snprintf(args, sizeof args, "generate -m %s -p 'the quick brown fox' -n 5 --temp 0 --session %s", path, sess);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "new file") && strstr(r.err, "saved"));
+    done(&r);
+    /* second run: the file's prompt part begins this prompt */
+    snprintf(args, sizeof args, "%s --session %s", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    const char *st = strstr(r.err, "session: ");
+    CHECK(st && atoi(st + 9) > 0 && strstr(st, "restored") && strstr(st, "prefilled"));
+    done(&r);
+    /* the same prompt again: all but the last token restored */
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    done(&r);
+    /* corrupt: refused with the reason, the same answer cold */
+    FILE *f = fopen(sess, "r+b");
+    if (f) fseek(f, 200, SEEK_SET), fputc(0x77, f), fclose(f);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "session not restored") && strstr(r.err, "goes on cold"));
+    done(&r);
+    /* truncated */
+    if ((f = fopen(sess, "r+b"))) fclose(f), truncate(sess, 100);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "session not restored") != NULL);
+    done(&r);
+    /* another model's file */
+    if (!fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 78, .tied = 1}, &other)) {
+        char oargs[1024];
+        remove(sess);
+        snprintf(oargs, sizeof oargs, "generate -m %s -p '%s' -n 2 --temp 0 --session %s", other.path, prompt, sess);
+        result o = EXPECT(oargs, NULL, 0);
+        done(&o);
+        r = EXPECT(args, NULL, 0);
+        CHECK(strcmp(r.out, cold.out) == 0);
+        CHECK(strstr(r.err, "another model") != NULL);
+        done(&r);
+        fx_free(&other);
+    }
+    /* another K/V type */
+    snprintf(args, sizeof args, "%s --session %s --kv-type q8", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    done(&r);
+    snprintf(args, sizeof args, "%s --session %s", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "K/V type q8") != NULL);
+    done(&r);
+    remove(sess);
+    done(&cold);
+    fx_free(&fx);
+}
+
+TEST(cli_generate_draft_lookup_prints_the_same_text_as_plain_greedy) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    const char *prompts[] = {"one two three four, one two three four, one two three four, one two",
+                             "a quick zephyr blows vexing daft jim"};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "generate -m %s -p '%s' -n 40 --temp 0", path, prompts[i]);
+        result a = EXPECT(args, NULL, 0);
+        snprintf(args, sizeof args, "generate -m %s -p '%s' -n 40 --temp 0 --draft-lookup 8", path, prompts[i]);
+        result b = EXPECT(args, NULL, 0);
+        CHECK(strcmp(a.out, b.out) == 0);
+        const char *dl = strstr(b.err, "draft lookup: ");
+        if (dl) CHECK(strstr(dl, "accepted") && strstr(dl, "forward passes"));
+        done(&a), done(&b);
+    }
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-lookup 65", path);
+    result r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--draft-lookup") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
