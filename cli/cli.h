@@ -46,6 +46,7 @@ typedef struct {
     int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
+    int64_t window;       /* a sliding window forced on every layer (verify --policy window); 0: none */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

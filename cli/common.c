@@ -66,6 +66,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     p.n_seqs = n_seqs;
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
+    p.window = (int32_t)o->window;
     if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
         llm_model_free(*m);

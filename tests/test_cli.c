@@ -572,3 +572,35 @@ TEST(cli_generate_draft_lookup_prints_the_same_text_as_plain_greedy) {
     done(&r);
     fx_free(&fx);
 }
+
+TEST(cli_verify_passes_for_every_policy_and_refuses_an_unknown_one) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    const char *policies[] = {"full", "window --window 8", "shift --ctx 56", "lookup", "session"};
+    const char *says[] = {"PASS", "policy window", "shifts; largest difference", "tokens equal plain greedy",
+                          "tokens equal the uninterrupted run"};
+    for (int i = 0; i < 5; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "verify -m %s -n 40 -t 2 --policy %s", path, policies[i]);
+        result r = EXPECT(args, NULL, 0);
+        if (!strstr(r.out, "PASS") || !strstr(r.out, says[i]))
+            test_fail(__FILE__, __LINE__, "`%s` did not pass: %s", args, r.out);
+        done(&r);
+    }
+    /* shift with q8 K/V: its own tolerance, still PASS; with --tol 0 the
+     * re-encoding shows */
+    char args[512];
+    snprintf(args, sizeof args, "verify -m %s -n 40 --policy shift --ctx 56 --kv-type q8", path);
+    result r = EXPECT(args, NULL, 0);
+    done(&r);
+    snprintf(args, sizeof args, "verify -m %s -n 40 --policy shift --ctx 56 --kv-type q8 --tol 0", path);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.out, "FAIL") != NULL);
+    done(&r);
+    snprintf(args, sizeof args, "verify -m %s --policy sliding", path);
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--policy must be") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
