@@ -1,7 +1,12 @@
 # kvcache - attention with a KV cache.
 #
 #   make            the library (build/libkvcache.{a,so}) and the `kvcache` command
-#   make test       build and run every test (C suite, examples, Python binding)
+#   make test       build and run every test (C suite, examples, Python binding, HTTP server);
+#                   first installs the Debian packages it needs (scripts/deps.sh) and the
+#                   Python ones into build/venv (python/requirements-test.txt)
+#   make test-server  kvcache serve through the openai client and curl (tests/server)
+#   make test-threads  the Python thread tests and the C concurrent-call tests under
+#                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-portable  the C suite built without -march=native (scalar paths)
 #   make run        build, fetch the default model if missing, run the main job
@@ -10,7 +15,9 @@
 #   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
 #   make install-python pip install ./python (the ctypes binding, shipping build/libkvcache.so)
 #
-# Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build).
+# Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build),
+# PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
+# any interpreter that has numpy and pytest, which then skips the venv).
 
 CC      ?= cc
 BUILD   ?= build
@@ -18,6 +25,11 @@ OPT     ?= -O2
 MARCH   ?= -march=native
 PREFIX  ?= /usr/local
 PYTHON  ?= python3
+VENV    ?= build/venv
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+TEST_PYTHON ?= $(VENV)/bin/python
+# the venv is made and filled only when the tests run with it
+PY_DEPS := $(if $(filter $(VENV)/bin/python,$(TEST_PYTHON)),$(VENV)/.installed)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -g $(WARN) -fPIC -Iinclude $(CFLAGS)
@@ -26,25 +38,38 @@ LDLIBS_ALL := -lpthread -lm
 LIB_SRC    := $(wildcard src/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
+SERVER_SRC := $(wildcard server/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
 
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+# The library exports only what include/kvcache.h marks KV_API.
+$(LIB_OBJ): CFLAGS_ALL += -fvisibility=hidden
 
 # SIMD variants are compiled for their instruction set whatever MARCH says and
 # picked at run time by CPU feature (src/attend.c).
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
-.PHONY: all lib test test-c test-asan test-portable run bench model install uninstall clean fuzz examples \
-        test-install install-python
+# Only server/ (and so the kvcache binary) uses these Debian-packaged
+# libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships
+# no pkg-config file on Debian 12, hence the fallback.
+SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg-config --cflags jansson 2>/dev/null)
+SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
+                   echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
+$(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+
+.PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
+        bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -59,8 +84,9 @@ $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/kvcache: $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
-	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
+$(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
+	    $(SERVER_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
@@ -69,17 +95,55 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 test-c: $(BUILD)/run_tests $(BUILD)/kvcache
 	KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
-test: test-c examples test-install
-	@if [ -d python/tests ] && $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
-	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) -m pytest -q python/tests; \
-	elif [ -d python/tests ]; then echo "python tests need numpy and pytest (pip install numpy pytest)"; exit 1; fi
+# The Debian packages first (scripts/deps.sh installs or says how), then the rest.
+test: deps
+	@$(MAKE) --no-print-directory test-all
 
-test-asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 CC=clang \
-	    CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	    LDFLAGS="-fsanitize=address,undefined" test-c
+# kvcache serve over HTTP with the official openai client (and curl), on the
+# real model: each test starts its own server on a free loopback port.
+test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
 
-test-portable:
+test-all: test-c examples test-install test-python test-server
+
+deps:
+	@sh scripts/deps.sh
+
+# A virtual environment with the Python test packages, made on first use.
+$(VENV)/.installed: python/requirements-test.txt
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV) || { \
+	    echo "make: '$(PYTHON) -m venv $(VENV)' failed (Debian: python3-venv, see scripts/deps.sh)"; exit 1; }
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
+	@touch $@
+
+test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
+	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
+
+test-asan: deps
+	$(MAKE) $(ASAN_FLAGS) test-c
+
+# The Python thread tests and the C concurrent-call tests under ThreadSanitizer
+# (gcc's: its runtime can be preloaded into a Python that was not built with it,
+# clang 14's faults when preloaded), then the Python thread tests once more
+# under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
+TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
+              LDFLAGS="-fsanitize=thread"
+ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
+              CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+              LDFLAGS="-fsanitize=address,undefined"
+PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider --capture=sys \
+                   python/tests/test_threads.py
+test-threads: deps $(PY_DEPS)
+	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests thread_count
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" LD_PRELOAD=$$(gcc -print-file-name=libtsan.so) \
+	    KVCACHE_LIB=$(abspath build-tsan)/libkvcache.so $(PY_THREAD_TESTS)
+	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/libkvcache.so
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
+	    KVCACHE_LIB=$(abspath build-asan)/libkvcache.so $(PY_THREAD_TESTS)
+
+test-portable: deps
 	$(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
@@ -88,16 +152,13 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 PY_EXAMPLES := $(wildcard examples/*.py)
-examples: $(EXAMPLES) $(BUILD)/libkvcache.so
+examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(if $(PY_EXAMPLES),$(PY_DEPS))
 	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
-	@if [ -n "$(PY_EXAMPLES)" ] && ! $(PYTHON) -c 'import numpy' 2>/dev/null; then \
-	    echo "the Python examples need numpy (pip install numpy)"; exit 1; fi
 	@for e in $(PY_EXAMPLES); do echo "== $$e"; \
-	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(PYTHON) $$e > /dev/null || exit 1; done
+	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
-MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 model: $(MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
@@ -161,14 +222,15 @@ install-python: lib
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from
 # tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
-fuzz:
+fuzz: deps
 	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 \
 	    CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
 	@for src in tests/fuzz/fuzz_*.c; do \
 	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
+	    extra=; case $$name in fuzz_request) extra="server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)";; esac; \
 	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	        -Iinclude -Iengine $$src build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
+	        -Iinclude -Iengine $$src $$extra build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
 	        -o build-fuzz/$$name || exit 1; \
 	    mkdir -p build-fuzz/corpus_$$name; \
 	    echo "== $$name: $(FUZZ_SECONDS) s"; \
@@ -179,4 +241,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf build build-asan build-portable build-fuzz
+	rm -rf build build-asan build-portable build-fuzz build-tsan

@@ -6,7 +6,9 @@
  *            and FMA peak (a register-blocked FMA loop), same thread count
  *   decode   T = 1 over S cached keys: K/V bytes read per second, as a ratio to
  *            a read-bandwidth measurement taken right beside it (these virtual
- *            machines drift by ~20% within minutes)
+ *            machines drift by ~20% within minutes), and as a ratio to the
+ *            case's roofline min(read bandwidth, FMA peak / FLOP per K/V byte),
+ *            4 S d H FLOP (q.k and p v, 2 each per query head and key element)
  *   prefill  T = S: GFLOP/s (4 T S d H / 2 for the causal half) / FMA peak
  *   cache vs recompute: a small synthetic model generating G tokens after a
  *            P-token prompt with the cache, and recomputing every step
@@ -194,7 +196,8 @@ static kv_cache *filled_cache(bench *B, int Hkv, int d, kv_dtype dtype, int64_t 
  * Decode reads K/V from memory in real use (a model's cache is far larger
  * than the last-level cache), so when this cache would fit there, every call
  * is timed alone right after a read of the bandwidth buffer evicts it. */
-static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int32_t T, double min_seconds) {
+static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int32_t T, double min_seconds,
+                          double *evict_gbs) {
     int32_t rows[2] = {0, T};
     kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
     float *q = malloc(sizeof(float) * (size_t)T * H * d), *out = malloc(sizeof(float) * (size_t)T * H * d);
@@ -206,8 +209,14 @@ static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int3
     double best = 1e30;
     if (cold) {
         double spent = 0;
+        const double evict_bytes = (double)(B->buf_len / 64 / 64 * 64 * 64 * sizeof(float));
         for (int rep = 0; rep < 200 && (rep < 5 || spent < min_seconds); rep++) {
+            /* the eviction is a read-bandwidth trial too, taken between the calls
+             * it is compared with: as many samples of each, at the same moments */
+            double te = cli_now();
             kv_pool_run(B->pool, evict.n_tasks, read_task, &evict);
+            te = cli_now() - te;
+            if (evict_gbs && evict_bytes / te / 1e9 > *evict_gbs) *evict_gbs = evict_bytes / te / 1e9;
             double t0 = cli_now();
             kv_attend_f32(c, 0, &b, H, q, out, 0);
             double dt = cli_now() - t0;
@@ -236,6 +245,7 @@ typedef struct {
     int H, Hkv, d;
     kv_dtype kv;
     double gbs, ratio, read_gbs, ms;
+    double flop_per_byte, roofline_gbs, roofline_ratio; /* arithmetic intensity; min(read, peak / it) */
 } decode_row;
 
 typedef struct {
@@ -249,17 +259,20 @@ typedef struct {
     int sampled_every;
 } cvr_row;
 
-static decode_row run_decode(bench *B, int64_t S, int H, int Hkv, int d, kv_dtype kv) {
+static decode_row run_decode(bench *B, int64_t S, int H, int Hkv, int d, kv_dtype kv, double peak) {
     decode_row r = {.S = S, .H = H, .Hkv = Hkv, .d = d, .kv = kv};
     int32_t seq;
     kv_cache *c = filled_cache(B, Hkv, d, kv, S, &seq);
     if (!c) return r;
     double bytes = (double)kv_price_tokens(1, Hkv, d, kv, (uint64_t)S);
     r.read_gbs = read_bandwidth(B, B->quick ? 2 : 4); /* right beside the case */
-    double sec = time_attend(B, c, seq, H, d, 1, B->quick ? 0.05 : 0.6);
+    double sec = time_attend(B, c, seq, H, d, 1, B->quick ? 0.05 : 0.6, &r.read_gbs);
     r.ms = sec * 1e3;
     r.gbs = bytes / sec / 1e9;
     r.ratio = r.gbs / r.read_gbs;
+    r.flop_per_byte = 4.0 * (double)S * d * H / bytes;
+    r.roofline_gbs = fmin(r.read_gbs, peak / r.flop_per_byte);
+    r.roofline_ratio = r.gbs / r.roofline_gbs;
     kv_cache_free(c);
     return r;
 }
@@ -270,7 +283,7 @@ static prefill_row run_prefill(bench *B, int64_t T, double peak) {
     int32_t seq;
     kv_cache *c = filled_cache(B, HKV, D, KV_F16, T, &seq);
     if (!c) return r;
-    double sec = time_attend(B, c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0);
+    double sec = time_attend(B, c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0, NULL);
     r.ms = sec * 1e3;
     r.gflops = 4.0 * T * T * D * H / 2 / sec / 1e9;
     r.ratio = r.gflops / peak;
@@ -425,14 +438,15 @@ int cmd_bench_attention(int argc, char **argv) {
     static const kv_dtype kvs[2] = {KV_F16, KV_Q8};
     decode_row dec[32];
     int nd = 0;
-    fprintf(out, "  decode (T=1)           S      ms    K/V GB/s   read GB/s   ratio\n");
+    fprintf(out, "  decode (T=1)           S      ms    K/V GB/s   read GB/s   ratio  FLOP/B  roof GB/s  / roof\n");
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < nS; i++) {
-                decode_row r = run_decode(&B, Ss[i], shapes[s][0], shapes[s][1], shapes[s][2], kvs[k]);
+                decode_row r = run_decode(&B, Ss[i], shapes[s][0], shapes[s][1], shapes[s][2], kvs[k], peak);
                 dec[nd++] = r;
-                fprintf(out, "  H%-2d/Hkv%d/d%-3d %-4s %8lld %7.3f %11.1f %11.1f %7.2f\n", r.H, r.Hkv, r.d,
-                        kv_dtype_name(r.kv), (long long)r.S, r.ms, r.gbs, r.read_gbs, r.ratio);
+                fprintf(out, "  H%-2d/Hkv%d/d%-3d %-4s %8lld %7.3f %11.1f %11.1f %7.2f %7.2f %10.1f %7.2f\n", r.H, r.Hkv,
+                        r.d, kv_dtype_name(r.kv), (long long)r.S, r.ms, r.gbs, r.read_gbs, r.ratio, r.flop_per_byte,
+                        r.roofline_gbs, r.roofline_ratio);
             }
 
     static const int64_t T_full[] = {512, 2048, 8192}, T_quick[] = {128, 256};
@@ -478,7 +492,7 @@ int cmd_bench_attention(int argc, char **argv) {
     if (np_sec > 0) {
         int32_t seq;
         kv_cache *c = filled_cache(&B, 8, 128, KV_F32, numpy_S, &seq);
-        ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3) : 0;
+        ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3, NULL) : 0;
         kv_cache_free(c);
         fprintf(out, "\n  numpy (the seed's algorithm), H32/Hkv8/d128 f32, S=%lld: %.3f ms, ours %.3f ms: ours/numpy speed %.1fx\n",
                 (long long)numpy_S, np_sec * 1e3, ours_sec * 1e3, np_sec / ours_sec);
@@ -491,9 +505,11 @@ int cmd_bench_attention(int argc, char **argv) {
                kv_simd_name(), read_gbs, peak);
         for (int i = 0; i < nd; i++)
             printf("%s\n  {\"S\": %lld, \"H\": %d, \"Hkv\": %d, \"d\": %d, \"kv_type\": \"%s\", \"threads\": %d, "
-                   "\"ms\": %.4f, \"gbs\": %.3f, \"read_gbs\": %.3f, \"ratio\": %.4f}",
+                   "\"ms\": %.4f, \"gbs\": %.3f, \"read_gbs\": %.3f, \"ratio\": %.4f, \"flop_per_byte\": %.4f, "
+                   "\"roofline_gbs\": %.3f, \"roofline_ratio\": %.4f}",
                    i ? "," : "", (long long)dec[i].S, dec[i].H, dec[i].Hkv, dec[i].d, kv_dtype_name(dec[i].kv), B.threads,
-                   dec[i].ms, dec[i].gbs, dec[i].read_gbs, dec[i].ratio);
+                   dec[i].ms, dec[i].gbs, dec[i].read_gbs, dec[i].ratio, dec[i].flop_per_byte, dec[i].roofline_gbs,
+                   dec[i].roofline_ratio);
         printf("],\n \"prefill\": [");
         for (int i = 0; i < np; i++)
             printf("%s\n  {\"T\": %lld, \"S\": %lld, \"ms\": %.4f, \"gflops\": %.3f, \"ratio\": %.4f}", i ? "," : "",

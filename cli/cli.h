@@ -22,6 +22,7 @@ int cmd_bench_attention(int argc, char **argv); /* cli/bench_attention.c */
 int cmd_verify(int argc, char **argv);       /* cli/verify.c */
 int cmd_price(int argc, char **argv);        /* cli/price.c */
 int cmd_info(int argc, char **argv);         /* cli/price.c */
+int cmd_serve(int argc, char **argv);        /* cli/serve.c */
 
 /* Seconds on a monotonic clock. */
 double cli_now(void);
@@ -47,6 +48,7 @@ typedef struct {
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
     int64_t window;       /* a sliding window forced on every layer (verify --policy window); 0: none */
+    int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
 } cli_model_opts;
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -40,7 +40,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     }
     int64_t ctx = o->ctx ? o->ctx : ctx_default;
     if (o->threads < 0 || o->threads > CLI_MAX_THREADS || ctx < 0 || ctx > (1 << 24) || o->batch < 1 ||
-        o->batch > 8192) {
+        o->batch > 8192 || o->kv_pages < 0 || o->kv_pages > INT32_MAX) {
         fprintf(stderr, "kvcache %s: need 0 <= -t <= %d, 0 <= --ctx <= 16777216, 1 <= --batch <= 8192\n", cmd,
                 CLI_MAX_THREADS);
         return 2;
@@ -67,6 +67,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
     p.window = (int32_t)o->window;
+    p.n_pages = (int32_t)o->kv_pages;
     if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
         llm_model_free(*m);

@@ -54,7 +54,7 @@ int cmd_demo(int argc, char **argv) {
     size_t wsize = (size_t)D * (H + 2 * HKV) * HD;
     float *w = malloc(sizeof(float) * wsize * (size_t)n_layers);
     srand(1);
-    for (size_t i = 0; i < wsize * (size_t)n_layers; i++) w[i] = ((float)rand() / RAND_MAX - 0.5f) * 0.1f;
+    for (size_t i = 0; i < wsize * (size_t)n_layers; i++) w[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.1f;
     kv_layer *layers = malloc(sizeof(kv_layer) * (size_t)n_layers);
     for (int l = 0; l < n_layers; l++) {
         float *base = w + wsize * (size_t)l;
@@ -64,7 +64,7 @@ int cmd_demo(int argc, char **argv) {
     }
     float *x = malloc(sizeof(float) * (size_t)prompt * D), *out = malloc(sizeof(float) * (size_t)prompt * D);
     float *scratch = malloc(sizeof(float) * kv_step_scratch(cache, &layers[0], (int32_t)prompt));
-    for (int64_t i = 0; i < prompt * D; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int64_t i = 0; i < prompt * D; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
 
     int32_t seq, rows[2] = {0, 0};
     kv_seq_new(cache, &seq);

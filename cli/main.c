@@ -15,6 +15,7 @@ static const struct {
 } commands[] = {
     {"generate", cmd_generate, "generate text from a GGUF model, streaming; speed and KV bytes on stderr"},
     {"chat", cmd_chat, "an interactive chat that keeps its cache across turns"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with continuous batching on the paged cache"},
     {"perplexity", cmd_perplexity, "perplexity of a text (llama.cpp's method); KL divergence between K/V types"},
     {"bench", cmd_bench, "bench model: prefill/decode tokens/s; bench attention: the kernels"},
     {"verify", cmd_verify, "cached decoding against full recomputation, step by step: pass/fail"},

@@ -45,8 +45,11 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.n_threads < 1 || p.n_threads > 256) return llm_errf(err, errlen, LLM_ERR_PARAM, "threads must be in [1, 256]");
     if (p.page_size < 1 || p.page_size > 4096) return llm_errf(err, errlen, LLM_ERR_PARAM, "page size must be in [1, 4096]");
     if (p.window < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "window must be >= 0");
+    if (p.n_pages < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "the page count must be >= 0");
     if (p.kv_type == KV_F64)
         return llm_errf(err, errlen, LLM_ERR_PARAM, "f64 K/V is for the library's reference path; use f32, f16, bf16 or q8");
+    if (m->n_groups < 1 || m->n_groups > LLM_MAX_GROUPS)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "the architecture declared %d cache groups", (int)m->n_groups);
     for (int32_t g = 0; g < m->n_groups; g++)
         if ((int64_t)p.n_seqs * pages_per_seq(&p, group_window(m, &p, g)) > INT32_MAX)
             return llm_errf(err, errlen, LLM_ERR_PARAM, "n_seqs x n_ctx is too large");
@@ -63,6 +66,7 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
         cp.n_layers = m->groups[g].n_layers, cp.n_kv_heads = m->hp.n_kv_heads, cp.head_dim = m->hp.head_dim;
         cp.dtype = p.kv_type, cp.page_size = p.page_size;
         cp.n_pages = (int32_t)(p.n_seqs * pages_per_seq(&p, group_window(m, &p, g)));
+        if (p.n_pages > 0 && group_window(m, &p, g) == 0) cp.n_pages = p.n_pages;   /* a shared, smaller pool */
         cp.max_seqs = p.n_seqs, cp.max_seq_len = p.n_ctx, cp.window = group_window(m, &p, g);
         int rc = kv_cache_create(&cp, &c->caches[g]);
         if (rc != KV_OK) {

@@ -85,13 +85,15 @@ typedef struct {
     int32_t n_threads;   /* threads for matrix products and attention (1: no workers) */
     kv_dtype kv_type;    /* storage of cached K and V: KV_F32, KV_F16, KV_BF16, KV_Q8 */
     int32_t page_size;   /* positions per cache page */
+    int32_t n_pages;     /* pages in the KV pool; 0: n_seqs x ceil(n_ctx / page_size), room for
+                          * every sequence at full length (fewer: sequences share the pool) */
     int32_t window;      /* > 0: layers without a window of their own attend to their last
                           * `window` positions only, through window caches (a Mistral-style
                           * sliding window over any model: `kvcache verify --policy window`);
                           * 0: the model's own windows */
 } llm_context_params;
 
-/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, window 0. */
+/* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, n_pages 0, window 0. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;

@@ -145,7 +145,8 @@ void llm_session_free(llm_session *s);
  * that leaves no room to generate LLM_ERR_CAPACITY (reason CONTEXT, nothing
  * changed), LLM_ERR_TOKEN / LLM_ERR_PARAM (nothing changed), or the failure
  * behind LLM_STOP_ERROR (LLM_ERR_NONFINITE: the model's logits held NaN or
- * infinity, nothing was sampled from them). */
+ * infinity, nothing was sampled from them). tokens is the caller's array, not
+ * the one llm_session_tokens returns (this call may move that one). */
 int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const llm_gen_params *p,
                          llm_gen_result *res);
 

@@ -36,6 +36,13 @@
  * take turns on the cache's work area; use a pool for parallelism within one).
  * The pure functions (kv_attention_*, kv_rope_*, kv_price_*) may run anywhere
  * at any time.
+ *
+ * Stack. Attention keeps each work item's tiles on the stack, so that it never
+ * allocates: an FP32 attention call (kv_attend_f32, kv_attention_f32,
+ * kv_step_f32) uses up to about 300 KiB of stack on the calling thread and on
+ * each worker of its pool, a float64 one (kv_*_f64) about 110 KiB. Call them
+ * from threads with at least 512 KiB of stack (a pool's workers get 4 MiB; a
+ * POSIX thread's default is usually 8 MiB).
  */
 #ifndef KVCACHE_H
 #define KVCACHE_H
@@ -46,6 +53,16 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* Marks the library's exported functions. libkvcache is built with
+ * -fvisibility=hidden, so these, and nothing else, are its ABI. */
+#ifndef KV_API
+#if defined(__GNUC__) || defined(__clang__)
+#define KV_API __attribute__((visibility("default")))
+#else
+#define KV_API
+#endif
 #endif
 
 /* ------------------------------------------------------------------ status */
@@ -68,10 +85,11 @@ typedef enum {
     KV_ERR_SHARED = -14,       /* a write would change a page another sequence shares */
     KV_ERR_MISMATCH = -15,     /* a saved file was made by a cache of another configuration */
     KV_ERR_UNSUPPORTED = -16,  /* not available on this CPU or in this build */
+    KV_ERR_DUPLICATE = -17,    /* a sequence appears more than once in one batch */
 } kv_status;
 
 /* A static, human-readable description of a status code. */
-const char *kv_status_str(int status);
+KV_API const char *kv_status_str(int status);
 
 /* ------------------------------------------------------------------ types */
 
@@ -86,21 +104,21 @@ typedef enum {
 } kv_dtype;
 
 /* Bytes one element of K or V occupies (KV_Q8: 1, the scale counted apart). */
-size_t kv_dtype_size(kv_dtype dtype);
-const char *kv_dtype_name(kv_dtype dtype);
+KV_API size_t kv_dtype_size(kv_dtype dtype);
+KV_API const char *kv_dtype_name(kv_dtype dtype);
 /* Parses "f64", "f32", "f16", "bf16", "q8"; returns KV_OK or KV_ERR_DTYPE. */
-int kv_dtype_parse(const char *name, kv_dtype *out);
+KV_API int kv_dtype_parse(const char *name, kv_dtype *out);
 
 /* ------------------------------------------------------------------ price */
 
 /* KV bytes one token costs: 2 (K and V) x layers x kv_heads x head_dim x
  * bytes per element, plus for KV_Q8 one f32 scale per token, layer, head and
  * K/V. Llama 3.1 8B in bf16: 2 x 32 x 8 x 128 x 2 = 131,072 B. Returns 0 for
- * invalid arguments. */
-uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype);
+ * invalid arguments; saturates at UINT64_MAX (never wraps). */
+KV_API uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype);
 /* The same for n_tokens tokens (saturates at UINT64_MAX). */
-uint64_t kv_price_tokens(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype,
-                         uint64_t n_tokens);
+KV_API uint64_t kv_price_tokens(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype dtype,
+                                uint64_t n_tokens);
 
 /* ------------------------------------------------------------------ RoPE */
 
@@ -129,7 +147,7 @@ typedef struct {
 } kv_rope_params;
 
 /* theta 10000, NEOX, rot_dim = head_dim, no scaling. */
-kv_rope_params kv_rope_default_params(int32_t head_dim);
+KV_API kv_rope_params kv_rope_default_params(int32_t head_dim);
 
 /* Precomputed rotation frequencies; a plain value, no allocation. */
 typedef struct {
@@ -137,11 +155,11 @@ typedef struct {
     double inv_freq[KV_MAX_HEAD_DIM / 2]; /* [rot_dim/2] angle per position of pair k */
 } kv_rope;
 
-int kv_rope_init(kv_rope *rope, const kv_rope_params *params);
+KV_API int kv_rope_init(kv_rope *rope, const kv_rope_params *params);
 
 /* Rotates x [n, n_heads, head_dim] in place; row t by angle pos[t] * inv_freq. */
-int kv_rope_apply_f64(const kv_rope *rope, double *x, int32_t n, int32_t n_heads, const int32_t *pos);
-int kv_rope_apply_f32(const kv_rope *rope, float *x, int32_t n, int32_t n_heads, const int32_t *pos);
+KV_API int kv_rope_apply_f64(const kv_rope *rope, double *x, int32_t n, int32_t n_heads, const int32_t *pos);
+KV_API int kv_rope_apply_f32(const kv_rope *rope, float *x, int32_t n, int32_t n_heads, const int32_t *pos);
 
 /* ------------------------------------------------------------------ dense attention */
 
@@ -149,10 +167,10 @@ int kv_rope_apply_f32(const kv_rope *rope, float *x, int32_t n, int32_t n_heads,
  *   q [T, H, d], k and v [S, Hkv, d], out [T, H, d], S >= T, H % Hkv == 0.
  * Query i sits at S - T + i. window 0 means full causal attention; scale 0
  * means 1/sqrt(d). T = 0 writes nothing and succeeds. */
-int kv_attention_f64(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const double *q,
-                     const double *k, const double *v, double *out, int32_t window, double scale);
-int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const float *q,
-                     const float *k, const float *v, float *out, int32_t window, float scale);
+KV_API int kv_attention_f64(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const double *q,
+                            const double *k, const double *v, double *out, int32_t window, double scale);
+KV_API int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, const float *q,
+                            const float *k, const float *v, float *out, int32_t window, float scale);
 
 /* ------------------------------------------------------------------ threads */
 
@@ -166,10 +184,10 @@ typedef struct kv_pool kv_pool;
 typedef void (*kv_task_fn)(void *ctx, int32_t task, int32_t thread);
 
 /* n_threads counts the caller: 1 starts no worker. 0 means one per core. */
-int kv_pool_create(int32_t n_threads, kv_pool **out);
-void kv_pool_free(kv_pool *pool);
-int32_t kv_pool_threads(const kv_pool *pool); /* 1 for NULL */
-int kv_pool_run(kv_pool *pool, int32_t n_tasks, kv_task_fn fn, void *ctx);
+KV_API int kv_pool_create(int32_t n_threads, kv_pool **out);
+KV_API void kv_pool_free(kv_pool *pool);
+KV_API int32_t kv_pool_threads(const kv_pool *pool); /* 1 for NULL */
+KV_API int kv_pool_run(kv_pool *pool, int32_t n_tasks, kv_task_fn fn, void *ctx);
 
 /* ------------------------------------------------------------------ SIMD */
 
@@ -178,8 +196,8 @@ int kv_pool_run(kv_pool *pool, int32_t n_tasks, kv_task_fn fn, void *ctx);
  * KVCACHE_SIMD. kv_simd_select changes it process-wide ("auto" for the best);
  * KV_ERR_UNSUPPORTED when this CPU or build lacks it. Not thread-safe: call it
  * before starting work. */
-const char *kv_simd_name(void);
-int kv_simd_select(const char *name);
+KV_API const char *kv_simd_name(void);
+KV_API int kv_simd_select(const char *name);
 
 /* ------------------------------------------------------------------ the cache */
 
@@ -200,15 +218,15 @@ typedef struct {
 
 /* n_layers 1, n_kv_heads 1, head_dim 64, KV_F32, page_size 16, n_pages 256,
  * max_seqs 1, max_seq_len 0, window 0. */
-kv_cache_params kv_cache_default_params(void);
+KV_API kv_cache_params kv_cache_default_params(void);
 
 /* Allocates the pool and every table; the only call that allocates. */
-int kv_cache_create(const kv_cache_params *params, kv_cache **out);
-void kv_cache_free(kv_cache *cache);
-kv_cache_params kv_cache_get_params(const kv_cache *cache);
+KV_API int kv_cache_create(const kv_cache_params *params, kv_cache **out);
+KV_API void kv_cache_free(kv_cache *cache);
+KV_API kv_cache_params kv_cache_get_params(const kv_cache *cache);
 /* Attention on this cache runs its work on `pool` (NULL: the calling thread
  * only). The pool is borrowed, not owned: free it after the cache. */
-void kv_cache_set_pool(kv_cache *cache, kv_pool *pool);
+KV_API void kv_cache_set_pool(kv_cache *cache, kv_pool *pool);
 
 typedef struct {
     int32_t pages_total;       /* = used + free + cached */
@@ -224,16 +242,16 @@ typedef struct {
     uint64_t bytes_total;      /* the pool */
 } kv_cache_stats;
 
-kv_cache_stats kv_cache_get_stats(const kv_cache *cache);
+KV_API kv_cache_stats kv_cache_get_stats(const kv_cache *cache);
 
 /* ------------------------------------------------------------------ sequences */
 
 /* Takes a free sequence slot; *seq receives its id (0 <= id < max_seqs). */
-int kv_seq_new(kv_cache *cache, int32_t *seq);
+KV_API int kv_seq_new(kv_cache *cache, int32_t *seq);
 /* Releases the sequence and its pages. */
-int kv_seq_remove(kv_cache *cache, int32_t seq);
+KV_API int kv_seq_remove(kv_cache *cache, int32_t seq);
 /* Length S of the sequence (positions reserved so far), or a negative status. */
-int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
+KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
 /* Makes room for n_new positions after the current length: allocates pages
  * (reclaiming least-recently-used cached pages when no free one is left),
  * copies a shared page about to be written, evicts pages a window no longer
@@ -245,14 +263,14 @@ int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
  * or kv_step_*) in every layer before they are attended, and before the next
  * reserve or remove of this sequence, which is when its full pages become
  * visible to kv_seq_prefix_match. */
-int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
+KV_API int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
 /* Creates *child sharing every page of parent (copy-on-write: the first write
  * into a shared page copies that page only). */
-int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
+KV_API int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
 /* Drops every position >= new_len (rollback for speculative decoding or
  * editing); pages no longer needed return to the pool. In a window cache,
  * KV_ERR_WINDOW when the keys the next query would see were evicted. */
-int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
+KV_API int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
 
 /* Re-rotates the cached K of positions [pos, pos + n) of seq, in every
  * layer, by delta positions (any sign): a key rotated at p becomes the key
@@ -266,7 +284,7 @@ int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
  * (f32 and f64 do not measurably). rope->params.head_dim must be the cache's
  * (KV_ERR_ROPE). Shared pages are copied first (KV_ERR_OUT_OF_PAGES when the
  * pool cannot; nothing changed), and the pages touched leave the prefix cache. */
-int kv_seq_rerotate(kv_cache *cache, int32_t seq, int32_t pos, int32_t n, int32_t delta, const kv_rope *rope);
+KV_API int kv_seq_rerotate(kv_cache *cache, int32_t seq, int32_t pos, int32_t n, int32_t delta, const kv_rope *rope);
 /* Context shift (StreamingLLM's attention sinks, llama.cpp's n_keep): drops
  * positions [n_keep, n_keep + n_discard) and moves every later position down
  * by n_discard, its K re-rotated by -n_discard as kv_seq_rerotate does (rope
@@ -278,7 +296,7 @@ int kv_seq_rerotate(kv_cache *cache, int32_t seq, int32_t pos, int32_t n, int32_
  * KV_ERR_LENGTH when n_keep + n_discard > S, KV_ERR_OUT_OF_PAGES when shared
  * pages cannot be copied. Moved positions lose their token ids: they and what
  * follows them are never offered to the prefix cache. */
-int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_discard, const kv_rope *rope);
+KV_API int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_discard, const kv_rope *rope);
 
 /* Prefix cache. On an empty sequence, reuses the cached pages whose tokens
  * equal the longest page-aligned prefix of tokens [n]: full pages are named by
@@ -287,12 +305,12 @@ int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_discard
  * never returns wrong K/V. *n_matched (a multiple of page_size) positions are
  * then cached and need no prefill; pass n - 1 to keep at least one token to
  * prefill for its logits. Window caches never match. */
-int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n,
-                        int32_t *n_matched);
+KV_API int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n,
+                               int32_t *n_matched);
 /* Empties the prefix cache: every cached page becomes free, and no page can be
  * found any more. Pages in use stay with their sequences, whose next reserve
  * or remove names their full pages again. KV_ERR_NULL for a NULL cache. */
-int kv_prefix_clear(kv_cache *cache);
+KV_API int kv_prefix_clear(kv_cache *cache);
 
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
  * stored, for every layer), under a header naming the cache configuration and
@@ -303,16 +321,16 @@ int kv_prefix_clear(kv_cache *cache);
  * KV_ERR_SEQ when no sequence slot is free; on any failure the cache is
  * unchanged. A restored
  * sequence continues exactly as if it had never left. */
-int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
-int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
+KV_API int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
+KV_API int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
 /* The same at the current position of an open, seekable stream, so that a
  * caller can put its own header first (the engine's session files name the
  * model): kv_seq_save_file writes the sequence there (KV_ERR_IO when a write
  * fails; the stream is the caller's to close); kv_seq_restore_file reads one
  * from there, leaves the stream just after it on success, and does not care
  * what follows (kv_seq_restore requires that nothing does). */
-int kv_seq_save_file(const kv_cache *cache, int32_t seq, FILE *f);
-int kv_seq_restore_file(kv_cache *cache, FILE *f, int32_t *seq);
+KV_API int kv_seq_save_file(const kv_cache *cache, int32_t seq, FILE *f);
+KV_API int kv_seq_restore_file(kv_cache *cache, FILE *f, int32_t *seq);
 
 /* ------------------------------------------------------------------ batches */
 
@@ -320,7 +338,8 @@ int kv_seq_restore_file(kv_cache *cache, FILE *f, int32_t *seq);
  * row_start[b] .. row_start[b+1]-1 of q, k, v, x and out, so its T_b =
  * row_start[b+1] - row_start[b]. Its cache length S_b is kv_seq_length at the
  * time of the call (the T_b new positions already reserved), and its row i sits
- * at absolute position S_b - T_b + i. A sequence appears at most once. */
+ * at absolute position S_b - T_b + i. A sequence appears at most once
+ * (KV_ERR_DUPLICATE otherwise). */
 typedef struct {
     int32_t n_seqs;
     const int32_t *seqs;       /* [n_seqs] sequence ids */
@@ -331,30 +350,41 @@ typedef struct {
  * each (tokens [rows] or NULL). All or nothing across the batch: on
  * KV_ERR_OUT_OF_PAGES no sequence changed, so a caller can preempt one and
  * retry. */
-int kv_batch_reserve(kv_cache *cache, const kv_batch *batch, const int32_t *tokens);
+KV_API int kv_batch_reserve(kv_cache *cache, const kv_batch *batch, const int32_t *tokens);
 
 /* Writes the K and V of the T_b newest positions of every sequence of the
  * batch into `layer`: k and v are [rows, Hkv, d] (rows = row_start[n_seqs]),
  * already rotated. Overwrites only those positions. */
-int kv_append_f64(kv_cache *cache, int32_t layer, const kv_batch *batch, const double *k,
-                  const double *v);
-int kv_append_f32(kv_cache *cache, int32_t layer, const kv_batch *batch, const float *k,
-                  const float *v);
+KV_API int kv_append_f64(kv_cache *cache, int32_t layer, const kv_batch *batch, const double *k,
+                         const double *v);
+KV_API int kv_append_f32(kv_cache *cache, int32_t layer, const kv_batch *batch, const float *k,
+                         const float *v);
 
 /* Reads back the cached K and V of positions [pos, pos + n) of `seq` in
  * `layer`, as [n, Hkv, d] (dequantized for f16/bf16/q8 storage). */
-int kv_read_f64(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, double *k,
-                double *v);
-int kv_read_f32(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, float *k,
-                float *v);
+KV_API int kv_read_f64(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, double *k,
+                       double *v);
+KV_API int kv_read_f32(const kv_cache *cache, int32_t layer, int32_t seq, int32_t pos, int32_t n, float *k,
+                       float *v);
+
+/* NaN and infinity, the same on every path (dense and paged, f64 and f32,
+ * every SIMD variant and storage type): IEEE arithmetic on the softmax over a
+ * row's visible keys, where a score q.k*scale that is not finite (a NaN or an
+ * infinity in q or in a visible key, or an overflow) makes that output vector
+ * all NaN; a NaN in element e of a visible value makes element e NaN, and an
+ * infinity there makes it infinite of its sign (NaN if both signs meet), since
+ * no weight of a finite score rounds to 0. Keys a row does not see never touch
+ * it, whatever they hold. Storage keeps NaN and infinity (f16 also turns
+ * values beyond 65504 into infinity); KV_Q8 stores a row holding either as a
+ * NaN scale, so the whole row reads back NaN. */
 
 /* Attends q [rows, H, d] over the cache of `layer`; out [rows, H, d].
  * H % Hkv == 0; scale 0 means 1/sqrt(d). Online softmax: no score row of
  * length S is ever materialized. */
-int kv_attend_f64(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
-                  const double *q, double *out, double scale);
-int kv_attend_f32(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
-                  const float *q, float *out, float scale);
+KV_API int kv_attend_f64(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
+                         const double *q, double *out, double scale);
+KV_API int kv_attend_f32(const kv_cache *cache, int32_t layer, const kv_batch *batch, int32_t n_heads,
+                         const float *q, float *out, float scale);
 
 /* ------------------------------------------------------------------ one step */
 
@@ -375,11 +405,11 @@ typedef struct {
  * token once, rotates q and k at their absolute positions, appends k and v in
  * place, attends. `scratch` holds rows x (H + 2 Hkv) x d elements of the call's
  * precision (kv_step_scratch tells how many). */
-size_t kv_step_scratch(const kv_cache *cache, const kv_layer *layer, int32_t rows);
-int kv_step_f64(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const double *x,
-                double *out, double *scratch);
-int kv_step_f32(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const float *x,
-                float *out, float *scratch);
+KV_API size_t kv_step_scratch(const kv_cache *cache, const kv_layer *layer, int32_t rows);
+KV_API int kv_step_f64(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const double *x,
+                       double *out, double *scratch);
+KV_API int kv_step_f32(kv_cache *cache, const kv_layer *layer, const kv_batch *batch, const float *x,
+                       float *out, float *scratch);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
  * log-sum-exp combination of split results. The float64 path runs the
  * reference kernel (attend_ref.c). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "attend.h"
 #include "simd.h"
@@ -45,7 +46,7 @@ static key_source head_source(const attend_job *j, const kv_work_item *it, int32
                             .v = (const unsigned char *)(j->v + (size_t)head * j->d)};
     const kv_cache *c = j->cache;
     return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
-                        .stride = (size_t)j->d * c->elem, .cache = c,
+                        .stride = (size_t)j->d * c->pages.elem, .cache = c,
                         .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = head};
 }
 
@@ -108,7 +109,7 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
                 const int32_t len = jhi - jlo + 1;
                 float mx = m[i];
                 for (int32_t e = 0; e < len; e++) mx = si[e] > mx ? si[e] : mx;
-                const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                const float corr = kv_corr_exp(m[i], mx);
                 l[i] = l[i] * corr + simd->exp_sum(si, len, mx);
                 simd->axpy_rows(si, vc + (size_t)(jlo - j0) * d, len, d, corr, acc + (size_t)i * d);
                 m[i] = mx;
@@ -150,6 +151,30 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
     }
 }
 
+/* Decode streams K/V from memory at a few keys per step: ask for the rows of
+ * one (block, K or V, head) slot of the item's traversal ahead of their use,
+ * all of their lines at once. Slot f of a block: f < n_heads K of head f,
+ * else V of head f - n_heads; past the last slot, the next block's. */
+enum { DECODE_PREFETCH_AHEAD = 2 };
+
+static void prefetch_slot(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
+    const int32_t hn = it->n_heads;
+    if (f >= 2 * hn) { /* the next block: it starts where this one ends */
+        j0 += n, f -= 2 * hn;
+        if (j0 > it->khi) return;
+        n = 16;
+    }
+    const key_source src = head_source(j, it, it->head + f % hn);
+    const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
+    if (n > src.block - in_blk) n = src.block - in_blk;
+    if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+    const key_block kb = source_block(&src, blk);
+    const unsigned char *p = (f < hn ? kb.k : kb.v) + (size_t)in_blk * src.stride;
+    const size_t row = (size_t)src.d * kv_dtype_size(src.dtype);
+    for (int32_t r = 0; r < n; r++)
+        for (size_t o = 0; o < row; o += 64) __builtin_prefetch(p + (size_t)r * src.stride + o);
+}
+
 /* The decode path: blocks of up to 16 keys (never across a page), and for
  * each block every KV head of the item in turn, so one item streams its pages
  * front to back. State index a * nv + i: head a of the item, vector i. */
@@ -176,12 +201,14 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                 const size_t off = (size_t)in_blk * src.stride;
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
+                prefetch_slot(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
                 if (pass == 0)
                     j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride,
                                            kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
                                            n, lo, hi, m + at, l + at, w[a], corr[a]);
                 else
-                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, w[a], corr[a], acc + at * d);
+                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
+                                           acc + at * d);
             }
         j0 += n;
     }
@@ -257,7 +284,7 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
             for (int32_t k = 0; k < n; k++) {
                 const float *p = j->partials + j->items[first + k].partial + head_off;
                 if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
-                const float w = expf(p[i] - M);
+                const float w = kv_corr_exp(p[i], M); /* never 0: an infinite acc stays infinite */
                 L += p[nv + i] * w;
                 const float *ai = p + 2 * nv + (size_t)i * d;
                 for (int32_t e = 0; e < d; e++) o[e] += ai[e] * w;
@@ -403,7 +430,7 @@ int kv_attend_f64(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
         const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
         if (T == 0) continue;
         for (int32_t g = 0; g < Hkv; g++) {
-            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->elem,
+            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->pages.elem,
                               .cache = c, .table = kv_table(c, seq), .layer = layer, .head = g};
             size_t off = ((size_t)b->row_start[i] * H + (size_t)g * G) * d;
             kv_attend_group_f64(&src, q + off, out + off, (size_t)H * d, T, G, c->seqs[seq].len - T,
@@ -421,10 +448,41 @@ int kv_attend_f32(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
     attend_job j = {.cache = c, .batch = b, .simd = kv_simd_active(), .layer = layer, .H = H,
                     .G = H / c->p.n_kv_heads, .d = c->p.head_dim, .Hkv = c->p.n_kv_heads,
                     .scale = (float)default_scale(scale, c->p.head_dim), .window = c->p.window, .q = q, .out = out};
-    /* the work area is the cache's: concurrent readers take turns on it */
-    pthread_mutex_t *lock = (pthread_mutex_t *)&c->work_lock;
-    pthread_mutex_lock(lock);
-    run_f32(&j, c->threads, b->n_seqs, c->items, c->item_cap, c->partials, c->partial_cap);
-    pthread_mutex_unlock(lock);
+    /* concurrent readers of one cache take turns on its work area */
+    kv_attend_work *w = c->work;
+    pthread_mutex_lock(&w->lock);
+    run_f32(&j, w->threads, b->n_seqs, w->items, w->item_cap, w->partials, w->partial_cap);
+    pthread_mutex_unlock(&w->lock);
     return KV_OK;
 }
+
+/* ------------------------------------------------------------------ work area */
+
+kv_attend_work *kv_attend_work_create(int32_t max_seq_len, int32_t n_kv_heads) {
+    kv_attend_work *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_mutex_init(&w->lock, NULL);
+    /* room for every split of one longest sequence (all heads), within 64 MB;
+     * untouched, the memory costs nothing */
+    size_t splits = (size_t)max_seq_len / KV_SPLIT + 2;
+    w->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * (size_t)n_kv_heads);
+    if (w->partial_cap > (16u << 20)) w->partial_cap = 16u << 20;
+    w->item_cap = 8192;
+    w->partials = malloc(w->partial_cap * sizeof *w->partials);
+    w->items = malloc((size_t)w->item_cap * sizeof *w->items);
+    if (!w->partials || !w->items) {
+        kv_attend_work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void kv_attend_work_free(kv_attend_work *w) {
+    if (!w) return;
+    pthread_mutex_destroy(&w->lock);
+    free(w->partials);
+    free(w->items);
+    free(w);
+}
+
+void kv_attend_work_set_pool(kv_attend_work *w, kv_pool *pool) { w->threads = pool; }

@@ -3,6 +3,8 @@
 #ifndef KV_ATTEND_H
 #define KV_ATTEND_H
 
+#include <pthread.h>
+
 #include "internal.h"
 
 /* Where the keys of one (sequence, KV head) lie: in pages named by a block
@@ -40,6 +42,18 @@ static inline key_block source_block(const key_source *s, int32_t blk) {
     }
     return b;
 }
+
+/* The attention work area of one cache: the work items and split results of
+ * one wave. Attention calls only read the cache, so several threads may call
+ * at once; they take turns on this area under its lock. */
+struct kv_attend_work {
+    pthread_mutex_t lock;
+    kv_pool *threads;     /* borrowed: runs attention tasks, or NULL */
+    kv_work_item *items;  /* [item_cap] the work items of one wave */
+    int32_t item_cap;
+    float *partials;      /* [partial_cap] split results of one wave */
+    size_t partial_cap;
+};
 
 /* Keys per chunk of the kernels, from the stack budget: chunks end at
  * multiples of this in absolute position, so the order of the softmax updates

@@ -22,7 +22,7 @@ static void load_keys(const key_source *src, int32_t j0, int32_t n, double *k, d
  * exp(s - m) and an accumulator of exp(s - m) v. A chunk with a larger max m'
  * rescales both by exp(m - m'), so the result is the softmax over every
  * visible key without a score row of length S ever existing. Every row sees
- * its own key, so l > 0 and no row is NaN. */
+ * its own key, so l > 0: only non-finite inputs make a row NaN. */
 void kv_attend_group_f64(const key_source *src, const double *q, double *out, size_t q_stride,
                          int32_t rows, int32_t G, int32_t pos0, int32_t window, double scale) {
     const int32_t d = src->d, kmax = att_chunk(d);
@@ -45,11 +45,17 @@ void kv_attend_group_f64(const key_source *src, const double *q, double *out, si
                     s[j] = dot * scale;
                     mx = fmax(mx, s[j]);
                 }
-                const double corr = exp(m - mx); /* 0 on the first chunk */
+                /* the non-finite rule (include/kvcache.h), as the FP32 kernels
+                 * apply it (simd.h): weights and rescalings are held above
+                 * e^-708, never 0 for finite scores; x + x * 0 turns -inf
+                 * (a non-finite score) into NaN; a NaN stays NaN */
+                const double c = m - mx, corr = m == -INFINITY ? 0 : exp(c < -708 ? -708 : c);
                 l *= corr;
                 for (int32_t e = 0; e < d; e++) acc[e] *= corr;
                 for (int32_t j = 0; j < n; j++) {
-                    const double p = exp(s[j] - mx);
+                    double x = s[j] - mx;
+                    x += x * 0;
+                    const double p = exp(x < -708 ? -708 : x);
                     l += p;
                     for (int32_t e = 0; e < d; e++) acc[e] += p * vbuf[(size_t)j * d + e];
                 }

@@ -4,8 +4,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#include "attend.h"
-#include "simd.h"
+#include "internal.h"
 
 kv_cache_params kv_cache_default_params(void) {
     return (kv_cache_params){
@@ -66,93 +65,74 @@ int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
         p.max_seq_len = len > INT32_MAX ? INT32_MAX : (int32_t)len;
     }
 
-    size_t elem = kv_dtype_size(p.dtype);
-    size_t head_bytes = (size_t)p.page_size * (size_t)p.head_dim * elem;
-    size_t layer_bytes = 2 * (size_t)p.n_kv_heads * head_bytes;
-    if (p.dtype == KV_Q8) layer_bytes += 2 * (size_t)p.n_kv_heads * (size_t)p.page_size * sizeof(float);
-    size_t page_bytes = ((size_t)p.n_layers * layer_bytes + 63) & ~(size_t)63;
-    if (page_bytes / (size_t)p.n_layers < layer_bytes || (size_t)p.n_pages > SIZE_MAX / page_bytes)
-        return KV_ERR_SHAPE;
-    int32_t max_blocks = (int32_t)(((int64_t)p.max_seq_len + p.page_size - 1) / p.page_size);
-
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return KV_ERR_NOMEM;
-    pthread_mutex_init(&c->work_lock, NULL);
     c->p = p;
-    c->elem = elem;
-    c->head_bytes = head_bytes;
-    c->layer_bytes = layer_bytes;
-    c->page_bytes = page_bytes;
-    c->max_blocks = max_blocks;
-    c->pool = pool_alloc((size_t)p.n_pages * page_bytes, &c->pool_mapped);
-    c->refcount = calloc((size_t)p.n_pages, sizeof *c->refcount);
-    c->free_pages = malloc((size_t)p.n_pages * sizeof *c->free_pages);
+    c->max_blocks = (int32_t)(((int64_t)p.max_seq_len + p.page_size - 1) / p.page_size);
+    rc = kv_pages_init(&c->pages, &p);
+    if (rc) {
+        free(c);
+        return rc;
+    }
     c->seqs = calloc((size_t)p.max_seqs, sizeof *c->seqs);
-    c->tables = malloc((size_t)p.max_seqs * (size_t)max_blocks * sizeof *c->tables);
-    c->hash_cap = 16;
-    while (c->hash_cap < 2 * (uint32_t)p.n_pages) c->hash_cap *= 2;
-    c->page_tokens = malloc((size_t)p.n_pages * (size_t)p.page_size * sizeof *c->page_tokens);
-    c->page_hash = calloc((size_t)p.n_pages, sizeof *c->page_hash);
-    c->page_parent = calloc((size_t)p.n_pages, sizeof *c->page_parent);
-    c->page_gen = calloc((size_t)p.n_pages, sizeof *c->page_gen);
-    c->parent_gen = calloc((size_t)p.n_pages, sizeof *c->parent_gen);
-    c->page_named = calloc((size_t)p.n_pages, sizeof *c->page_named);
-    c->lru_prev = malloc((size_t)p.n_pages * sizeof *c->lru_prev);
-    c->lru_next = malloc((size_t)p.n_pages * sizeof *c->lru_next);
-    c->hash_slots = malloc(c->hash_cap * sizeof *c->hash_slots);
-    /* room for every split of one longest sequence (all heads), within 64 MB;
-     * untouched, the memory costs nothing */
-    size_t splits = (size_t)p.max_seq_len / KV_SPLIT + 2;
-    c->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * p.n_kv_heads);
-    if (c->partial_cap > (16u << 20)) c->partial_cap = 16u << 20;
-    c->item_cap = 8192;
-    c->partials = malloc(c->partial_cap * sizeof *c->partials);
-    c->items = malloc((size_t)c->item_cap * sizeof *c->items);
-    if (!c->pool || !c->refcount || !c->free_pages || !c->seqs || !c->tables || !c->page_tokens ||
-        !c->page_hash || !c->page_parent || !c->page_gen || !c->parent_gen || !c->page_named ||
-        !c->lru_prev || !c->lru_next || !c->hash_slots || !c->partials || !c->items) {
+    c->tables = malloc((size_t)p.max_seqs * (size_t)c->max_blocks * sizeof *c->tables);
+    rc = kv_prefix_init(&c->prefix, p.n_pages, p.page_size);
+    c->work = kv_attend_work_create(p.max_seq_len, p.n_kv_heads);
+    if (rc || !c->seqs || !c->tables || !c->work) {
         kv_cache_free(c);
         return KV_ERR_NOMEM;
     }
-    /* pop order 0, 1, 2, ...: the stack holds the highest id at the bottom */
-    for (int32_t i = 0; i < p.n_pages; i++) c->free_pages[i] = p.n_pages - 1 - i;
-    c->n_free = p.n_pages;
-    for (size_t i = 0; i < (size_t)p.max_seqs * (size_t)max_blocks; i++) c->tables[i] = KV_NO_PAGE;
-    for (size_t i = 0; i < (size_t)p.n_pages * (size_t)p.page_size; i++) c->page_tokens[i] = -1;
-    for (uint32_t i = 0; i < c->hash_cap; i++) c->hash_slots[i] = KV_NO_PAGE;
-    c->lru_head = c->lru_tail = KV_NO_PAGE;
-    c->hash_mask = UINT64_MAX;
+    for (size_t i = 0; i < (size_t)p.max_seqs * (size_t)c->max_blocks; i++) c->tables[i] = KV_NO_PAGE;
     *out = c;
     return KV_OK;
 }
 
 void kv_cache_free(kv_cache *c) {
     if (!c) return;
-    pthread_mutex_destroy(&c->work_lock);
-    if (c->pool_mapped)
-        munmap(c->pool, c->pool_mapped);
-    else
-        free(c->pool);
-    free(c->refcount);
-    free(c->free_pages);
+    kv_pages_free(&c->pages);
     free(c->seqs);
     free(c->tables);
-    free(c->page_tokens);
-    free(c->page_hash);
-    free(c->page_parent);
-    free(c->page_gen);
-    free(c->parent_gen);
-    free(c->page_named);
-    free(c->lru_prev);
-    free(c->lru_next);
-    free(c->hash_slots);
-    free(c->partials);
-    free(c->items);
+    kv_prefix_free(&c->prefix);
+    kv_attend_work_free(c->work);
     free(c);
 }
 
+/* The layout of a page, then the pool and the free stack. KV_ERR_SHAPE when
+ * the pool's size does not fit in memory's address range. */
+int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
+    *pg = (kv_pages){0};
+    pg->elem = kv_dtype_size(p->dtype);
+    pg->head_bytes = (size_t)p->page_size * (size_t)p->head_dim * pg->elem;
+    pg->layer_bytes = 2 * (size_t)p->n_kv_heads * pg->head_bytes;
+    if (p->dtype == KV_Q8) pg->layer_bytes += 2 * (size_t)p->n_kv_heads * (size_t)p->page_size * sizeof(float);
+    pg->page_bytes = ((size_t)p->n_layers * pg->layer_bytes + 63) & ~(size_t)63;
+    if (pg->page_bytes / (size_t)p->n_layers < pg->layer_bytes || (size_t)p->n_pages > SIZE_MAX / pg->page_bytes)
+        return KV_ERR_SHAPE;
+    pg->pool = pool_alloc((size_t)p->n_pages * pg->page_bytes, &pg->pool_mapped);
+    pg->refcount = calloc((size_t)p->n_pages, sizeof *pg->refcount);
+    pg->free_pages = malloc((size_t)p->n_pages * sizeof *pg->free_pages);
+    if (!pg->pool || !pg->refcount || !pg->free_pages) {
+        kv_pages_free(pg);
+        return KV_ERR_NOMEM;
+    }
+    /* pop order 0, 1, 2, ...: the stack holds the highest id at the bottom */
+    for (int32_t i = 0; i < p->n_pages; i++) pg->free_pages[i] = p->n_pages - 1 - i;
+    pg->n_free = p->n_pages;
+    return KV_OK;
+}
+
+void kv_pages_free(kv_pages *pg) {
+    if (pg->pool_mapped)
+        munmap(pg->pool, pg->pool_mapped);
+    else
+        free(pg->pool);
+    free(pg->refcount);
+    free(pg->free_pages);
+    *pg = (kv_pages){0};
+}
+
 void kv_cache_set_pool(kv_cache *c, kv_pool *pool) {
-    if (c) c->threads = pool;
+    if (c) kv_attend_work_set_pool(c->work, pool);
 }
 
 kv_cache_params kv_cache_get_params(const kv_cache *c) {
@@ -163,18 +143,18 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
     kv_cache_stats s = {0};
     if (!c) return s;
     s.pages_total = c->p.n_pages;
-    s.pages_free = c->n_free;
-    s.pages_cached = c->n_cached;
+    s.pages_free = c->pages.n_free;
+    s.pages_cached = c->prefix.n_cached;
     for (int32_t i = 0; i < c->p.n_pages; i++) {
-        if (c->refcount[i] > 0) s.pages_used++;
-        if (c->refcount[i] > 1) s.pages_shared++;
-        if (c->page_named[i]) s.pages_named++;
+        if (c->pages.refcount[i] > 0) s.pages_used++;
+        if (c->pages.refcount[i] > 1) s.pages_shared++;
+        if (c->prefix.page_named[i]) s.pages_named++;
     }
     for (int32_t i = 0; i < c->p.max_seqs; i++) s.seqs += c->seqs[i].live;
     s.bytes_per_token = kv_price_per_token(c->p.n_layers, c->p.n_kv_heads, c->p.head_dim, c->p.dtype);
-    s.bytes_per_page = c->page_bytes;
-    s.bytes_in_use = (uint64_t)s.pages_used * c->page_bytes;
-    s.bytes_total = (uint64_t)c->p.n_pages * c->page_bytes;
+    s.bytes_per_page = c->pages.page_bytes;
+    s.bytes_in_use = (uint64_t)s.pages_used * c->pages.page_bytes;
+    s.bytes_total = (uint64_t)c->p.n_pages * c->pages.page_bytes;
     return s;
 }
 
@@ -182,23 +162,23 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
 
 int32_t kv_page_take(kv_cache *c) {
     int32_t page;
-    if (c->n_free > 0) {
-        page = c->free_pages[--c->n_free];
+    if (c->pages.n_free > 0) {
+        page = c->pages.free_pages[--c->pages.n_free];
     } else { /* reclaim the least recently used cached page */
-        page = c->lru_head;
+        page = c->prefix.lru_head;
         kv_lru_remove(c, page);
         kv_prefix_unname(c, page);
     }
-    c->refcount[page] = 1;
+    c->pages.refcount[page] = 1;
     return page;
 }
 
 void kv_page_release(kv_cache *c, int32_t page) {
-    if (--c->refcount[page] > 0) return;
-    if (c->page_named[page])
+    if (--c->pages.refcount[page] > 0) return;
+    if (c->prefix.page_named[page])
         kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
     else
-        c->free_pages[c->n_free++] = page;
+        c->pages.free_pages[c->pages.n_free++] = page;
 }
 
 /* ------------------------------------------------------------------ sequences */
@@ -253,7 +233,7 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
     int32_t *to = kv_table(c, id);
     for (int32_t i = 0; i < blocks_for(c, c->seqs[parent].len); i++) {
         to[i] = from[i];
-        if (to[i] != KV_NO_PAGE) c->refcount[to[i]]++;
+        if (to[i] != KV_NO_PAGE) c->pages.refcount[to[i]]++;
     }
     *child = id;
     return KV_OK;
@@ -287,9 +267,9 @@ static reserve_plan plan_reserve(const kv_cache *c, int32_t seq, int32_t n_new) 
     if (pl.first_block < s->first_block) pl.first_block = s->first_block;
     pl.evict_end = pl.first_block < old_blocks ? pl.first_block : old_blocks;
     for (int32_t i = s->first_block; i < pl.evict_end; i++)
-        if (t[i] != KV_NO_PAGE && c->refcount[t[i]] == 1) pl.freed++;
+        if (t[i] != KV_NO_PAGE && c->pages.refcount[t[i]] == 1) pl.freed++;
     pl.cow = s->len % c->p.page_size != 0 && old_blocks - 1 >= pl.evict_end &&
-             c->refcount[t[old_blocks - 1]] > 1;
+             c->pages.refcount[t[old_blocks - 1]] > 1;
     pl.needed = new_blocks - old_blocks + (pl.cow ? 1 : 0);
     return pl;
 }
@@ -307,39 +287,51 @@ static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t
     s->first_block = pl->first_block;
     if (old_len % P != 0) { /* the last page is about to change */
         int32_t last = t[old_blocks - 1];
-        if (c->refcount[last] > 1) {
+        if (c->pages.refcount[last] > 1) {
             int32_t copy = kv_page_take(c);
-            memcpy(c->pool + (size_t)copy * c->page_bytes, c->pool + (size_t)last * c->page_bytes,
-                   c->page_bytes);
-            memcpy(c->page_tokens + (size_t)copy * P, c->page_tokens + (size_t)last * P,
+            memcpy(c->pages.pool + (size_t)copy * c->pages.page_bytes, c->pages.pool + (size_t)last * c->pages.page_bytes,
+                   c->pages.page_bytes);
+            memcpy(c->prefix.page_tokens + (size_t)copy * P, c->prefix.page_tokens + (size_t)last * P,
                    sizeof(int32_t) * (size_t)P);
-            c->refcount[last]--; /* still > 0: another sequence holds it */
+            c->pages.refcount[last]--; /* still > 0: another sequence holds it */
             t[old_blocks - 1] = copy;
-        } else if (c->page_named[last]) {
+        } else if (c->prefix.page_named[last]) {
             kv_prefix_unname(c, last); /* its content will no longer match its name */
         }
     }
     for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = kv_page_take(c);
     for (int32_t r = 0; r < n_new; r++) {
         int32_t pos = old_len + r;
-        c->page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
+        c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
     }
     s->len += n_new;
 }
 
-int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+/* What every call taking a batch checks first: the arrays are there,
+ * row_start starts at 0 and never decreases, and each id names a live
+ * sequence that appears once. */
+static int batch_form(const kv_cache *c, const kv_batch *b) {
     if (!c || !b) return KV_ERR_NULL;
     if (b->n_seqs < 0) return KV_ERR_SHAPE;
     if (b->n_seqs == 0) return KV_OK;
     if (!b->seqs || !b->row_start) return KV_ERR_NULL;
     if (b->row_start[0] != 0) return KV_ERR_SHAPE;
-    int64_t needed = 0, available = (int64_t)c->n_free + c->n_cached;
     for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
+        int32_t seq = b->seqs[i];
         if (!seq_valid(c, seq)) return KV_ERR_SEQ;
         for (int32_t j = 0; j < i; j++)
-            if (b->seqs[j] == seq) return KV_ERR_SEQ;
-        if (n_new < 0) return KV_ERR_SHAPE;
+            if (b->seqs[j] == seq) return KV_ERR_DUPLICATE;
+        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
+    }
+    return KV_OK;
+}
+
+int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+    int rc = batch_form(c, b);
+    if (rc || b->n_seqs == 0) return rc;
+    int64_t needed = 0, available = (int64_t)c->pages.n_free + c->prefix.n_cached;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
         if (n_new > c->p.max_seq_len - c->seqs[seq].len) return KV_ERR_CAPACITY;
         if (n_new == 0) continue;
         reserve_plan pl = plan_reserve(c, seq, n_new);
@@ -391,20 +383,12 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
 /* ------------------------------------------------------------------ batches */
 
 int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
-    if (!c || !b) return KV_ERR_NULL;
-    if (b->n_seqs < 0) return KV_ERR_SHAPE;
     *rows = 0;
-    if (b->n_seqs == 0) return KV_OK;
-    if (!b->seqs || !b->row_start) return KV_ERR_NULL;
-    if (b->row_start[0] != 0) return KV_ERR_SHAPE;
+    int rc = batch_form(c, b);
+    if (rc || b->n_seqs == 0) return rc;
     for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i];
-        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-        for (int32_t j = 0; j < i; j++)
-            if (b->seqs[j] == seq) return KV_ERR_SEQ;
         int32_t T = b->row_start[i + 1] - b->row_start[i];
-        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
-        const kv_seq_state *s = &c->seqs[seq];
+        const kv_seq_state *s = &c->seqs[b->seqs[i]];
         if (T > s->len) return KV_ERR_LENGTH;
         if (T > 0 && window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
     }
@@ -429,7 +413,7 @@ static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void
         const int32_t *t = kv_table(c, b->seqs[i]);
         int32_t T = b->row_start[i + 1] - b->row_start[i];
         for (int32_t blk = (s->len - T) / P; T > 0 && blk <= (s->len - 1) / P; blk++)
-            if (c->refcount[t[blk]] > 1 || c->page_named[t[blk]]) return KV_ERR_SHARED;
+            if (c->pages.refcount[t[blk]] > 1 || c->prefix.page_named[t[blk]]) return KV_ERR_SHARED;
     }
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const kv_seq_state *s = &c->seqs[b->seqs[i]];
@@ -440,7 +424,7 @@ static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void
             size_t row = (size_t)(b->row_start[i] + r) * (size_t)Hkv * (size_t)d;
             for (int32_t h = 0; h < Hkv; h++) {
                 for (int kv = 0; kv < 2; kv++) {
-                    unsigned char *dst = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->elem;
+                    unsigned char *dst = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->pages.elem;
                     const void *src = kv == 0 ? k : v;
                     if (f64) {
                         memcpy(dst, (const double *)src + row + (size_t)h * d, (size_t)d * sizeof(double));
@@ -479,7 +463,7 @@ static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos,
         int32_t page = t[(pos + r) / P], slot = (pos + r) % P;
         for (int32_t h = 0; h < Hkv; h++) {
             for (int kv = 0; kv < 2; kv++) {
-                const unsigned char *src = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->elem;
+                const unsigned char *src = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->pages.elem;
                 size_t off = ((size_t)r * Hkv + (size_t)h) * (size_t)d;
                 void *dst = kv == 0 ? k : v;
                 if (f64) {

@@ -53,25 +53,28 @@ const char *kv_status_str(int status) {
     case KV_ERR_SHARED: return "write into a page shared with another sequence or the prefix cache";
     case KV_ERR_MISMATCH: return "file was saved from a cache of another configuration";
     case KV_ERR_UNSUPPORTED: return "not supported on this CPU or in this build";
+    case KV_ERR_DUPLICATE: return "a sequence appears more than once in the batch";
     default: return "unknown status";
     }
 }
 
 /* ------------------------------------------------------------------ price */
 
+/* a * b and a + b, saturating at UINT64_MAX */
+static uint64_t sat_mul(uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype t) {
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || !dtype_valid(t)) return 0;
-    uint64_t heads = 2ull * (uint64_t)n_layers * (uint64_t)n_kv_heads; /* K and V */
-    uint64_t b = heads * (uint64_t)head_dim * dtypes[t].size;
-    if (t == KV_Q8) b += heads * sizeof(float); /* one scale per token, layer, head */
+    uint64_t heads = sat_mul(2ull * (uint64_t)n_layers, (uint64_t)n_kv_heads); /* K and V */
+    uint64_t b = sat_mul(sat_mul(heads, (uint64_t)head_dim), dtypes[t].size);
+    if (t == KV_Q8) b = sat_add(b, sat_mul(heads, sizeof(float))); /* one scale per token, layer, head */
     return b;
 }
 
 uint64_t kv_price_tokens(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, kv_dtype t,
                          uint64_t n_tokens) {
-    uint64_t per = kv_price_per_token(n_layers, n_kv_heads, head_dim, t);
-    if (per && n_tokens > UINT64_MAX / per) return UINT64_MAX;
-    return per * n_tokens;
+    return sat_mul(kv_price_per_token(n_layers, n_kv_heads, head_dim, t), n_tokens);
 }
 
 /* ------------------------------------------------------------------ rows */
@@ -98,7 +101,15 @@ void kv_store_row(kv_dtype t, void *dst, float *scale, const float *src, int32_t
         /* symmetric: x ~ scale * q, q in [-127, 127], scale = max|x| / 127 */
         int8_t *d = dst;
         float amax = 0;
-        for (int32_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(src[i]));
+        for (int32_t i = 0; i < n; i++) {
+            const float a = fabsf(src[i]);
+            amax = a > amax || a != a ? a : amax; /* a NaN wins (fmaxf would drop it) */
+        }
+        if (!(amax <= 3.4e38f)) { /* a NaN or infinity: the row reads back as NaN (include/kvcache.h) */
+            memset(d, 0, (size_t)n);
+            *scale = NAN;
+            break;
+        }
         float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
         for (int32_t i = 0; i < n; i++) d[i] = (int8_t)lrintf(src[i] * inv);
         *scale = s;

@@ -3,7 +3,6 @@
 #ifndef KV_INTERNAL_H
 #define KV_INTERNAL_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -38,8 +37,8 @@ typedef struct {
  * Page states: free (refcount 0, on the free stack), used (refcount > 0), or
  * cached (refcount 0, named, on the LRU list: its K/V kept for the prefix
  * cache until the pool needs the page). */
-struct kv_cache {
-    kv_cache_params p;
+/* The pages: the pool of K/V and each page's reference count (src/cache.c). */
+typedef struct {
     size_t elem;          /* bytes per K/V element */
     size_t head_bytes;    /* P * d * elem: one head's K (or V) in one page slice */
     size_t layer_bytes;   /* one layer's slice of a page */
@@ -49,11 +48,14 @@ struct kv_cache {
     int32_t *refcount;    /* [n_pages] sequences referencing the page */
     int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
     int32_t n_free;
-    int32_t max_blocks;   /* ceil(max_seq_len / P): block-table width */
-    kv_seq_state *seqs;   /* [max_seqs] */
-    int32_t *tables;      /* [max_seqs][max_blocks] page ids, KV_NO_PAGE when none */
+} kv_pages;
 
-    /* prefix cache (src/prefix.c) */
+int kv_pages_init(kv_pages *pg, const kv_cache_params *p);
+void kv_pages_free(kv_pages *pg);
+
+/* The prefix index: names of full pages, and the LRU list of cached ones
+ * (src/prefix.c). */
+typedef struct {
     int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
     uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
     int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
@@ -66,15 +68,30 @@ struct kv_cache {
     int32_t *hash_slots;  /* [hash_cap] open addressing, page ids or KV_NO_PAGE */
     uint32_t hash_cap;    /* power of two >= 2 n_pages */
     uint64_t hash_mask;   /* hash bits that count (all; tests narrow it to force collisions) */
+} kv_prefix_index;
 
-    /* attention work (src/attend.c) */
-    pthread_mutex_t work_lock; /* attention calls may come from several threads: they take
-                                * turns on the work area below */
-    kv_pool *threads;     /* borrowed: runs attention tasks, or NULL */
-    kv_work_item *items;  /* [item_cap] the work items of one wave */
-    int32_t item_cap;
-    float *partials;      /* [partial_cap] split results of one wave */
-    size_t partial_cap;
+int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size);
+void kv_prefix_free(kv_prefix_index *px);
+
+/* The attention work area (src/attend.c), owned by the attention module. */
+typedef struct kv_attend_work kv_attend_work;
+
+/* NULL when out of memory. Sized for every split of one longest sequence. */
+kv_attend_work *kv_attend_work_create(int32_t max_seq_len, int32_t n_kv_heads);
+void kv_attend_work_free(kv_attend_work *w);
+void kv_attend_work_set_pool(kv_attend_work *w, kv_pool *pool);
+
+/* A cache is its parameters, its sequences and three parts that allocate and
+ * free themselves. */
+struct kv_cache {
+    kv_cache_params p;
+    kv_pages pages;
+    int32_t max_blocks;   /* ceil(max_seq_len / P): block-table width */
+    kv_seq_state *seqs;   /* [max_seqs] */
+    int32_t *tables;      /* [max_seqs][max_blocks] page ids, KV_NO_PAGE when none */
+    kv_prefix_index prefix;
+    kv_attend_work *work; /* not part of the cache's state: attention calls on a
+                           * const cache use it (under its own lock) */
 };
 
 static inline int32_t *kv_table(const kv_cache *c, int32_t seq) {
@@ -84,15 +101,15 @@ static inline int32_t *kv_table(const kv_cache *c, int32_t seq) {
 /* Base of K (kv = 0) or V (kv = 1) of `head` in `layer` of `page`. */
 static inline unsigned char *kv_page_head(const kv_cache *c, int32_t page, int32_t layer, int kv,
                                           int32_t head) {
-    return c->pool + (size_t)page * c->page_bytes + (size_t)layer * c->layer_bytes +
-           ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * c->head_bytes;
+    return c->pages.pool + (size_t)page * c->pages.page_bytes + (size_t)layer * c->pages.layer_bytes +
+           ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * c->pages.head_bytes;
 }
 
 /* Q8 scales of `head` in `layer` of `page`: [P] floats. */
 static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t layer, int kv,
                                     int32_t head) {
-    unsigned char *s = c->pool + (size_t)page * c->page_bytes + (size_t)layer * c->layer_bytes +
-                       2 * (size_t)c->p.n_kv_heads * c->head_bytes;
+    unsigned char *s = c->pages.pool + (size_t)page * c->pages.page_bytes + (size_t)layer * c->pages.layer_bytes +
+                       2 * (size_t)c->p.n_kv_heads * c->pages.head_bytes;
     return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
 }
 

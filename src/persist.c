@@ -40,7 +40,7 @@ static bool get(stream *s, void *p, size_t n) {
 
 /* Bytes of one position in one layer, and where its pieces are. */
 static size_t position_bytes(const kv_cache *c) {
-    size_t b = 2 * (size_t)c->p.n_kv_heads * (size_t)c->p.head_dim * c->elem;
+    size_t b = 2 * (size_t)c->p.n_kv_heads * (size_t)c->p.head_dim * c->pages.elem;
     return c->p.dtype == KV_Q8 ? b + 2 * (size_t)c->p.n_kv_heads * sizeof(float) : b;
 }
 
@@ -48,7 +48,7 @@ static size_t position_bytes(const kv_cache *c) {
  * then the q8 scales, calling io(stream, pointer, bytes). */
 static void visit_position(const kv_cache *c, int32_t page, int32_t slot, int32_t l, stream *s,
                            void (*io)(stream *, void *, size_t)) {
-    const size_t row = (size_t)c->p.head_dim * c->elem;
+    const size_t row = (size_t)c->p.head_dim * c->pages.elem;
     for (int kv = 0; kv < 2; kv++)
         for (int32_t h = 0; h < c->p.n_kv_heads; h++)
             io(s, kv_page_head(c, page, l, kv, h) + (size_t)slot * row, row);
@@ -72,7 +72,7 @@ static bool save_stream(const kv_cache *c, int32_t seq, FILE *f) {
     put(&s, MAGIC, sizeof MAGIC);
     put(&s, header, sizeof header);
     for (int32_t pos = first_pos; pos < q->len; pos++)
-        put(&s, &c->page_tokens[(size_t)t[pos / P] * P + pos % P], sizeof(int32_t));
+        put(&s, &c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P], sizeof(int32_t));
     for (int32_t pos = first_pos; pos < q->len; pos++)
         for (int32_t l = 0; l < c->p.n_layers; l++)
             visit_position(c, t[pos / P], pos % P, l, &s, io_put);
@@ -139,7 +139,7 @@ static int restore_stream(kv_cache *c, FILE *f, bool whole_file, int32_t *seq_ou
     long end = ftell(f);
     const int32_t P = c->p.page_size, first_block = first_pos / P;
     const int32_t blocks = (int32_t)(((int64_t)len + P - 1) / P);
-    if (blocks - first_block > c->n_free + c->n_cached) return KV_ERR_OUT_OF_PAGES;
+    if (blocks - first_block > c->pages.n_free + c->prefix.n_cached) return KV_ERR_OUT_OF_PAGES;
     int32_t seq;
     if ((rc = kv_seq_new(c, &seq))) return rc;
 
@@ -148,14 +148,14 @@ static int restore_stream(kv_cache *c, FILE *f, bool whole_file, int32_t *seq_ou
     int32_t *t = kv_table(c, seq);
     for (int32_t i = first_block; i < blocks; i++) {
         t[i] = kv_page_take(c);
-        memset(c->pool + (size_t)t[i] * c->page_bytes, 0, c->page_bytes);
-        for (int32_t j = 0; j < P; j++) c->page_tokens[(size_t)t[i] * P + j] = -1;
+        memset(c->pages.pool + (size_t)t[i] * c->pages.page_bytes, 0, c->pages.page_bytes);
+        for (int32_t j = 0; j < P; j++) c->prefix.page_tokens[(size_t)t[i] * P + j] = -1;
     }
     q->len = len;
     q->first_block = q->named_blocks = first_block;
     s.failed = fseek(s.f, start + (long)(sizeof MAGIC + HEADER_WORDS * sizeof(int32_t)), SEEK_SET) != 0;
     for (int32_t pos = first_pos; pos < len; pos++)
-        get(&s, &c->page_tokens[(size_t)t[pos / P] * P + pos % P], sizeof(int32_t));
+        get(&s, &c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P], sizeof(int32_t));
     for (int32_t pos = first_pos; pos < len; pos++)
         for (int32_t l = 0; l < c->p.n_layers; l++) visit_position(c, t[pos / P], pos % P, l, &s, io_get);
     if (s.failed || end < 0 || fseek(f, end, SEEK_SET) != 0) { /* the file changed under us: give everything back */

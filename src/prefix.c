@@ -6,7 +6,49 @@
  * A name alone is never trusted: a hit must also have the same tokens and the
  * same parent page (in the same generation, since a reclaimed page is reused
  * for other content), so a hash collision costs a miss, never wrong K/V. */
+#include <stdlib.h>
+
 #include "internal.h"
+
+/* ------------------------------------------------------------------ the index */
+
+int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
+    *px = (kv_prefix_index){0};
+    px->hash_cap = 16;
+    while (px->hash_cap < 2 * (uint32_t)n_pages) px->hash_cap *= 2;
+    px->page_tokens = malloc((size_t)n_pages * (size_t)page_size * sizeof *px->page_tokens);
+    px->page_hash = calloc((size_t)n_pages, sizeof *px->page_hash);
+    px->page_parent = calloc((size_t)n_pages, sizeof *px->page_parent);
+    px->page_gen = calloc((size_t)n_pages, sizeof *px->page_gen);
+    px->parent_gen = calloc((size_t)n_pages, sizeof *px->parent_gen);
+    px->page_named = calloc((size_t)n_pages, sizeof *px->page_named);
+    px->lru_prev = malloc((size_t)n_pages * sizeof *px->lru_prev);
+    px->lru_next = malloc((size_t)n_pages * sizeof *px->lru_next);
+    px->hash_slots = malloc(px->hash_cap * sizeof *px->hash_slots);
+    if (!px->page_tokens || !px->page_hash || !px->page_parent || !px->page_gen || !px->parent_gen ||
+        !px->page_named || !px->lru_prev || !px->lru_next || !px->hash_slots) {
+        kv_prefix_free(px);
+        return KV_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < (size_t)n_pages * (size_t)page_size; i++) px->page_tokens[i] = -1;
+    for (uint32_t i = 0; i < px->hash_cap; i++) px->hash_slots[i] = KV_NO_PAGE;
+    px->lru_head = px->lru_tail = KV_NO_PAGE;
+    px->hash_mask = UINT64_MAX;
+    return KV_OK;
+}
+
+void kv_prefix_free(kv_prefix_index *px) {
+    free(px->page_tokens);
+    free(px->page_hash);
+    free(px->page_parent);
+    free(px->page_gen);
+    free(px->parent_gen);
+    free(px->page_named);
+    free(px->lru_prev);
+    free(px->lru_next);
+    free(px->hash_slots);
+    *px = (kv_prefix_index){0};
+}
 
 /* ------------------------------------------------------------------ hashing */
 
@@ -19,74 +61,74 @@ static uint64_t mix64(uint64_t z) {
 static uint64_t chain_hash(const kv_cache *c, uint64_t prev, const int32_t *tokens) {
     uint64_t h = mix64(prev + 0x9E3779B97F4A7C15ull);
     for (int32_t i = 0; i < c->p.page_size; i++) h = mix64(h ^ (uint32_t)tokens[i]);
-    return h & c->hash_mask;
+    return h & c->prefix.hash_mask;
 }
 
 static uint32_t home_slot(const kv_cache *c, uint64_t h) {
-    return (uint32_t)(h ^ (h >> 32)) & (c->hash_cap - 1);
+    return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
 }
 
 static const int32_t *tokens_of(const kv_cache *c, int32_t page) {
-    return c->page_tokens + (size_t)page * (size_t)c->p.page_size;
+    return c->prefix.page_tokens + (size_t)page * (size_t)c->p.page_size;
 }
 
 /* The named page with this hash, parent and tokens, or KV_NO_PAGE. */
 static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t *tokens) {
-    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->hash_cap - 1)) {
-        int32_t p = c->hash_slots[i];
+    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
+        int32_t p = c->prefix.hash_slots[i];
         if (p == KV_NO_PAGE) return KV_NO_PAGE;
-        if (c->page_hash[p] == h && c->page_parent[p] == parent &&
-            (parent == KV_NO_PAGE || c->parent_gen[p] == c->page_gen[parent]) &&
+        if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] == parent &&
+            (parent == KV_NO_PAGE || c->prefix.parent_gen[p] == c->prefix.page_gen[parent]) &&
             memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
             return p;
     }
 }
 
 static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
-    c->page_hash[page] = h;
-    c->page_parent[page] = parent;
-    c->parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->page_gen[parent];
-    c->page_gen[page]++;
-    c->page_named[page] = true;
+    c->prefix.page_hash[page] = h;
+    c->prefix.page_parent[page] = parent;
+    c->prefix.parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_gen[parent];
+    c->prefix.page_gen[page]++;
+    c->prefix.page_named[page] = true;
     uint32_t i = home_slot(c, h);
-    while (c->hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->hash_cap - 1);
-    c->hash_slots[i] = page;
+    while (c->prefix.hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->prefix.hash_cap - 1);
+    c->prefix.hash_slots[i] = page;
 }
 
 void kv_prefix_unname(kv_cache *c, int32_t page) {
-    if (!c->page_named[page]) return;
-    const uint32_t mask = c->hash_cap - 1;
-    uint32_t i = home_slot(c, c->page_hash[page]);
-    while (c->hash_slots[i] != page) i = (i + 1) & mask;
+    if (!c->prefix.page_named[page]) return;
+    const uint32_t mask = c->prefix.hash_cap - 1;
+    uint32_t i = home_slot(c, c->prefix.page_hash[page]);
+    while (c->prefix.hash_slots[i] != page) i = (i + 1) & mask;
     /* backward-shift deletion: pull later entries of the run into the hole
      * unless their home slot lies cyclically in (hole, entry] */
-    for (uint32_t j = (i + 1) & mask; c->hash_slots[j] != KV_NO_PAGE; j = (j + 1) & mask) {
-        uint32_t home = home_slot(c, c->page_hash[c->hash_slots[j]]);
+    for (uint32_t j = (i + 1) & mask; c->prefix.hash_slots[j] != KV_NO_PAGE; j = (j + 1) & mask) {
+        uint32_t home = home_slot(c, c->prefix.page_hash[c->prefix.hash_slots[j]]);
         bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
         if (!stays) {
-            c->hash_slots[i] = c->hash_slots[j];
+            c->prefix.hash_slots[i] = c->prefix.hash_slots[j];
             i = j;
         }
     }
-    c->hash_slots[i] = KV_NO_PAGE;
-    c->page_named[page] = false;
+    c->prefix.hash_slots[i] = KV_NO_PAGE;
+    c->prefix.page_named[page] = false;
 }
 
 /* ------------------------------------------------------------------ LRU */
 
 void kv_lru_remove(kv_cache *c, int32_t page) {
-    int32_t prev = c->lru_prev[page], next = c->lru_next[page];
-    if (prev != KV_NO_PAGE) c->lru_next[prev] = next; else c->lru_head = next;
-    if (next != KV_NO_PAGE) c->lru_prev[next] = prev; else c->lru_tail = prev;
-    c->n_cached--;
+    int32_t prev = c->prefix.lru_prev[page], next = c->prefix.lru_next[page];
+    if (prev != KV_NO_PAGE) c->prefix.lru_next[prev] = next; else c->prefix.lru_head = next;
+    if (next != KV_NO_PAGE) c->prefix.lru_prev[next] = prev; else c->prefix.lru_tail = prev;
+    c->prefix.n_cached--;
 }
 
 void kv_lru_push(kv_cache *c, int32_t page) {
-    c->lru_prev[page] = c->lru_tail;
-    c->lru_next[page] = KV_NO_PAGE;
-    if (c->lru_tail != KV_NO_PAGE) c->lru_next[c->lru_tail] = page; else c->lru_head = page;
-    c->lru_tail = page;
-    c->n_cached++;
+    c->prefix.lru_prev[page] = c->prefix.lru_tail;
+    c->prefix.lru_next[page] = KV_NO_PAGE;
+    if (c->prefix.lru_tail != KV_NO_PAGE) c->prefix.lru_next[c->prefix.lru_tail] = page; else c->prefix.lru_head = page;
+    c->prefix.lru_tail = page;
+    c->prefix.n_cached++;
 }
 
 /* ------------------------------------------------------------------ naming */
@@ -97,21 +139,21 @@ void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
     int32_t *t = kv_table(c, seq);
     for (int32_t i = s->named_blocks; i < upto; i++) {
         int32_t page = t[i], parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
-        if (c->page_named[page]) continue; /* shared from a fork or a prefix hit */
-        if (parent != KV_NO_PAGE && !c->page_named[parent]) continue; /* the chain is broken */
+        if (c->prefix.page_named[page]) continue; /* shared from a fork or a prefix hit */
+        if (parent != KV_NO_PAGE && !c->prefix.page_named[parent]) continue; /* the chain is broken */
         const int32_t *tok = tokens_of(c, page);
         bool known = true;
         for (int32_t j = 0; j < c->p.page_size; j++) known &= tok[j] >= 0;
         if (!known) continue;
-        uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->page_hash[parent], tok);
+        uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok);
         int32_t twin = find(c, h, parent, tok);
         if (twin != KV_NO_PAGE) {
             /* The same tokens after the same parent are named already (the
              * sequence prefilled without a lookup): hold the named twin
              * instead, so the chain goes on through it and this block's
              * successors can be named and found. */
-            if (c->refcount[twin] == 0) kv_lru_remove(c, twin);
-            c->refcount[twin]++;
+            if (c->pages.refcount[twin] == 0) kv_lru_remove(c, twin);
+            c->pages.refcount[twin]++;
             t[i] = twin;
             kv_page_release(c, page);
             continue;
@@ -136,10 +178,10 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
     for (; (int64_t)(i + 1) * P <= n && (int64_t)(i + 1) * P <= c->p.max_seq_len; i++) {
         int32_t parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
         const int32_t *tok = tokens + (size_t)i * P;
-        int32_t page = find(c, chain_hash(c, parent == KV_NO_PAGE ? 0 : c->page_hash[parent], tok), parent, tok);
+        int32_t page = find(c, chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok), parent, tok);
         if (page == KV_NO_PAGE) break;
-        if (c->refcount[page] == 0) kv_lru_remove(c, page);
-        c->refcount[page]++;
+        if (c->pages.refcount[page] == 0) kv_lru_remove(c, page);
+        c->pages.refcount[page]++;
         t[i] = page;
     }
     s->len = i * P;
@@ -150,11 +192,11 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
 
 int kv_prefix_clear(kv_cache *c) {
     if (!c) return KV_ERR_NULL;
-    while (c->lru_head != KV_NO_PAGE) { /* cached pages: unreferenced, so free */
-        int32_t page = c->lru_head;
+    while (c->prefix.lru_head != KV_NO_PAGE) { /* cached pages: unreferenced, so free */
+        int32_t page = c->prefix.lru_head;
         kv_lru_remove(c, page);
         kv_prefix_unname(c, page);
-        c->free_pages[c->n_free++] = page;
+        c->pages.free_pages[c->pages.n_free++] = page;
     }
     for (int32_t page = 0; page < c->p.n_pages; page++) kv_prefix_unname(c, page);
     for (int32_t i = 0; i < c->p.max_seqs; i++) c->seqs[i].named_blocks = 0;

@@ -27,7 +27,7 @@ static int32_t window_first(const kv_cache *c, int32_t pos) {
 static int32_t private_needed(const kv_cache *c, int32_t seq, int32_t b0, int32_t b1) {
     const int32_t *t = kv_table(c, seq);
     int32_t n = 0;
-    for (int32_t i = b0; i < b1; i++) n += t[i] == KV_NO_PAGE || c->refcount[t[i]] > 1;
+    for (int32_t i = b0; i < b1; i++) n += t[i] == KV_NO_PAGE || c->pages.refcount[t[i]] > 1;
     return n;
 }
 
@@ -39,19 +39,19 @@ static void make_private(kv_cache *c, int32_t seq, int32_t b0, int32_t b1) {
     const int32_t P = c->p.page_size;
     for (int32_t i = b0; i < b1; i++) {
         int32_t old = t[i];
-        if (old != KV_NO_PAGE && c->refcount[old] == 1) {
+        if (old != KV_NO_PAGE && c->pages.refcount[old] == 1) {
             kv_prefix_unname(c, old);
             continue;
         }
         int32_t page = kv_page_take(c);
-        unsigned char *dst = c->pool + (size_t)page * c->page_bytes;
+        unsigned char *dst = c->pages.pool + (size_t)page * c->pages.page_bytes;
         if (old == KV_NO_PAGE) {
-            memset(dst, 0, c->page_bytes);
-            for (int32_t j = 0; j < P; j++) c->page_tokens[(size_t)page * P + j] = -1;
+            memset(dst, 0, c->pages.page_bytes);
+            for (int32_t j = 0; j < P; j++) c->prefix.page_tokens[(size_t)page * P + j] = -1;
         } else {
-            memcpy(dst, c->pool + (size_t)old * c->page_bytes, c->page_bytes);
-            memcpy(c->page_tokens + (size_t)page * P, c->page_tokens + (size_t)old * P, sizeof(int32_t) * (size_t)P);
-            c->refcount[old]--; /* still > 0: another sequence holds it */
+            memcpy(dst, c->pages.pool + (size_t)old * c->pages.page_bytes, c->pages.page_bytes);
+            memcpy(c->prefix.page_tokens + (size_t)page * P, c->prefix.page_tokens + (size_t)old * P, sizeof(int32_t) * (size_t)P);
+            c->pages.refcount[old]--; /* still > 0: another sequence holds it */
         }
         t[i] = page;
     }
@@ -59,7 +59,7 @@ static void make_private(kv_cache *c, int32_t seq, int32_t b0, int32_t b1) {
 
 /* Where one position's rows of one layer, K or V, of head h live. */
 static unsigned char *row_at(const kv_cache *c, int32_t page, int32_t slot, int32_t layer, int kv, int32_t h) {
-    return kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)c->p.head_dim * c->elem;
+    return kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)c->p.head_dim * c->pages.elem;
 }
 
 /* K of (src page, slot) turned by the angles cs, sn, written to (dst page,
@@ -91,7 +91,7 @@ static void turn_k(const kv_cache *c, const kv_rope *rope, const double *cs, con
 static void copy_rows(const kv_cache *c, int kv, int32_t layer, int32_t h, int32_t src_page, int32_t src_slot,
                       int32_t dst_page, int32_t dst_slot) {
     memmove(row_at(c, dst_page, dst_slot, layer, kv, h), row_at(c, src_page, src_slot, layer, kv, h),
-            (size_t)c->p.head_dim * c->elem);
+            (size_t)c->p.head_dim * c->pages.elem);
     if (c->p.dtype == KV_Q8)
         kv_page_scales(c, dst_page, layer, kv, h)[dst_slot] = kv_page_scales(c, src_page, layer, kv, h)[src_slot];
 }
@@ -111,7 +111,7 @@ int kv_seq_rerotate(kv_cache *c, int32_t seq, int32_t pos, int32_t n, int32_t de
     if (n == 0 || delta == 0) return KV_OK;
     if (pos / P < s->first_block) return KV_ERR_WINDOW;
     const int32_t b0 = pos / P, b1 = blocks_of(c, pos + n);
-    if (private_needed(c, seq, b0, b1) > c->n_free + c->n_cached) return KV_ERR_OUT_OF_PAGES;
+    if (private_needed(c, seq, b0, b1) > c->pages.n_free + c->prefix.n_cached) return KV_ERR_OUT_OF_PAGES;
     make_private(c, seq, b0, b1);
     double cs[KV_MAX_HEAD_DIM / 2], sn[KV_MAX_HEAD_DIM / 2];
     kv_rope_turn_angles(rope, (double)delta, cs, sn);
@@ -120,7 +120,7 @@ int kv_seq_rerotate(kv_cache *c, int32_t seq, int32_t pos, int32_t n, int32_t de
         int32_t page = t[q / P], slot = q % P;
         for (int32_t l = 0; l < c->p.n_layers; l++)
             for (int32_t h = 0; h < c->p.n_kv_heads; h++) turn_k(c, rope, cs, sn, l, h, page, slot, page, slot);
-        c->page_tokens[(size_t)page * P + slot] = -1; /* no longer what a fresh pass over its token gives */
+        c->prefix.page_tokens[(size_t)page * P + slot] = -1; /* no longer what a fresh pass over its token gives */
     }
     if (s->named_blocks > b0) s->named_blocks = b0;
     return KV_OK;
@@ -148,8 +148,8 @@ int kv_seq_shift(kv_cache *c, int32_t seq, int32_t n_keep, int32_t n_discard, co
     const int32_t b0 = w0 / P, b1 = blocks_of(c, new_len);
     int32_t *t = kv_table(c, seq);
     int32_t freed = 0; /* blocks below the new window, which hold no key that moves */
-    for (int32_t i = s->first_block; i < new_first && i < b0; i++) freed += t[i] != KV_NO_PAGE && c->refcount[t[i]] == 1;
-    if (b0 < b1 && private_needed(c, seq, b0, b1) > c->n_free + c->n_cached + freed) return KV_ERR_OUT_OF_PAGES;
+    for (int32_t i = s->first_block; i < new_first && i < b0; i++) freed += t[i] != KV_NO_PAGE && c->pages.refcount[t[i]] == 1;
+    if (b0 < b1 && private_needed(c, seq, b0, b1) > c->pages.n_free + c->prefix.n_cached + freed) return KV_ERR_OUT_OF_PAGES;
 
     /* nothing fails from here */
     for (int32_t i = s->first_block; i < new_first && i < b0; i++) {
@@ -165,7 +165,7 @@ int kv_seq_shift(kv_cache *c, int32_t seq, int32_t n_keep, int32_t n_discard, co
             for (int32_t l = 0; l < c->p.n_layers; l++)
                 for (int kv = 0; kv < 2; kv++)
                     for (int32_t h = 0; h < c->p.n_kv_heads; h++) {
-                        memset(row_at(c, dst_page, dst_slot, l, kv, h), 0, (size_t)c->p.head_dim * c->elem);
+                        memset(row_at(c, dst_page, dst_slot, l, kv, h), 0, (size_t)c->p.head_dim * c->pages.elem);
                         if (c->p.dtype == KV_Q8) kv_page_scales(c, dst_page, l, kv, h)[dst_slot] = 0;
                     }
         } else {
@@ -179,7 +179,7 @@ int kv_seq_shift(kv_cache *c, int32_t seq, int32_t n_keep, int32_t n_discard, co
                     copy_rows(c, 1, l, h, src_page, src_slot, dst_page, dst_slot);
                 }
         }
-        c->page_tokens[(size_t)dst_page * P + dst_slot] = -1;
+        c->prefix.page_tokens[(size_t)dst_page * P + dst_slot] = -1;
     }
     for (int32_t i = b1; i < blocks_of(c, len); i++) { /* the tail the rows came from */
         if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);

@@ -4,7 +4,28 @@
 #ifndef KV_SIMD_H
 #define KV_SIMD_H
 
+#include <math.h>
+
 #include "internal.h"
+
+/* The non-finite rule (include/kvcache.h), shared by every kernel. A weight is
+ * e^(s - max); its argument is made NaN when it is -inf (a score of -inf, or a
+ * max of +inf: both come only from non-finite scores) by adding x * 0, and
+ * held at -87.3 below so that a finite score never gets weight 0 (0 * inf
+ * would turn an infinite value into NaN) nor a subnormal one. Comparisons keep
+ * a NaN argument: `x < c ? c : x` is false for NaN. */
+#define KV_EXP_FLOOR (-87.3f)
+static inline float kv_weight_exp(float x) {
+    x += x * 0.0f;
+    return expf(x < KV_EXP_FLOOR ? KV_EXP_FLOOR : x);
+}
+/* e^(m_old - m_new), the rescaling of the running state: 0 on the first keys
+ * (m_old = -inf, nothing accumulated yet), NaN when either is NaN. */
+static inline float kv_corr_exp(float m_old, float m_new) {
+    if (m_old == -INFINITY) return 0.0f;
+    const float x = m_old - m_new;
+    return expf(x < KV_EXP_FLOOR ? KV_EXP_FLOOR : x);
+}
 
 typedef struct {
     const char *name;
@@ -27,12 +48,14 @@ typedef struct {
      * vector i see keys lo[i]..hi[i] (none when lo > hi), updates its running
      * max m[i] and sum l[i], and leaves the weights in w [nv][16] (times vs[j]
      * for KV_Q8) and the rescaling of the old state in corr [nv];
-     * decode_values then sets acc [nv][d] = acc * corr + sum_j w[j] v[j]. */
+     * decode_values then sets acc [nv][d] = acc * corr + sum_j w[j] v[j]
+     * over the visible keys lo[i]..hi[i] only (a key a vector does not see
+     * never touches it, even when its V holds a NaN: no 0 * NaN). */
     void (*decode_scores)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
                           const int32_t *hi, float *m, float *l, float (*w)[16], float *corr);
     void (*decode_values)(kv_dtype dtype, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
-                          float (*w)[16], float *corr, float *acc);
+                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc);
     /* Prefill-shaped work (NULL if absent): the online-softmax update of nv
      * query vectors, given transposed as qt [d][ldq] (ldq: nv rounded up to 16,
      * d % 16 == 0), with n keys at absolute positions j0.. in k and v [n][d]
@@ -45,6 +68,33 @@ typedef struct {
 } kv_simd;
 
 enum { KV_DECODE_VECS = 8 };
+
+/* switch (dtype) { case T: switch (nv) { case NV: CALL(T, NV) } } for every
+ * storage type T and vector count NV <= KV_DECODE_VECS, so that the SIMD
+ * files instantiate their decode kernels with both known at compile time. */
+#define KV_DECODE_NV(CALL, T, NV) case NV: CALL(T, NV); break;
+#define KV_DECODE_T(CALL, T)                                                                    \
+    case T:                                                                                     \
+        switch (nv) {                                                                           \
+            KV_DECODE_NV(CALL, T, 1) KV_DECODE_NV(CALL, T, 2) KV_DECODE_NV(CALL, T, 3)          \
+            KV_DECODE_NV(CALL, T, 4) KV_DECODE_NV(CALL, T, 5) KV_DECODE_NV(CALL, T, 6)          \
+            KV_DECODE_NV(CALL, T, 7) KV_DECODE_NV(CALL, T, 8)                                   \
+        }                                                                                       \
+        break;
+#define KV_DECODE_SWITCH(CALL)                                                                  \
+    switch (t) {                                                                                \
+        KV_DECODE_T(CALL, KV_F32) KV_DECODE_T(CALL, KV_F16) KV_DECODE_T(CALL, KV_BF16)          \
+        KV_DECODE_T(CALL, KV_Q8)                                                                \
+    default: break;                                                                             \
+    }
+
+/* Whether every vector sees the same keys lo[0]..hi[0] of a block (T = 1,
+ * or every row past the block): then one pass serves them all. */
+static inline bool kv_block_uniform(int32_t nv, const int32_t *lo, const int32_t *hi) {
+    for (int32_t i = 1; i < nv; i++)
+        if (lo[i] != lo[0] || hi[i] != hi[0]) return false;
+    return true;
+}
 
 const kv_simd *kv_simd_active(void);
 extern const kv_simd kv_simd_scalar;

@@ -76,10 +76,13 @@ static void dot_rows(const float *q, int32_t nv, const float *k, int32_t n, int3
 
 /* e^x for x <= 0 (and moderately above): 2^n e^r, |r| <= ln2/2, degree-6
  * Taylor polynomial (relative error < 2e-7); inputs below -87.3 give ~1e-38
- * instead of underflowing through the exponent field. */
+ * instead of underflowing through the exponent field. NaN and -inf give NaN
+ * (simd.h, kv_weight_exp): x + x * 0, and max/min return their second
+ * operand when either is NaN, so the constant goes first. */
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+    x = _mm512_fmadd_ps(x, _mm512_setzero_ps(), x);
+    x = _mm512_max_ps(_mm512_set1_ps(KV_EXP_FLOOR), x);
+    x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -220,7 +223,7 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
         __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
         float mx = _mm512_mask_reduce_max_ps(vis, si);
         mx = mx > m[i] ? mx : m[i];
-        corr[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+        corr[i] = kv_corr_exp(m[i], mx);
         __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
         l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
         m[i] = mx;
@@ -230,10 +233,10 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 }
 
 DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
-                          int32_t n, float (*s)[16], const float *corr, float *acc) {
+                          int32_t jlo, int32_t jhi, float (*s)[16], const float *corr, float *acc) {
     const __m512 one = _mm512_set1_ps(1.0f);
-    /* acc = acc * corr + sum_j p_j v_j: 32 dims of every vector in registers
-     * while the block's V rows stream past */
+    /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
+     * sees: 32 dims of every vector in registers while the V rows stream past */
     for (int32_t e = 0; e < d; e += 32) {
         __m512 a0[KV_DECODE_VECS], a1[KV_DECODE_VECS];
         const bool two = e + 16 < d;
@@ -242,7 +245,7 @@ DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const u
             a0[i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e));
             a1[i] = two ? _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e + 16)) : c;
         }
-        for (int32_t jv = 0; jv < n; jv++) {
+        for (int32_t jv = jlo; jv <= jhi; jv++) {
             const unsigned char *row = v + (size_t)jv * stride;
             __m512 v0 = load16(t, row, e, one), v1 = two ? load16(t, row, e + 16, one) : v0;
 #pragma GCC unroll 8
@@ -259,35 +262,32 @@ DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const u
     }
 }
 
-/* switch (dtype) { case T: switch (nv) { case NV: CALL(T, NV) } } for every T and NV */
-#define DECODE_NV(CALL, T, NV) case NV: CALL(T, NV); break;
-#define DECODE_T(CALL, T)                                                                       \
-    case T:                                                                                     \
-        switch (nv) {                                                                           \
-            DECODE_NV(CALL, T, 1) DECODE_NV(CALL, T, 2) DECODE_NV(CALL, T, 3)                   \
-            DECODE_NV(CALL, T, 4) DECODE_NV(CALL, T, 5) DECODE_NV(CALL, T, 6)                   \
-            DECODE_NV(CALL, T, 7) DECODE_NV(CALL, T, 8)                                         \
-        }                                                                                       \
-        break;
-#define DECODE_SWITCH(CALL)                                                                     \
-    switch (t) {                                                                                \
-        DECODE_T(CALL, KV_F32) DECODE_T(CALL, KV_F16) DECODE_T(CALL, KV_BF16) DECODE_T(CALL, KV_Q8) \
-    default: break;                                                                             \
-    }
-
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
                           float *m, float *l, float (*w)[16], float *corr) {
 #define SCORES(T, NV) scores_impl(T, NV, q, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr)
-    DECODE_SWITCH(SCORES)
+    KV_DECODE_SWITCH(SCORES)
 #undef SCORES
 }
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
-                          float (*w)[16], float *corr, float *acc) {
-#define VALUES(T, NV) values_impl(T, NV, d, v, stride, n, w, corr, acc)
-    DECODE_SWITCH(VALUES)
+                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc) {
+    if (kv_block_uniform(nv, lo, hi)) {
+        if (lo[0] > hi[0]) return;
+#define VALUES(T, NV) values_impl(T, NV, d, v, stride, lo[0], hi[0], w, corr, acc)
+        KV_DECODE_SWITCH(VALUES)
 #undef VALUES
+        return;
+    }
+    /* vectors that see different keys (rows of a short prefill, a window's
+     * edge): one at a time, each over its own keys */
+    for (int32_t i = 0; i < nv; i++) {
+        if (lo[i] > hi[i]) continue;
+#define ONE(T) case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d); break;
+        switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
+#undef ONE
+    }
+    (void)n;
 }
 
 static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
@@ -373,8 +373,14 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
             for (int32_t x = 0; x < ni; x++)
                 for (int32_t y = 0; y < ne; y++)
                     a[x][y] = _mm512_mul_ps(_mm512_set1_ps(corr[i + x]), _mm512_loadu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y));
-            if (ni == 4 && ne == 4) {
-                for (int32_t j = 0; j < n; j++) {
+            /* keys every one of the ni vectors sees take the unrolled loop; the
+             * others only the vectors that see them (a weight of 0 times a
+             * NaN or infinite V would still poison a vector) */
+            int32_t all_lo = window > 0 ? pos[i + ni - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
+            all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
+            if (!(ni == 4 && ne == 4) || all_lo > all_hi) all_lo = n, all_hi = n - 1; /* none fast */
+            if (all_lo <= all_hi)
+                for (int32_t j = all_lo; j <= all_hi; j++) {
                     const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i;
                     __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
                     __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
@@ -385,13 +391,15 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
                         a[x][2] = _mm512_fmadd_ps(w, v2, a[x][2]), a[x][3] = _mm512_fmadd_ps(w, v3, a[x][3]);
                     }
                 }
-            } else {
-                for (int32_t j = 0; j < n; j++)
-                    for (int32_t x = 0; x < ni; x++) {
-                        __m512 w = _mm512_set1_ps(s[(size_t)j * ldq + i + x]);
-                        for (int32_t y = 0; y < ne; y++)
-                            a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
-                    }
+            for (int32_t j = 0; j < n; j++) {
+                if (j >= all_lo && j <= all_hi) continue;
+                for (int32_t x = 0; x < ni; x++) {
+                    const int32_t key = j0 + j, p = pos[i + x];
+                    if (key > p || (window > 0 && key <= p - window)) continue;
+                    __m512 w = _mm512_set1_ps(s[(size_t)j * ldq + i + x]);
+                    for (int32_t y = 0; y < ne; y++)
+                        a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
+                }
             }
             for (int32_t x = 0; x < ni; x++)
                 for (int32_t y = 0; y < ne; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);

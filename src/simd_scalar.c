@@ -26,7 +26,7 @@ static void dot_rows(const float *q, int32_t nv, const float *k, int32_t n, int3
 
 static float exp_sum(float *s, int32_t n, float mx) {
     float sum = 0;
-    for (int32_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - mx);
+    for (int32_t j = 0; j < n; j++) sum += s[j] = kv_weight_exp(s[j] - mx);
     return sum;
 }
 

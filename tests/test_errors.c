@@ -47,10 +47,10 @@ TEST(errors_bad_create_parameters) {
 }
 
 TEST(errors_every_code_has_a_distinct_message) {
-    for (int a = KV_ERR_UNSUPPORTED; a <= 0; a++) {
+    for (int a = KV_ERR_DUPLICATE; a <= 0; a++) {
         CHECK(strlen(kv_status_str(a)) > 0);
         CHECK(strcmp(kv_status_str(a), "unknown status") != 0);
-        for (int b = KV_ERR_UNSUPPORTED; b < a; b++) CHECK(strcmp(kv_status_str(a), kv_status_str(b)) != 0);
+        for (int b = KV_ERR_DUPLICATE; b < a; b++) CHECK(strcmp(kv_status_str(a), kv_status_str(b)) != 0);
     }
 }
 
@@ -104,7 +104,9 @@ TEST(errors_failed_calls_leave_the_cache_unchanged) {
     CHECK_REFUSED(c, kv_seq_remove(c, -1), KV_ERR_SEQ);
     int32_t twice[2] = {s, s}, rows3[3] = {0, 1, 2};
     kv_batch bt = {.n_seqs = 2, .seqs = twice, .row_start = rows3};
-    CHECK_REFUSED(c, kv_attend_f64(c, 0, &bt, H, big, out, 0), KV_ERR_SEQ);
+    CHECK_REFUSED(c, kv_attend_f64(c, 0, &bt, H, big, out, 0), KV_ERR_DUPLICATE);
+    CHECK_REFUSED(c, kv_batch_reserve(c, &bt, NULL), KV_ERR_DUPLICATE);
+    CHECK_REFUSED(c, kv_append_f64(c, 0, &bt, big, big), KV_ERR_DUPLICATE);
     /* precision must match the cache */
     float f[64 * H * d] = {0}, fo[64 * H * d];
     CHECK_REFUSED(c, kv_attend_f32(c, 0, &b, H, f, fo, 0), KV_ERR_DTYPE);
@@ -160,6 +162,34 @@ TEST(errors_out_of_pages_in_a_quantized_cache_changes_nothing) {
 }
 
 /* ------------------------------------------------------------------ price */
+
+/* The exact price of n tokens in 128-bit arithmetic (per token it is below
+ * 2^98), clamped to UINT64_MAX: the reference for saturation. */
+static uint64_t price_ref(int32_t L, int32_t heads_kv, int32_t hd, kv_dtype t, uint64_t n) {
+    static const unsigned size[] = {8, 4, 2, 2, 1};
+    const unsigned __int128 heads = (unsigned __int128)2 * (uint64_t)L * (uint64_t)heads_kv;
+    const unsigned __int128 per = heads * (uint64_t)hd * size[t] + (t == KV_Q8 ? heads * 4 : 0);
+    if (n == 0) return 0;
+    if (per > UINT64_MAX) return UINT64_MAX;
+    const unsigned __int128 all = per * n; /* both below 2^64: fits */
+    return all > UINT64_MAX ? UINT64_MAX : (uint64_t)all;
+}
+
+TEST(price_saturates_for_huge_arguments_instead_of_wrapping) {
+    const int32_t big[] = {1, 1000, 65536, 1 << 20, INT32_MAX};
+    const uint64_t tokens[] = {0, 1, 8192, 1ull << 40, UINT64_MAX};
+    for (int t = KV_F64; t <= KV_Q8; t++)
+        for (int a = 0; a < 5; a++)
+            for (int b = 0; b < 5; b++)
+                for (int e = 0; e < 5; e++) {
+                    CHECK_EQ_INT(kv_price_per_token(big[a], big[b], big[e], (kv_dtype)t),
+                                 price_ref(big[a], big[b], big[e], (kv_dtype)t, 1));
+                    for (int n = 0; n < 5; n++)
+                        CHECK(kv_price_tokens(big[a], big[b], big[e], (kv_dtype)t, tokens[n]) ==
+                              price_ref(big[a], big[b], big[e], (kv_dtype)t, tokens[n]));
+                }
+    CHECK(kv_price_per_token(INT32_MAX, INT32_MAX, INT32_MAX, KV_F64) == UINT64_MAX);
+}
 
 TEST(price_llama31_8b_bf16_is_128_KiB_per_token_and_1_GiB_at_8k) {
     CHECK_EQ_INT(kv_price_per_token(32, 8, 128, KV_BF16), 131072);

@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 #include "snapshot.h"
+#include "../src/attend.h"
 
 typedef struct {
     int H, Hkv, d, S, T, P, window;
@@ -136,14 +137,14 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
                 test_fail(__FILE__, __LINE__, "case %zu: %d threads differ from 1", ci, t);
         }
         /* a tiny workspace cuts the call into many waves: same numbers */
-        int32_t item_cap = c->item_cap;
-        size_t partial_cap = c->partial_cap;
-        c->item_cap = 7;
+        int32_t item_cap = c->work->item_cap;
+        size_t partial_cap = c->work->partial_cap;
+        c->work->item_cap = 7;
         /* room for one sequence's splits, no more */
-        c->partial_cap = ((size_t)k->S / 1024 + 2) * (size_t)k->H * k->T * (k->d + 2);
+        c->work->partial_cap = ((size_t)k->S / 1024 + 2) * (size_t)k->H * k->T * (k->d + 2);
         run_threads(c, seq, k, q, 3, many);
         CHECK(memcmp(one, many, sizeof(float) * n) == 0);
-        c->item_cap = item_cap, c->partial_cap = partial_cap;
+        c->work->item_cap = item_cap, c->work->partial_cap = partial_cap;
         kv_cache_free(c);
         free(qd), free(q), free(one), free(many);
     }
@@ -261,4 +262,41 @@ TEST(kernels_concurrent_attend_calls_on_one_cache_do_not_mix) {
         free(q[i]), free(serial[i]), free(together[i]);
     }
     kv_cache_free(c);
+}
+
+/* The header's stack promise: every attention path (decode, tile, chunks, the
+ * float64 reference) runs on a thread with only 512 KiB of stack. */
+typedef struct {
+    int rc;
+} small_stack_result;
+
+static void *attend_on_small_stack(void *arg) {
+    small_stack_result *r = arg;
+    test_rng g = {77};
+    r->rc = 0;
+    const int32_t shapes[][4] = {{1, 300, 8, 64}, {64, 300, 8, 64}, {40, 200, 2, 512}, {3, 50, 1, 512}}; /* T S H d */
+    for (int s = 0; s < 4; s++) {
+        const int32_t T = shapes[s][0], S = shapes[s][1], H = shapes[s][2], dd = shapes[s][3];
+        size_t nq = (size_t)T * H * dd, nk = (size_t)S * H * dd;
+        double *q = rand_normal(&g, nq, 1), *k = rand_normal(&g, nk, 1), *v = rand_normal(&g, nk, 1);
+        double *o = malloc(nq * sizeof(double));
+        float *qf = to_f32(q, nq), *kf = to_f32(k, nk), *vf = to_f32(v, nk), *of = malloc(nq * sizeof(float));
+        r->rc |= kv_attention_f32(T, S, H, H, dd, qf, kf, vf, of, 0, 0);
+        r->rc |= kv_attention_f64(T, S, H, H, dd, q, k, v, o, 0, 0);
+        for (size_t i = 0; i < nq; i++) r->rc |= fabs(o[i] - of[i]) > 1e-4;
+        free(q), free(k), free(v), free(o), free(qf), free(kf), free(vf), free(of);
+    }
+    return NULL;
+}
+
+TEST(kernels_attention_runs_on_a_thread_with_512_KiB_of_stack) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    CHECK_EQ_INT(pthread_attr_setstacksize(&attr, 512u << 10), 0);
+    small_stack_result r = {-1};
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, &attr, attend_on_small_stack, &r), 0);
+    pthread_join(t, NULL);
+    pthread_attr_destroy(&attr);
+    CHECK_EQ_INT(r.rc, 0);
 }

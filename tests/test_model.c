@@ -61,17 +61,17 @@ static void check_pool(const kv_cache *c) {
             if (t[b] != KV_NO_PAGE) refs[t[b]]++;
     }
     for (int p = 0; p < PAGES; p++)
-        if (refs[p] != c->refcount[p]) test_fail(__FILE__, __LINE__, "page %d: refcount %d, referenced %d", p, c->refcount[p], refs[p]);
+        if (refs[p] != c->pages.refcount[p]) test_fail(__FILE__, __LINE__, "page %d: refcount %d, referenced %d", p, c->pages.refcount[p], refs[p]);
     /* the name table: exactly the named pages, each reachable by probing from its home slot */
     int32_t in_table = 0;
-    for (uint32_t i = 0; i < c->hash_cap; i++) in_table += c->hash_slots[i] != KV_NO_PAGE;
+    for (uint32_t i = 0; i < c->prefix.hash_cap; i++) in_table += c->prefix.hash_slots[i] != KV_NO_PAGE;
     CHECK_EQ_INT(in_table, st.pages_named);
     for (int p = 0; p < PAGES; p++) {
-        if (!c->page_named[p]) continue;
-        uint64_t h = c->page_hash[p];
-        uint32_t i = (uint32_t)(h ^ (h >> 32)) & (c->hash_cap - 1);
-        while (c->hash_slots[i] != p && c->hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->hash_cap - 1);
-        if (c->hash_slots[i] != p) test_fail(__FILE__, __LINE__, "named page %d is unreachable", p);
+        if (!c->prefix.page_named[p]) continue;
+        uint64_t h = c->prefix.page_hash[p];
+        uint32_t i = (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
+        while (c->prefix.hash_slots[i] != p && c->prefix.hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->prefix.hash_cap - 1);
+        if (c->prefix.hash_slots[i] != p) test_fail(__FILE__, __LINE__, "named page %d is unreachable", p);
     }
 }
 
@@ -150,7 +150,7 @@ static void run_model(unsigned long long seed, int window, int n_ops, uint64_t h
     p.n_pages = PAGES, p.max_seqs = SEQS, p.max_seq_len = MAXLEN, p.window = window;
     kv_cache *c;
     CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
-    c->hash_mask = hash_mask;
+    c->prefix.hash_mask = hash_mask;
     model_seq ms[SEQS] = {{0}}, past = {0}; /* past: the tokens of a removed sequence */
     int counts[7] = {0}, hits = 0;
     for (int op = 0; op < n_ops; op++) {

@@ -258,7 +258,7 @@ TEST(prefix_cache_forced_hash_collision_is_detected) {
     int32_t t1[N], t2[N];
     for (int i = 0; i < N; i++) t1[i] = i, t2[i] = 100 + i;
     kv_cache *c = make_cache(P, 32, 3, KV_F64);
-    c->hash_mask = 0; /* every page hashes to the same name */
+    c->prefix.hash_mask = 0; /* every page hashes to the same name */
     int32_t a, b, m;
     double o1[N * H * d], o2[N * H * d], warm[N * H * d];
     CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
@@ -435,7 +435,7 @@ TEST(prefix_cache_never_chains_onto_a_reclaimed_and_renamed_parent) {
      * and renamed with other tokens. With every name equal (hash_mask 0), only
      * the parent's generation tells p1 does not follow p0's new content. */
     kv_cache *c = make_cache(4, 2, 2, KV_F32);
-    c->hash_mask = 0;
+    c->prefix.hash_mask = 0;
     int32_t a0a1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b0a1[8] = {9, 9, 9, 9, 5, 6, 7, 8}, s, m;
     CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
     CHECK_EQ_INT(kv_seq_reserve(c, s, 8, a0a1), KV_OK); /* pages 0, 1 */

@@ -61,7 +61,7 @@ TEST(textstream_holds_back_a_character_split_across_byte_tokens) {
     CHECK_EQ_INT(llm_textstream_create(llm_model_tokenizer(m), NULL, 0, -1, 0, &ts), LLM_OK);
     /* a, é = C3 A9, € = E2 82 AC, a byte that begins nothing (FF), C3 then 'b' (no continuation) */
     const int32_t toks[] = {B('a'), B(0xC3), B(0xA9), B(0xE2), B(0x82), B(0xAC), B(0xFF), B(0xC3), B('b')};
-    const char *const each[] = {"a", "", "\xC3\xA9", "", "", "\xE2\x82\xAC", "\xEF\xBF\xBD", "", "\xEF\xBF\xBD" "b"};
+    const char *const each[] = {"a", "", "\xC3\xA9", "", "", "\xE2\x82\xAC", "\xEF\xBF\xBD", "", ("\xEF\xBF\xBD" "b")};
     char out[256] = "";
     CHECK_EQ_INT(push_all(ts, toks, 9, out, sizeof out, each), LLM_STOP_NONE);
     CHECK_EQ_INT(llm_textstream_n_tokens(ts), 9);

@@ -6,17 +6,43 @@ x [rows, D]), because a ragged batch has no common T to put in an axis.
 """
 import collections
 import ctypes
+import inspect
 import os
 
 import numpy as np
 
 from . import _ffi
+from ._lock import RWLock, writes
+from ._lock import reads as _reads_plain
 from ._arrays import contiguous, int32_array, integer, null, ptr, real_array, scale_arg
 from .attention import DTYPES, Rope, dtype_code
 from .errors import KVCacheError, check
 
 Stats = collections.namedtuple("Stats", [f for f, _ in _ffi.CacheStats._fields_])
 Stats.__doc__ = "kv_cache_get_stats: page counts and bytes of one cache."
+
+
+def reads(method):
+    """The method only reads the cache (it shares the cache's lock). With
+    seq=None it acts on the default sequence, which is created first, under
+    the lock held alone, when it does not exist yet."""
+    plain = _reads_plain(method)
+    sig = inspect.signature(method)
+    if "seq" not in sig.parameters:
+        return plain
+
+    def wrapper(self, *args, **kwargs):
+        if sig.bind(self, *args, **kwargs).arguments.get("seq") is None:
+            while True:
+                if self._default is None:
+                    with self._lock.writing():
+                        self._seq(None)
+                with self._lock.reading():
+                    if self._default is not None or self._c is None:
+                        return method(self, *args, **kwargs)
+        return plain(self, *args, **kwargs)
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = method.__name__, method.__doc__, method
+    return wrapper
 
 
 class Batch:
@@ -81,6 +107,15 @@ class Batch:
         return f"Batch.of({list(self)})"
 
 
+def c_path(path):
+    """A file name as C reads it. A NUL byte would end it early, so C would
+    use another file: refused as open() refuses it."""
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in path {path!r}")
+    return b
+
+
 def as_batch(batch):
     return batch if isinstance(batch, Batch) else Batch.of(batch)
 
@@ -97,10 +132,18 @@ class KVCache:
     Methods that take seq=None act on the cache's default sequence, created on
     first use; the seed's single-sequence flow (append, attend, step) needs no
     more. Several sequences: new_seq, fork, remove, and the *_batch methods.
+
+    Threads: any number of Python threads may use one cache. Calls that change
+    it run one at a time, calls that only read it (attend, read, length,
+    stats, save) run together; close() waits for the calls in flight, and
+    every call after it raises ValueError.
     """
 
     def __init__(self, n_kv_heads, head_dim, dtype="f64", page_size=16, n_pages=256, window=0,
                  n_layers=1, max_seqs=1, max_seq_len=0):
+        self._lock = RWLock()
+        self._c = None
+        self._default = None
         p = _ffi.CacheParams(n_layers=integer(n_layers, "n_layers"),
                              n_kv_heads=integer(n_kv_heads, "n_kv_heads"),
                              head_dim=integer(head_dim, "head_dim"), dtype=dtype_code(dtype),
@@ -121,22 +164,29 @@ class KVCache:
 
     # ---------------------------------------------------------------- lifetime
 
+    @writes
     def close(self):
-        """Frees the cache now (kv_cache_free); later calls raise ValueError."""
+        """Frees the cache (kv_cache_free) once the calls in flight are done;
+        later calls raise ValueError."""
         if self._c is not None:
             _ffi.fn("kv_cache_free")(self._c)
             self._c = None
             self._pool = None
 
+    @writes
     def set_pool(self, pool):
         """Runs this cache's attention on a kvcache.Pool (None: the calling
         thread only), kv_cache_set_pool. The cache keeps the pool alive."""
         from .threads import Pool
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a kvcache.Pool or None, got {type(pool).__name__}")
-        _ffi.fn("kv_cache_set_pool")(self._h(), pool._h() if pool is not None else None)
-        self._pool = pool
-        if pool is not None:
+        if pool is None:
+            _ffi.fn("kv_cache_set_pool")(self._h(), None)
+            self._pool = None
+            return
+        with pool._lock.reading():  # the pool cannot close meanwhile
+            _ffi.fn("kv_cache_set_pool")(self._h(), pool._h())
+            self._pool = pool
             pool._users.add(self)
 
     def __enter__(self):
@@ -168,6 +218,7 @@ class KVCache:
         return d
 
     @property
+    @reads
     def params(self):
         """kv_cache_get_params as a dict (max_seq_len resolved, dtype by name)."""
         self._h()
@@ -182,11 +233,13 @@ class KVCache:
     max_seq_len = property(lambda self: self._params["max_seq_len"])
     window = property(lambda self: self._params["window"])
 
+    @reads
     def stats(self):
         """kv_cache_get_stats as a Stats named tuple (pages_used, bytes_per_token, ...)."""
         s = _ffi.fn("kv_cache_get_stats")(self._h())
         return Stats(*(getattr(s, f) for f in Stats._fields))
 
+    @reads
     def __repr__(self):
         if self._c is None:
             return "KVCache(closed)"
@@ -202,12 +255,14 @@ class KVCache:
             return self._default
         return integer(seq, "seq")
 
+    @writes
     def new_seq(self):
         """Takes a free sequence slot (kv_seq_new); returns its id."""
         out = ctypes.c_int32()
         self._call("kv_seq_new", ctypes.byref(out))
         return out.value
 
+    @writes
     def remove(self, seq=None):
         """Releases the sequence and its pages (kv_seq_remove)."""
         s = self._seq(seq)
@@ -215,10 +270,12 @@ class KVCache:
         if s == self._default:
             self._default = None
 
+    @reads
     def length(self, seq=None):
         """S, the positions the sequence holds (kv_seq_length)."""
         return self._call("kv_seq_length", self._seq(seq))
 
+    @writes
     def reserve(self, n_new, seq=None, tokens=None):
         """Room for n_new positions after the current length, all or nothing
         (kv_seq_reserve). tokens [n_new] are their token ids, which name full
@@ -228,16 +285,19 @@ class KVCache:
         tok = self._tokens(tokens, n_new)
         self._call("kv_seq_reserve", self._seq(seq), n_new, ptr(tok) if tok is not None else null(_ffi.P_int32))
 
+    @writes
     def fork(self, seq=None):
         """A new sequence sharing every page of seq, copy-on-write (kv_seq_fork)."""
         out = ctypes.c_int32()
         self._call("kv_seq_fork", self._seq(seq), ctypes.byref(out))
         return out.value
 
+    @writes
     def truncate(self, new_len, seq=None):
         """Drops every position >= new_len (kv_seq_truncate)."""
         self._call("kv_seq_truncate", self._seq(seq), integer(new_len, "new_len", 0))
 
+    @writes
     def rerotate(self, rope, delta, start=0, n=None, seq=None):
         """Turns the cached K of positions [start, start + n) (n None: to the
         end) by delta positions in every layer, so a key rotated at p becomes
@@ -247,6 +307,7 @@ class KVCache:
         n = self.length(s) - start if n is None else integer(n, "n", 0)
         self._call("kv_seq_rerotate", s, start, n, integer(delta, "delta"), ctypes.byref(rope._rope))
 
+    @writes
     def shift(self, n_keep, n_discard, rope=None, seq=None):
         """Context shift (kv_seq_shift): drops positions [n_keep, n_keep +
         n_discard) and moves the later ones down by n_discard, their keys
@@ -254,6 +315,7 @@ class KVCache:
         self._call("kv_seq_shift", self._seq(seq), integer(n_keep, "n_keep", 0),
                    integer(n_discard, "n_discard", 0), ctypes.byref(rope._rope) if rope is not None else None)
 
+    @writes
     def prefix_match(self, tokens, seq=None):
         """On an empty sequence, reuses cached pages holding the longest
         page-aligned prefix of tokens (kv_seq_prefix_match); returns how many
@@ -263,19 +325,22 @@ class KVCache:
         self._call("kv_seq_prefix_match", self._seq(seq), ptr(tok), tok.shape[0], ctypes.byref(out))
         return out.value
 
+    @writes
     def prefix_clear(self):
         """Empties the prefix cache (kv_prefix_clear): cached pages become free
         and no page can be found by prefix_match until named again."""
         self._call("kv_prefix_clear")
 
+    @reads
     def save(self, path, seq=None):
         """Writes the sequence's tokens and K/V to a file (kv_seq_save)."""
-        self._call("kv_seq_save", self._seq(seq), os.fsencode(path))
+        self._call("kv_seq_save", self._seq(seq), c_path(path))
 
+    @writes
     def restore(self, path):
         """Reads a kv_seq_save file into a new sequence (kv_seq_restore); returns its id."""
         out = ctypes.c_int32()
-        self._call("kv_seq_restore", os.fsencode(path), ctypes.byref(out))
+        self._call("kv_seq_restore", c_path(path), ctypes.byref(out))
         return out.value
 
     def _tokens(self, tokens, n):
@@ -296,8 +361,20 @@ class KVCache:
         want = tuple(lead) + (Hkv, d)
         for a, name in ((k, name_k), (v, name_v)):
             if a.shape != want:
-                raise ValueError(f"{name} must have shape {want}, got {a.shape}")
+                raise ValueError(f"{name} must have shape {want} [rows, Hkv, d], got {a.shape}")
         return contiguous(k, self.compute_dtype), contiguous(v, self.compute_dtype)
+
+    def _seed_layout(self, k, v, name_k, name_v):
+        """k and v [Hkv, t, d] (or [n_layers, Hkv, t, d] when ndim is 4), the
+        seed's layout, checked as the caller wrote them; returns t."""
+        multi = k.ndim == 4
+        t = k.shape[-2]
+        want = ((self.n_layers,) if multi else ()) + (self.n_kv_heads, t, self.head_dim)
+        names = "[n_layers, Hkv, t, d]" if multi else "[Hkv, t, d]"
+        for a, name in ((k, name_k), (v, name_v)):
+            if a.shape != want:
+                raise ValueError(f"{name} must have shape {want} {names}, got {a.shape}")
+        return t
 
     def _heads(self, H):
         H = integer(H, "H", 1)
@@ -310,6 +387,7 @@ class KVCache:
 
     # ---------------------------------------------------------------- one sequence
 
+    @writes
     def append(self, k_new, v_new, seq=None):
         """The seed's KVCache.append: reserves t positions and writes k_new,
         v_new [Hkv, t, d] (with n_layers > 1: [n_layers, Hkv, t, d], every layer
@@ -322,9 +400,7 @@ class KVCache:
         v_new = real_array(v_new, "v_new", ndim)
         if k_new.shape != v_new.shape:
             raise ValueError(f"k_new and v_new must have one shape, got {k_new.shape} and {v_new.shape}")
-        if multi and k_new.shape[0] != self.n_layers:
-            raise ValueError(f"k_new must be [n_layers={self.n_layers}, Hkv, t, d], got {k_new.shape}")
-        t = k_new.shape[-2]
+        t = self._seed_layout(k_new, v_new, "k_new", "v_new")
         kl = k_new if multi else k_new[None]
         vl = v_new if multi else v_new[None]
         # [L, Hkv, t, d] -> [L, t, Hkv, d], the C layout; checked before anything changes
@@ -347,12 +423,13 @@ class KVCache:
             return out[0]
         return np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
 
+    @writes
     def write(self, k, v, seq=None, layer=0):
         """kv_append for one sequence: writes k, v [Hkv, t, d] at its t newest
         (already reserved) positions in `layer`."""
         k = real_array(k, "k", 3)
         v = real_array(v, "v", 3)
-        t = k.shape[1]
+        t = self._seed_layout(k, v, "k", "v")
         kc, vc = self._kv(k.transpose(1, 0, 2), v.transpose(1, 0, 2), (t,))
         self._write(Batch([self._seq(seq)], [0, t]), kc, vc, self._layer(layer))
 
@@ -360,6 +437,7 @@ class KVCache:
         name = "kv_append_" + self._sfx
         self._call(name, layer, ctypes.byref(batch._c), ptr(k), ptr(v))
 
+    @reads
     def read(self, seq=None, layer=0, start=0, n=None):
         """The cached K, V of positions [start, start + n) as [Hkv, n, d]
         (kv_read; n None: up to the sequence's length)."""
@@ -375,6 +453,7 @@ class KVCache:
         self._call("kv_read_" + self._sfx, layer, s, start, n, ptr(k), ptr(v))
         return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
 
+    @reads
     def attend(self, q, seq=None, layer=0, scale=None):
         """q [H, T, d] of the sequence's T newest positions attends over its
         cache (kv_attend); returns [H, T, d]. Query i sits at S - T + i."""
@@ -386,6 +465,7 @@ class KVCache:
         out = self.attend_batch(Batch([self._seq(seq)], [0, T]), q.transpose(1, 0, 2), layer, scale)
         return np.ascontiguousarray(out.transpose(1, 0, 2))
 
+    @writes
     def step(self, x, Wq, Wk, Wv, H, rope=None, seq=None, layer=0, scale=None, reserve=True,
              tokens=None):
         """The seed's step on one sequence: x [t, D] holds the new tokens only;
@@ -400,6 +480,7 @@ class KVCache:
 
     # ---------------------------------------------------------------- ragged batches
 
+    @writes
     def reserve_batch(self, batch, tokens=None):
         """kv_batch_reserve: T_b new positions for every sequence of the batch,
         all or nothing across the batch. tokens [rows] or None."""
@@ -407,6 +488,7 @@ class KVCache:
         tok = self._tokens(tokens, b.rows)
         self._call("kv_batch_reserve", ctypes.byref(b._c), ptr(tok) if tok is not None else null(_ffi.P_int32))
 
+    @writes
     def append_batch(self, batch, k, v, layer=0):
         """kv_append: k, v [rows, Hkv, d] go to the T_b newest (reserved)
         positions of each sequence of the batch, in `layer`."""
@@ -414,6 +496,7 @@ class KVCache:
         kc, vc = self._kv(k, v, (b.rows,))
         self._write(b, kc, vc, self._layer(layer))
 
+    @reads
     def attend_batch(self, batch, q, layer=0, scale=None):
         """kv_attend: q [rows, H, d] over the cache of `layer`; returns [rows, H, d].
         Row i of sequence b sits at S_b - T_b + i."""
@@ -428,6 +511,7 @@ class KVCache:
         self._call(name, self._layer(layer), ctypes.byref(b._c), H, ptr(qc), ptr(out), scale_arg(scale))
         return out
 
+    @writes
     def step_batch(self, batch, x, Wq, Wk, Wv, H, rope=None, layer=0, scale=None, reserve=True,
                    tokens=None):
         """kv_step over a ragged batch: x [rows, D], row i of sequence b at

@@ -23,6 +23,7 @@ class Status(enum.IntEnum):
     ERR_SHARED = -14
     ERR_MISMATCH = -15
     ERR_UNSUPPORTED = -16
+    ERR_DUPLICATE = -17
 
 
 def status_str(status):

@@ -6,6 +6,7 @@ import weakref
 
 from . import _ffi
 from ._arrays import integer
+from ._lock import RWLock, reads, writes
 from .errors import check
 
 
@@ -13,9 +14,11 @@ class Pool:
     """kv_pool_create(n_threads): n_threads counts the calling thread (1 starts
     no worker); 0 means one per core. Give it to caches with
     KVCache.set_pool(pool); a cache keeps its pool alive, and close() refuses
-    while an open cache still uses it."""
+    while an open cache still uses it. Any number of Python threads may run
+    jobs on one pool; close() waits for the jobs in flight."""
 
     def __init__(self, n_threads=0):
+        self._lock = RWLock()
         handle = ctypes.c_void_p()
         self._p = None
         self._users = weakref.WeakSet()
@@ -24,10 +27,12 @@ class Pool:
         self._p = handle
 
     @property
+    @reads
     def threads(self):
         """kv_pool_threads: the threads a job runs on, the caller included."""
         return int(_ffi.fn("kv_pool_threads")(self._h()))
 
+    @reads
     def run(self, n_tasks, fn):
         """kv_pool_run: calls fn(task, thread) for every task in [0, n_tasks),
         spread over the pool, and returns when all are done. fn runs with the
@@ -52,6 +57,7 @@ class Pool:
             raise ValueError("the pool is closed")
         return self._p
 
+    @writes
     def close(self):
         """kv_pool_free, once no open cache uses the pool."""
         if self._p is None:

@@ -77,3 +77,16 @@ def test_by_value_structs_and_dtype_names_agree_with_the_library():
         out = _ffi.c_int()
         assert _ffi.fn("kv_dtype_parse")(name.encode(), out) == 0 and out.value == code
         assert _ffi.fn("kv_dtype_name")(code).decode() == name
+
+
+@pytest.mark.skipif(not shutil.which("nm"), reason="no nm (binutils)")
+def test_the_shared_library_exports_exactly_the_header_functions():
+    """libkvcache.so is built with -fvisibility=hidden and KV_API on each
+    declaration: its dynamic symbol table is the header, nothing more."""
+    out = subprocess.run(["nm", "-D", "--defined-only", _ffi.lib_path], check=True, capture_output=True,
+                         text=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    exported = {f[2].split("@")[0] for f in rows if len(f) == 3} - {"_init", "_fini"}
+    declared = set(declared_functions())
+    assert sorted(exported - declared) == [], "exported but not in kvcache.h"
+    assert sorted(declared - exported) == [], "in kvcache.h but not exported"

@@ -111,9 +111,9 @@ def test_library_rejects_bad_batches_with_its_message(rng):
     c.reserve(2, a)
     c.append_batch([(a, 2)], np.zeros((2, HKV, DH)), np.zeros((2, HKV, DH)))
     q = np.zeros((3, H, DH))
-    with pytest.raises(kvcache.KVCacheError, match="no such sequence") as e:
+    with pytest.raises(kvcache.KVCacheError, match="appears more than once in the batch") as e:
         c.attend_batch([(a, 1), (a, 2)], q)                  # a sequence appears twice
-    assert e.value.status == kvcache.Status.ERR_SEQ and e.value.call == "kv_attend_f64"
+    assert e.value.status == kvcache.Status.ERR_DUPLICATE and e.value.call == "kv_attend_f64"
     with pytest.raises(kvcache.KVCacheError, match="T > S"):
         c.attend_batch([(a, 3)], q)                          # more rows than positions
     with pytest.raises(kvcache.KVCacheError, match="no such sequence"):

@@ -92,7 +92,7 @@ def test_python_side_checks_name_the_problem():
     c = kvcache.KVCache(2, 8)
     with pytest.raises(ValueError, match="dtype must be one of"):
         kvcache.KVCache(2, 8, dtype="float16")
-    with pytest.raises(ValueError, match=r"k_new must have shape \(3, 2, 8\)"):
+    with pytest.raises(ValueError, match=r"k_new must have shape \(2, 3, 8\) \[Hkv, t, d\], got \(2, 3, 4\)"):
         c.append(np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match="one shape"):
         c.append(np.zeros((2, 3, 8)), np.zeros((2, 2, 8)))
@@ -112,3 +112,46 @@ def test_python_side_checks_name_the_problem():
     with pytest.raises(ValueError, match="tokens must have one id per new position"):
         c.reserve(2, tokens=[1])
     assert c.length() == 0
+
+
+def test_shape_errors_state_the_layout_the_caller_writes():
+    """Issue 10 item 9: an [Hkv, t, d] argument is described as [Hkv, t, d], with
+    the caller's own shape, never the transposed one the C call takes."""
+    c = kvcache.KVCache(2, 8)
+    with pytest.raises(ValueError, match=r"k_new must have shape \(2, 1, 8\) \[Hkv, t, d\], got \(3, 1, 8\)$"):
+        c.append(np.zeros((3, 1, 8)), np.zeros((3, 1, 8)))
+    c.reserve(2)
+    with pytest.raises(ValueError, match=r"k must have shape \(2, 2, 8\) \[Hkv, t, d\], got \(2, 2, 4\)$"):
+        c.write(np.zeros((2, 2, 4)), np.zeros((2, 2, 4)))
+    with pytest.raises(ValueError, match=r"k must have shape \(2, 2, 8\) \[rows, Hkv, d\], got \(2, 8, 2\)$"):
+        c.append_batch([(0, 2)], np.zeros((2, 8, 2)), np.zeros((2, 8, 2)))
+    m = kvcache.KVCache(2, 8, n_layers=3)
+    with pytest.raises(ValueError, match=r"\(3, 2, 1, 8\) \[n_layers, Hkv, t, d\], got \(2, 2, 1, 8\)$"):
+        m.append(np.zeros((2, 2, 1, 8)), np.zeros((2, 2, 1, 8)))
+
+
+def test_a_sequence_twice_in_a_batch_is_reported_as_such():
+    """Issue 10 item 9: not "no such sequence", which it is not."""
+    c = kvcache.KVCache(1, 8, max_seqs=2)
+    s = c.new_seq()
+    for call in (lambda: c.reserve_batch([(s, 1), (s, 1)]),
+                 lambda: c.attend_batch([(s, 0), (s, 0)], np.zeros((0, 1, 8)))):
+        with pytest.raises(KVCacheError, match="appears more than once in the batch") as e:
+            call()
+        assert e.value.status == Status.ERR_DUPLICATE
+    assert c.length(s) == 0
+
+
+def test_a_nul_inside_a_save_path_is_refused(tmp_path):
+    """Issue 10 item 7: C would stop at the NUL and write the truncated path."""
+    c = kvcache.KVCache(1, 8)
+    c.append(np.ones((1, 3, 8)), np.ones((1, 3, 8)))
+    target = tmp_path / "a.kv"
+    for bad in (str(target) + "\0.suffix", bytes(target) + b"\0x"):
+        with pytest.raises(ValueError, match="embedded null byte"):
+            c.save(bad)
+        with pytest.raises(ValueError, match="embedded null byte"):
+            c.restore(bad)
+    assert not target.exists()
+    c.save(target)
+    assert target.exists()

@@ -1,0 +1,117 @@
+/* cli/serve.c - `kvcache serve`: options, then listen (health says "loading"),
+ * load the model, serve until SIGINT or SIGTERM, shut down cleanly. The HTTP
+ * and scheduling work is in server/ and engine/scheduler.c. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "../engine/model.h"
+#include "../server/server.h"
+
+static void usage(void) {
+    printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
+           "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
+           "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
+           "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
+           "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n\n"
+           "  --host ADDR        address to bind (default 127.0.0.1: this machine only)\n"
+           "  --port N           TCP port (default 8080; 0: any free port, printed)\n"
+           "  --parallel N       sequences that may live at once, choices of n > 1 included (default 8)\n"
+           "  -c, --ctx N        positions one sequence may hold (default: the model's, at most 4096)\n"
+           "  --kv-pages N       KV pool pages of 16 positions (default: parallel x ctx / 16); fewer\n"
+           "                     pages share the pool, and requests are preempted when it is full\n"
+           "  --batch-tokens N   tokens one step may run: decodes first, then prompt chunks (default 512)\n"
+           "  --max-queue N      waiting requests beyond which new ones get 503 (default 256)\n"
+           "  --api-key KEY      require \"Authorization: Bearer KEY\" (health and metrics stay open)\n"
+           "  -m, --model PATH   GGUF model (default $KVCACHE_MODEL or " CLI_DEFAULT_MODEL ")\n"
+           "  -t, --threads N    threads for the forward pass (default: one per core)\n"
+           "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n");
+}
+
+/* The file name without directories and ".gguf": what /v1/models calls it. */
+static void model_id(const char *path, char *out, size_t cap) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf")) n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, base);
+}
+
+int cmd_serve(int argc, char **argv) {
+    cli_model_opts mo = cli_model_opts_default();
+    const char *host = "127.0.0.1", *api_key = NULL;
+    int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256;
+    for (int i = 0; i < argc; i++) {
+        if (cli_is_help(argv[i])) { usage(); return 0; }
+        if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &batch_tokens)) continue;
+        if (cli_model_opt(argc, argv, &i, &mo)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--host", &host)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--port", &port)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--parallel", &parallel)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--kv-pages", &mo.kv_pages)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--max-queue", &max_queue)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &api_key)) continue;
+        fprintf(stderr, "kvcache serve: unknown option '%s' (see --help)\n", argv[i]);
+        return 2;
+    }
+    if (port < 0 || port > 65535 || parallel < 1 || parallel > 4096 || batch_tokens < 1 || batch_tokens > 8192 ||
+        mo.kv_pages < 0 || mo.kv_pages > (1 << 26) || max_queue < 1 || max_queue > (1 << 20) ||
+        (api_key && !*api_key)) {
+        fprintf(stderr, "kvcache serve: need 0 <= --port <= 65535, 1 <= --parallel <= 4096, 1 <= --batch-tokens <= 8192,\n"
+                        "  0 <= --kv-pages <= 2^26, 1 <= --max-queue <= 2^20, a non-empty --api-key\n");
+        return 2;
+    }
+    mo.batch = batch_tokens;   /* one step is one forward pass of at most this many rows */
+
+    /* Signals go to sigwait below, never to a worker thread; a client that
+     * closes its socket is a failed write, not a SIGPIPE. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char id[128], err[256];
+    model_id(mo.model, id, sizeof id);
+    srv_params sp = {.host = host, .port = (int)port, .api_key = api_key, .batch_tokens = (int32_t)batch_tokens,
+                     .max_waiting = (int32_t)max_queue,
+                     .http_threads = (int32_t)(2 * parallel + 48 > 1024 ? 1024 : 2 * parallel + 48), .model_id = id};
+    srv *s;
+    if (srv_start(&sp, &s, err, sizeof err)) {
+        fprintf(stderr, "kvcache serve: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "kvcache serve: loading %s (GET /health answers 503 until it is ready)\n", mo.model);
+    llm_model *m;
+    llm_context *c;
+    int rc = cli_load("serve", &mo, (int32_t)parallel, 0, &m, &c);
+    if (rc) {
+        srv_shutdown(s);
+        return rc;
+    }
+    if (srv_attach(s, c, err, sizeof err)) {
+        fprintf(stderr, "kvcache serve: %s\n", err);
+        srv_shutdown(s);
+        llm_context_free(c), llm_model_free(m);
+        return 1;
+    }
+    llm_context_params cp = llm_context_get_params(c);
+    kv_cache_stats cs = kv_cache_get_stats(llm_context_cache(c));
+    printf("kvcache serve: listening on http://%s%s%s:%d  (model %s; %d parallel x %d positions; %d KV pages of %d, %s; "
+           "%d threads)\n",
+           strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", srv_port(s), id, (int)parallel,
+           (int)cp.n_ctx, (int)cs.pages_total, (int)cp.page_size, kv_dtype_name(cp.kv_type), (int)cp.n_threads);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kvcache serve: %s: ending in-flight requests and shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv_shutdown(s);
+    llm_context_free(c);
+    llm_model_free(m);
+    fprintf(stderr, "kvcache serve: stopped\n");
+    return 0;
+}

@@ -1,0 +1,608 @@
+/* engine/scheduler.c - continuous batching (see scheduler.h): the request and
+ * sequence records, admission with prefix reuse, one ragged step, preemption
+ * by recomputation, fork for n choices, and the thread-safe inbox. */
+#include "scheduler.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- records */
+
+/* One choice of a request: a cache sequence while resident. */
+typedef struct {
+    int32_t seq;            /* cache sequence id; -1 when it holds no pages (waiting, preempted, done) */
+    int32_t *tokens;        /* [cap] the prompt, then every token sampled */
+    int32_t n_tokens;       /* tokens known */
+    int32_t n_cached;       /* of those, in the cache (the rest are fed by the next steps) */
+    int32_t cap;
+    int32_t n_generated;    /* tokens sampled and counted (not the end-of-generation token) */
+    int32_t rows;           /* rows this sequence has in the batch being built */
+    int32_t out_row;        /* its logits row in that batch, or -1 */
+    llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
+    llm_sampler sampler;
+    llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
+} sched_seq;
+
+typedef struct sched_req {
+    uint64_t id;                /* arrival order: larger is newer */
+    llm_sched_cb cb;
+    void *user;
+    int32_t n_prompt;
+    int32_t n_choices;
+    int32_t top;                /* top_logprobs, < 0: none */
+    int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
+    int admitted;               /* has been admitted once (n_cached_first is known) */
+    int32_t n_cached_first;     /* prompt tokens the prefix cache held at first admission */
+    struct sched_req *next;     /* in the inbox or the waiting list */
+    sched_seq ch[];             /* [n_choices] */
+} sched_req;
+
+struct llm_sched {
+    llm_context *c;
+    const llm_model *m;
+    kv_cache *cache;
+    llm_sched_params p;
+    int32_t n_ctx, n_slots, page_size, n_pages, V;
+    int prefix;                 /* one cache: prefix matching keeps every cache in step */
+
+    /* owned by the scheduler thread */
+    sched_req **running;        /* [n_slots] admitted requests, oldest first */
+    int32_t n_running;
+    sched_req *wait_head, *wait_tail;   /* FIFO; preempted requests go back to the head */
+    int32_t n_waiting;
+    /* the batch being built: at most n_slots sequences, batch_tokens rows */
+    int32_t *b_seqs, *b_rows, *b_tokens;
+    uint8_t *b_want;
+    sched_seq **b_ch;           /* [n_slots] the choice behind each batch entry */
+    float *logits;              /* [n_slots][V] */
+    float *lsm;                 /* [V] scratch for log-softmax */
+    llm_sched_stats st;         /* counters, written here */
+
+    /* shared with other threads, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    sched_req *in_head, *in_tail;   /* submitted, not yet seen by a step */
+    int32_t n_inbox;
+    uint64_t next_id;
+    uint64_t *cancels;              /* [n_cancels] ids to cancel at the next step */
+    int32_t n_cancels, cap_cancels;
+    int stopping, idle;
+    llm_sched_stats snap;           /* st and the pool, at the end of the last step */
+};
+
+llm_sched_params llm_sched_default_params(void) {
+    return (llm_sched_params){.batch_tokens = 512, .max_running = 0, .max_waiting = 256};
+}
+
+static void req_free(sched_req *r) {
+    if (!r) return;
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        free(r->ch[i].tokens);
+        llm_sampler_free(&r->ch[i].sampler);
+        llm_textstream_free(r->ch[i].ts);
+    }
+    free(r);
+}
+
+static int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page - 1) / page; }
+
+/* ---------------------------------------------------------------- create, submit */
+
+int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out) {
+    if (!c || !out) return LLM_ERR_NULL;
+    *out = NULL;
+    llm_sched_params p = pp ? *pp : llm_sched_default_params();
+    llm_context_params cp = llm_context_get_params(c);
+    if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return LLM_ERR_PARAM;
+    if (p.batch_tokens > cp.n_batch) p.batch_tokens = cp.n_batch;
+    llm_sched *s = calloc(1, sizeof *s);
+    if (!s) return LLM_ERR_NOMEM;
+    s->c = c, s->m = llm_context_model(c), s->cache = llm_context_cache(c), s->p = p;
+    kv_cache_params kp = kv_cache_get_params(s->cache);
+    s->n_ctx = cp.n_ctx, s->n_slots = kp.max_seqs, s->page_size = kp.page_size, s->n_pages = kp.n_pages;
+    s->V = llm_model_n_vocab(s->m);
+    s->prefix = llm_context_n_caches(c) == 1;
+    if (!s->p.max_running || s->p.max_running > s->n_slots) s->p.max_running = s->n_slots;
+    size_t ns = (size_t)s->n_slots, nr = (size_t)p.batch_tokens;
+    s->running = calloc(ns, sizeof *s->running);
+    s->b_seqs = malloc(sizeof(int32_t) * ns);
+    s->b_rows = malloc(sizeof(int32_t) * (ns + 1));
+    s->b_tokens = malloc(sizeof(int32_t) * nr);
+    s->b_want = malloc(nr);
+    s->b_ch = malloc(sizeof *s->b_ch * ns);
+    s->logits = malloc(sizeof(float) * ns * (size_t)s->V);
+    s->lsm = malloc(sizeof(float) * (size_t)s->V);
+    s->next_id = 1;
+    if (!s->running || !s->b_seqs || !s->b_rows || !s->b_tokens || !s->b_want || !s->b_ch || !s->logits ||
+        !s->lsm || pthread_mutex_init(&s->mu, NULL)) {
+        free(s->running), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
+        free(s->b_ch), free(s->logits), free(s->lsm), free(s);
+        return LLM_ERR_NOMEM;
+    }
+    pthread_cond_init(&s->wake, NULL);
+    s->idle = 1;
+    *out = s;
+    return LLM_OK;
+}
+
+static int refuse(char *err, size_t errlen, int code, const char *fmt, long a, long b) {
+    if (err && errlen) snprintf(err, errlen, fmt, a, b);
+    return code;
+}
+
+int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, char *err, size_t errlen) {
+    if (err && errlen) err[0] = 0;
+    if (!s || !r || !r->cb || (!r->prompt && r->n_prompt > 0)) return refuse(err, errlen, LLM_ERR_NULL, "missing argument", 0, 0);
+    if (r->n_prompt < 1) return refuse(err, errlen, LLM_ERR_PARAM, "the prompt is empty", 0, 0);
+    if (r->n_choices < 1 || r->n_choices > LLM_SCHED_MAX_CHOICES)
+        return refuse(err, errlen, LLM_ERR_PARAM, "n must be in [1, %ld]", LLM_SCHED_MAX_CHOICES, 0);
+    if (r->n_choices > s->n_slots)
+        return refuse(err, errlen, LLM_ERR_TOO_LARGE, "n = %ld exceeds the %ld parallel sequences", r->n_choices,
+                      s->n_slots);
+    if (r->top_logprobs > LLM_SCHED_MAX_TOP)
+        return refuse(err, errlen, LLM_ERR_PARAM, "top_logprobs must be in [0, %ld]", LLM_SCHED_MAX_TOP, 0);
+    if (r->n_stops < 0 || r->n_stops > LLM_MAX_STOPS || (r->n_stops && !r->stops))
+        return refuse(err, errlen, LLM_ERR_PARAM, "at most %ld stop strings", LLM_MAX_STOPS, 0);
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->V)
+            return refuse(err, errlen, LLM_ERR_PARAM, "token id %ld is outside the vocabulary of %ld", r->prompt[i], s->V);
+    if (r->n_prompt >= s->n_ctx)
+        return refuse(err, errlen, LLM_ERR_TOO_LARGE, "request of %ld tokens exceeds the context of %ld",
+                      r->n_prompt, s->n_ctx);
+    /* the prompt and its first token, plus one copied page per extra choice */
+    int32_t need = pages_for(r->n_prompt + 1, s->page_size) + r->n_choices - 1;
+    if (need > s->n_pages)
+        return refuse(err, errlen, LLM_ERR_TOO_LARGE, "request needs %ld KV pages; the pool has %ld", need, s->n_pages);
+
+    sched_req *q = calloc(1, sizeof *q + sizeof(sched_seq) * (size_t)r->n_choices);
+    if (!q) return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
+    q->cb = r->cb, q->user = r->user, q->n_prompt = r->n_prompt, q->n_choices = r->n_choices;
+    q->top = r->top_logprobs;
+    int64_t gen = r->max_tokens < 0 || r->max_tokens > s->n_ctx ? s->n_ctx : r->max_tokens;
+    int32_t cap = (int32_t)(r->n_prompt + gen + 1);
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        sched_seq *ch = &q->ch[i];
+        ch->seq = -1, ch->cap = cap, ch->out_row = -1;
+        llm_sampler_params sp = r->sampler;
+        sp.seed += (uint64_t)i;
+        ch->tokens = malloc(sizeof(int32_t) * (size_t)cap);
+        int bad = !ch->tokens;
+        if (!bad && llm_sampler_init(&ch->sampler, &sp, s->V)) {
+            req_free(q);
+            return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
+        }
+        int ts = bad ? LLM_ERR_NOMEM
+                     : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, r->max_tokens, 0, &ch->ts);
+        if (ts) {
+            req_free(q);
+            return ts == LLM_ERR_NOMEM ? refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0)
+                                       : refuse(err, errlen, LLM_ERR_PARAM, "bad stop strings (at most %ld, none empty)",
+                                                LLM_MAX_STOPS, 0);
+        }
+        memcpy(ch->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+        ch->n_tokens = r->n_prompt;
+    }
+    pthread_mutex_lock(&s->mu);
+    int rc = s->stopping ? LLM_ERR_STOPPED : s->n_inbox + s->snap.waiting >= s->p.max_waiting ? LLM_ERR_QUEUE_FULL : 0;
+    if (!rc) {
+        q->id = s->next_id++;
+        if (id) *id = q->id;
+        if (s->in_tail) s->in_tail->next = q; else s->in_head = q;
+        s->in_tail = q;
+        s->n_inbox++;
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc) {
+        req_free(q);
+        return refuse(err, errlen, rc, rc == LLM_ERR_STOPPED ? "the server is shutting down"
+                                                             : "too many requests are waiting (%ld)", s->p.max_waiting, 0);
+    }
+    return 0;
+}
+
+void llm_sched_cancel(llm_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    if (s->n_cancels == s->cap_cancels) {
+        int32_t nc = s->cap_cancels ? 2 * s->cap_cancels : 16;
+        uint64_t *p = realloc(s->cancels, sizeof *p * (size_t)nc);
+        if (p) s->cancels = p, s->cap_cancels = nc;
+    }
+    if (s->n_cancels < s->cap_cancels) s->cancels[s->n_cancels++] = id;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void llm_sched_stop(llm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+}
+
+llm_sched_stats llm_sched_get_stats(llm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    llm_sched_stats st = s->snap;
+    st.waiting += s->n_inbox;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* ---------------------------------------------------------------- ending */
+
+static void release(llm_sched *s, sched_seq *ch) {
+    if (ch->seq >= 0) llm_seq_remove(s->c, ch->seq);
+    ch->seq = -1, ch->n_cached = 0;
+}
+
+static int req_finished(const sched_req *r) {
+    for (int32_t i = 0; i < r->n_choices; i++)
+        if (r->ch[i].stop == LLM_STOP_NONE) return 0;
+    return 1;
+}
+
+/* Ends one choice: the held-back text, the finish event, its pages. */
+static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason why, const char *error) {
+    sched_seq *ch = &r->ch[i];
+    if (ch->stop != LLM_STOP_NONE) return;
+    ch->stop = why;
+    release(s, ch);
+    llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
+                          .n_cached = r->n_cached_first, .n_generated = ch->n_generated, .error = error};
+    if (why != LLM_STOP_STRING && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
+        llm_textstream_flush(ch->ts, &ev.text, &ev.text_len);
+    r->cb(r->user, &ev);
+}
+
+/* The done event; the record is freed (the caller unlinks it first). */
+static void deliver_done(sched_req *r) {
+    llm_sched_event ev = {.choice = -1, .token = -1, .text = "", .done = 1, .n_prompt = r->n_prompt,
+                          .n_cached = r->n_cached_first};
+    for (int32_t i = 0; i < r->n_choices; i++) ev.n_generated += r->ch[i].n_generated;
+    r->cb(r->user, &ev);
+    req_free(r);
+}
+
+static void end_request(llm_sched *s, sched_req *r, llm_stop_reason why, const char *error) {
+    for (int32_t i = 0; i < r->n_choices; i++) finish_choice(s, r, i, why, error);
+}
+
+static void unlink_running(llm_sched *s, int32_t k) {
+    memmove(s->running + k, s->running + k + 1, sizeof *s->running * (size_t)(s->n_running - k - 1));
+    s->n_running--;
+}
+
+/* Running requests whose every choice ended: done events, slots back. */
+static void reap(llm_sched *s) {
+    for (int32_t k = 0; k < s->n_running;) {
+        sched_req *r = s->running[k];
+        if (!req_finished(r)) { k++; continue; }
+        unlink_running(s, k);
+        deliver_done(r);
+    }
+}
+
+static void cancel_id(llm_sched *s, uint64_t id) {
+    for (int32_t k = 0; k < s->n_running; k++)
+        if (s->running[k]->id == id) { end_request(s, s->running[k], LLM_STOP_CANCEL, NULL); return; }
+    for (sched_req **pp = &s->wait_head; *pp; pp = &(*pp)->next) {
+        sched_req *r = *pp;
+        if (r->id != id) continue;
+        *pp = r->next;
+        if (s->wait_tail == r) {
+            s->wait_tail = NULL;
+            for (sched_req *t = s->wait_head; t; t = t->next) s->wait_tail = t;
+        }
+        s->n_waiting--;
+        end_request(s, r, LLM_STOP_CANCEL, NULL);
+        deliver_done(r);
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------- admission, preemption */
+
+static int32_t slots_held(const llm_sched *s) {
+    int32_t n = 0;
+    for (int32_t k = 0; k < s->n_running; k++)
+        for (int32_t i = 0; i < s->running[k]->n_choices; i++) n += s->running[k]->ch[i].stop == LLM_STOP_NONE;
+    return n;
+}
+
+/* Choices of r that get a sequence when it is admitted: before the fork only
+ * the first (the others are born from it). */
+static int32_t choices_to_place(const sched_req *r) {
+    if (!r->forked) return r->ch[0].stop == LLM_STOP_NONE;
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n_choices; i++) n += r->ch[i].stop == LLM_STOP_NONE;
+    return n;
+}
+
+/* Gives r sequences, reusing the longest cached prefix of each choice. Fails
+ * (leaving r as it was) when the pool cannot hold the rest while others
+ * run. Returns 1 when admitted. */
+static int try_admit(llm_sched *s, sched_req *r) {
+    int32_t alive = 0;
+    for (int32_t i = 0; i < r->n_choices; i++) alive += r->ch[i].stop == LLM_STOP_NONE;
+    if (s->n_running >= s->p.max_running || slots_held(s) + alive > s->n_slots) return 0;
+    int32_t need = 0, queried = 0, hit = 0, n_place = choices_to_place(r);
+    for (int32_t i = 0, placed = 0; i < r->n_choices && placed < n_place; i++) {
+        sched_seq *ch = &r->ch[i];
+        if (ch->stop != LLM_STOP_NONE) continue;
+        placed++;
+        if (llm_seq_new(s->c, &ch->seq) != LLM_OK) { ch->seq = -1; goto undo; }
+        int32_t matched = 0;
+        /* keep one token to feed: its logits choose the next token */
+        if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+        ch->n_cached = matched;
+        queried += ch->n_tokens - 1, hit += matched;
+        need += pages_for(ch->n_tokens + 1, s->page_size) - matched / s->page_size;
+    }
+    if (s->n_running > 0) {
+        kv_cache_stats cs = llm_context_stats(s->c);
+        /* a small watermark (vLLM's 1%): growth past it preempts the newest */
+        if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
+    }
+    if (!r->admitted) {
+        r->admitted = 1;
+        r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
+        s->st.prompt_tokens += (uint64_t)r->n_prompt;
+    }
+    s->st.prefix_queries += (uint64_t)queried, s->st.prefix_hits += (uint64_t)hit;
+    s->running[s->n_running++] = r;   /* ids grow, and a preempted (older) one re-enters in order */
+    for (int32_t k = s->n_running - 1; k > 0 && s->running[k - 1]->id > s->running[k]->id; k--) {
+        sched_req *t = s->running[k];
+        s->running[k] = s->running[k - 1], s->running[k - 1] = t;
+    }
+    return 1;
+undo:
+    for (int32_t i = 0; i < r->n_choices; i++) release(s, &r->ch[i]);
+    return 0;
+}
+
+static void admit(llm_sched *s) {
+    while (s->wait_head) {
+        sched_req *r = s->wait_head;
+        if (!try_admit(s, r)) break;   /* first come, first served: no overtaking */
+        s->wait_head = r->next;
+        if (!s->wait_head) s->wait_tail = NULL;
+        r->next = NULL;
+        s->n_waiting--;
+    }
+}
+
+/* The newest running request gives its pages back and waits at the head. */
+static void preempt_newest(llm_sched *s) {
+    sched_req *r = s->running[s->n_running - 1];
+    s->n_running--;
+    for (int32_t i = 0; i < r->n_choices; i++) release(s, &r->ch[i]);
+    r->next = s->wait_head;
+    s->wait_head = r;
+    if (!s->wait_tail) s->wait_tail = r;
+    s->n_waiting++;
+    s->st.preemptions++;
+}
+
+/* ---------------------------------------------------------------- one step */
+
+/* Fills the batch: one row for every decoding sequence, then prompt chunks,
+ * oldest request first, within the token budget. Returns the rows. */
+static int32_t build_batch(llm_sched *s, int32_t *n_seqs, int32_t *n_out) {
+    int32_t rows = 0, nb = 0, no = 0;
+    s->b_rows[0] = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t k = 0; k < s->n_running; k++) {
+            sched_req *r = s->running[k];
+            for (int32_t i = 0; i < r->n_choices; i++) {
+                sched_seq *ch = &r->ch[i];
+                if (pass == 0) ch->rows = 0, ch->out_row = -1;
+                if (ch->seq < 0 || ch->stop != LLM_STOP_NONE || rows >= s->p.batch_tokens) continue;
+                int32_t left = ch->n_tokens - ch->n_cached;
+                if ((pass == 0) != (left == 1)) continue;
+                int32_t t = left < s->p.batch_tokens - rows ? left : s->p.batch_tokens - rows;
+                memcpy(s->b_tokens + rows, ch->tokens + ch->n_cached, sizeof(int32_t) * (size_t)t);
+                memset(s->b_want + rows, 0, (size_t)t);
+                if (ch->n_cached + t == ch->n_tokens) s->b_want[rows + t - 1] = 1, ch->out_row = no++;
+                rows += t;
+                ch->rows = t;
+                s->b_seqs[nb] = ch->seq, s->b_ch[nb] = ch;
+                s->b_rows[++nb] = rows;
+            }
+        }
+    *n_seqs = nb, *n_out = no;
+    return rows;
+}
+
+/* log-softmax of the raw logits into s->lsm; the top n ids into ids/lps. */
+static float logprobs_of(llm_sched *s, const float *logits, int32_t token, int32_t n, int32_t *ids, float *lps) {
+    float mx = logits[0];
+    for (int32_t v = 1; v < s->V; v++) mx = logits[v] > mx ? logits[v] : mx;
+    double sum = 0;
+    for (int32_t v = 0; v < s->V; v++) sum += exp((double)logits[v] - mx);
+    double lz = mx + log(sum);
+    int32_t have = 0;
+    for (int32_t v = 0; v < s->V && n > 0; v++) { /* insertion into the n best, ties to the lower id */
+        if (have == n && logits[v] <= logits[ids[have - 1]]) continue;
+        int32_t j = have < n ? have++ : n - 1;
+        while (j > 0 && logits[ids[j - 1]] < logits[v]) ids[j] = ids[j - 1], j--;
+        ids[j] = v;
+    }
+    for (int32_t j = 0; j < have; j++) lps[j] = (float)(logits[ids[j]] - lz);
+    return (float)(logits[token] - lz);
+}
+
+/* Samples choice i of r from logits, streams its text, ends it if a stop
+ * condition is met. */
+static void sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *logits) {
+    sched_seq *ch = &r->ch[i];
+    int32_t token = llm_sample(&ch->sampler, logits);
+    int32_t ids[LLM_SCHED_MAX_TOP];
+    float lps[LLM_SCHED_MAX_TOP];
+    llm_sched_event ev = {.choice = i, .token = token, .text = "", .n_prompt = r->n_prompt,
+                          .n_cached = r->n_cached_first};
+    if (r->top >= 0) {
+        ev.logprob = logprobs_of(s, logits, token, r->top, ids, lps);
+        ev.n_top = r->top, ev.top_ids = ids, ev.top_logprobs = lps;
+    }
+    llm_stop_reason why = llm_textstream_push(ch->ts, token, &ev.text, &ev.text_len);
+    if (why != LLM_STOP_EOG) {
+        ch->n_generated++;
+        s->st.generation_tokens++;
+        ev.n_generated = ch->n_generated;
+        ch->tokens[ch->n_tokens++] = token;
+        /* a token past the context can be shown but never fed */
+        if (why == LLM_STOP_NONE && (ch->n_tokens > s->n_ctx || ch->n_tokens >= ch->cap)) why = LLM_STOP_CONTEXT;
+        r->cb(r->user, &ev);
+    }
+    if (why != LLM_STOP_NONE) finish_choice(s, r, i, why, NULL);
+}
+
+/* After the forward: advance each sequence; where its last token was fed,
+ * fork (first time, n > 1) and sample. */
+static void deliver(llm_sched *s, int32_t nb) {
+    for (int32_t b = 0; b < nb; b++) {
+        sched_seq *ch = s->b_ch[b];
+        ch->n_cached += ch->rows;
+        if (ch->out_row < 0) continue;
+        const float *lg = s->logits + (size_t)ch->out_row * (size_t)s->V;
+        sched_req *r = NULL;
+        for (int32_t k = 0; k < s->n_running && !r; k++)
+            if (ch >= s->running[k]->ch && ch < s->running[k]->ch + s->running[k]->n_choices) r = s->running[k];
+        int32_t i = (int32_t)(ch - r->ch);
+        if (i == 0 && !r->forked && r->n_choices > 1) {
+            r->forked = 1;
+            for (int32_t j = 1; j < r->n_choices; j++) {
+                sched_seq *cj = &r->ch[j];
+                if (cj->stop != LLM_STOP_NONE) continue;
+                if (llm_seq_fork(s->c, ch->seq, &cj->seq) != LLM_OK) {
+                    cj->seq = -1;
+                    finish_choice(s, r, j, LLM_STOP_ERROR, "could not fork the sequence");
+                    continue;
+                }
+                cj->n_cached = ch->n_cached;
+            }
+            for (int32_t j = 0; j < r->n_choices; j++)
+                if (r->ch[j].stop == LLM_STOP_NONE) sample_choice(s, r, j, lg);
+        } else {
+            sample_choice(s, r, i, lg);
+        }
+    }
+}
+
+static void snapshot(llm_sched *s) {
+    kv_cache_stats cs = llm_context_stats(s->c);
+    pthread_mutex_lock(&s->mu);
+    s->snap = s->st;
+    s->snap.running = s->n_running, s->snap.waiting = s->n_waiting;
+    s->snap.pages_total = cs.pages_total, s->snap.pages_used = cs.pages_used;
+    s->snap.pages_free = cs.pages_free, s->snap.pages_cached = cs.pages_cached;
+    s->idle = s->n_running == 0 && s->n_waiting == 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Takes the inbox and the cancellations. Returns the stopping flag. */
+static int take_inbox(llm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    sched_req *in = s->in_head;
+    int32_t n_in = s->n_inbox;
+    s->in_head = s->in_tail = NULL, s->n_inbox = 0;
+    int32_t nc = s->n_cancels;
+    uint64_t few[64], *ids = nc <= 64 ? few : malloc(sizeof *ids * (size_t)nc);
+    if (ids) memcpy(ids, s->cancels, sizeof *ids * (size_t)nc); else nc = 0;
+    s->n_cancels = 0;
+    int stopping = s->stopping;
+    if (n_in) {   /* visible as waiting at once, so the queue limit holds */
+        s->snap.waiting += n_in;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (in) {
+        if (s->wait_tail) s->wait_tail->next = in; else s->wait_head = in;
+        for (s->wait_tail = in; s->wait_tail->next;) s->wait_tail = s->wait_tail->next;
+        s->n_waiting += n_in;
+    }
+    for (int32_t k = 0; k < nc; k++) cancel_id(s, ids[k]);
+    if (ids != few) free(ids);
+    return stopping;
+}
+
+static void end_all(llm_sched *s) {
+    while (s->n_running) {
+        sched_req *r = s->running[s->n_running - 1];
+        end_request(s, r, LLM_STOP_CANCEL, NULL);
+        s->n_running--;
+        deliver_done(r);
+    }
+    while (s->wait_head) {
+        sched_req *r = s->wait_head;
+        s->wait_head = r->next;
+        end_request(s, r, LLM_STOP_CANCEL, NULL);
+        deliver_done(r);
+    }
+    s->wait_tail = NULL, s->n_waiting = 0;
+}
+
+int llm_sched_step(llm_sched *s) {
+    take_inbox(s);
+    reap(s);
+    admit(s);
+    int32_t nb, no, rows;
+    int rc = LLM_OK;
+    for (;;) {
+        rows = build_batch(s, &nb, &no);
+        if (rows == 0) break;
+        llm_batch b = {.n_seqs = nb, .seqs = s->b_seqs, .row_start = s->b_rows, .tokens = s->b_tokens,
+                       .want = s->b_want};
+        rc = llm_forward(s->c, &b, s->logits);
+        if (rc != LLM_ERR_OUT_OF_PAGES) break;
+        if (s->n_running > 1) {
+            preempt_newest(s);
+        } else {   /* alone and still out of pages: it has outgrown the pool */
+            end_request(s, s->running[0], LLM_STOP_CONTEXT, NULL);
+            rc = LLM_OK;
+        }
+    }
+    if (rows > 0 && rc == LLM_OK) {
+        s->st.steps++, s->st.rows += (uint64_t)rows;
+        deliver(s, nb);
+    } else if (rows > 0) {
+        const char *msg = llm_status_str(rc);
+        for (int32_t k = 0; k < nb; k++)
+            for (int32_t q = 0; q < s->n_running; q++) {
+                sched_req *r = s->running[q];
+                if (s->b_ch[k] >= r->ch && s->b_ch[k] < r->ch + r->n_choices) end_request(s, r, LLM_STOP_ERROR, msg);
+            }
+    }
+    reap(s);
+    admit(s);   /* slots freed by this step's endings are taken before the next */
+    snapshot(s);
+    return rc == LLM_OK ? rows : rc;
+}
+
+int llm_sched_run(llm_sched *s) {
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stopping && s->idle && !s->in_head && !s->n_cancels) pthread_cond_wait(&s->wake, &s->mu);
+        int stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stopping) break;
+        llm_sched_step(s);
+    }
+    take_inbox(s);
+    end_all(s);
+    snapshot(s);
+    return 0;
+}
+
+void llm_sched_free(llm_sched *s) {
+    if (!s) return;
+    take_inbox(s);
+    end_all(s);
+    free(s->running), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
+    free(s->b_ch), free(s->logits), free(s->lsm), free(s->cancels);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->wake);
+    free(s);
+}

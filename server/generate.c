@@ -1,0 +1,380 @@
+/* server/generate.c - POST /v1/chat/completions and /v1/completions: the
+ * prompt's tokens, a request handed to the scheduler thread, and the tokens
+ * coming back through a queue of this request's own, written as SSE chunks
+ * (stream) or one JSON reply. A write that fails means the client left: the
+ * request is cancelled and its pages are freed at the next step. */
+#include "internal.h"
+
+#include <civetweb.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- the queue */
+
+/* An llm_sched_event copied out of the scheduler thread. */
+typedef struct {
+    int32_t choice, token;
+    char *text;                          /* [len] malloc'ed, NUL-terminated */
+    size_t len;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[LLM_SCHED_MAX_TOP];
+    float top_lps[LLM_SCHED_MAX_TOP];
+    llm_stop_reason finish;
+    int done;
+    int32_t n_prompt, n_cached, n_generated;
+    char error[128];
+    double t;                            /* when the scheduler produced it */
+} gen_event;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    gen_event *ev;                       /* [n] pending, oldest first */
+    size_t n, cap;
+} gen_queue;
+
+static void on_event(void *user, const llm_sched_event *e) {
+    gen_queue *q = user;
+    gen_event g = {.choice = e->choice, .token = e->token, .len = e->text_len,
+                   .logprob = isfinite(e->logprob) ? e->logprob : -9999.0f,
+                   .n_top = e->n_top, .finish = e->finish, .done = e->done, .n_prompt = e->n_prompt,
+                   .n_cached = e->n_cached, .n_generated = e->n_generated, .t = now_s()};
+    g.text = malloc(e->text_len + 1);
+    if (g.text) memcpy(g.text, e->text, e->text_len), g.text[e->text_len] = 0;
+    else g.len = 0;
+    for (int32_t i = 0; i < e->n_top; i++)
+        g.top_ids[i] = e->top_ids[i], g.top_lps[i] = isfinite(e->top_logprobs[i]) ? e->top_logprobs[i] : -9999.0f;
+    if (e->error) snprintf(g.error, sizeof g.error, "%s", e->error);
+    pthread_mutex_lock(&q->mu);
+    if (q->n == q->cap) {
+        size_t nc = q->cap ? 2 * q->cap : 16;
+        gen_event *p = realloc(q->ev, sizeof *p * nc);
+        if (p) q->ev = p, q->cap = nc;
+    }
+    if (q->n < q->cap) q->ev[q->n++] = g;
+    else if (g.done) q->ev[q->n - 1] = g;   /* out of memory: the done event must arrive */
+    else free(g.text);
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* ---------------------------------------------------------------- the prompt */
+
+int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e) {
+    *out = NULL, *n = 0;
+    if (r->tokens) {   /* a completion prompt given as ids */
+        for (int32_t i = 0; i < r->n_tokens; i++)
+            if (r->tokens[i] >= llm_model_n_vocab(s->m))
+                return srv_error_set(e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
+                                     (int)r->tokens[i], (int)llm_model_n_vocab(s->m));
+        *out = malloc(sizeof(int32_t) * (size_t)(r->n_tokens ? r->n_tokens : 1));
+        if (!*out) return srv_error_set(e, 500, "server_error", "out of memory");
+        memcpy(*out, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+        *n = r->n_tokens;
+        return 0;
+    }
+    char *rendered = NULL;
+    const char *text = r->prompt;
+    size_t len = r->prompt_len;
+    if (r->kind == SRV_CHAT) {
+        if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
+            return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
+        int32_t need = llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, NULL, 0);
+        if (need == LLM_CHAT_ERR || need >= 0)
+            return srv_error_set(e, 400, "invalid_request_error", "the messages cannot be rendered");
+        rendered = malloc((size_t)-need);
+        if (!rendered || llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, rendered, -need) < 0) {
+            free(rendered);
+            return srv_error_set(e, 500, "server_error", "out of memory");
+        }
+        text = rendered, len = strlen(rendered);
+    }
+    int32_t need = llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, NULL, 0);
+    int32_t cap = need < 0 ? -need : need;
+    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1)))) {
+        free(rendered);
+        return srv_error_set(e, 400, "invalid_request_error", "the prompt cannot be tokenized (too long?)");
+    }
+    *n = cap ? llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, *out, cap) : 0;
+    free(rendered);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- output */
+
+typedef struct {
+    char *text;                          /* [len] accumulated (non-stream) */
+    size_t len, cap;
+    size_t streamed;                     /* bytes of text sent so far (stream): the next text_offset */
+    json_t *lp;                          /* logprobs so far (non-stream) */
+    llm_stop_reason finish;
+    double t_last;                       /* the previous token's time, 0 before the first */
+} gen_choice;
+
+typedef struct {
+    srv *s;
+    struct mg_connection *conn;
+    const srv_request *r;
+    char id[48];
+    int64_t created;
+    uint64_t sched_id;
+    int broken;                          /* a write failed: the client is gone */
+    double t_submit;
+    int first_seen;
+    int32_t n_prompt, n_cached, n_generated;
+    char error[128];
+    gen_choice ch[LLM_SCHED_MAX_CHOICES];
+} gen_out;
+
+static int is_chat(const gen_out *o) { return o->r->kind == SRV_CHAT; }
+
+/* One SSE event: "data: JSON\n\n" as one chunk. */
+static void send_sse(gen_out *o, json_t *obj) {
+    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (!text || o->broken) { free(text); return; }
+    size_t n = strlen(text);
+    char *buf = malloc(n + 9);
+    if (buf) {
+        memcpy(buf, "data: ", 6), memcpy(buf + 6, text, n), memcpy(buf + 6 + n, "\n\n", 2);
+        if (mg_send_chunk(o->conn, buf, (unsigned)(n + 8)) <= 0) o->broken = 1;
+    }
+    free(buf), free(text);
+    if (o->broken) llm_sched_cancel(o->s->sched, o->sched_id);
+}
+
+static json_t *chunk(gen_out *o, json_t *choices) {
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", o->id, "object",
+                          is_chat(o) ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)o->created, "model", o->s->model_id, "choices", choices);
+    if (c && o->r->include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+/* A token's logprobs entry: chat {"token","logprob","bytes","top_logprobs"};
+ * completions add to {"tokens","token_logprobs","top_logprobs","text_offset"}. */
+static json_t *chat_logprob(gen_out *o, const gen_event *g) {
+    int32_t len = 0;
+    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
+    json_t *top = json_array();
+    for (int32_t i = 0; i < g->n_top; i++) {
+        int32_t tl = 0;
+        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
+        json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", srv_json_text(tp, (size_t)tl), "logprob",
+                                             (double)g->top_lps[i], "bytes", srv_json_bytes(tp, (size_t)tl)));
+    }
+    return json_pack("{s:o, s:f, s:o, s:o}", "token", srv_json_text(piece, (size_t)len), "logprob", (double)g->logprob,
+                     "bytes", srv_json_bytes(piece, (size_t)len), "top_logprobs", top);
+}
+
+static void completion_logprob(gen_out *o, json_t *lp, const gen_event *g, size_t offset) {
+    int32_t len = 0;
+    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
+    json_t *top = json_object();
+    for (int32_t i = 0; i < g->n_top; i++) {
+        int32_t tl = 0;
+        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
+        json_t *key = srv_json_text(tp, (size_t)tl);
+        json_object_set_new(top, json_string_value(key), json_real(g->top_lps[i]));
+        json_decref(key);
+    }
+    json_array_append_new(json_object_get(lp, "tokens"), srv_json_text(piece, (size_t)len));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(g->logprob));
+    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+}
+
+static json_t *new_logprobs(const gen_out *o) {
+    return is_chat(o) ? json_pack("{s:[]}", "content")
+                      : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+/* A streamed piece of choice i: text, and this token's logprobs when asked. */
+static void stream_piece(gen_out *o, int32_t i, const char *text, size_t len, const gen_event *lpg,
+                         llm_stop_reason finish) {
+    json_t *lp = json_null();
+    if (lpg && o->r->logprobs) {
+        lp = new_logprobs(o);
+        if (is_chat(o)) json_array_append_new(json_object_get(lp, "content"), chat_logprob(o, lpg));
+        else completion_logprob(o, lp, lpg, o->ch[i].streamed);
+    }
+    o->ch[i].streamed += len;
+    json_t *fr = finish != LLM_STOP_NONE ? json_string(srv_finish_reason(finish)) : json_null();
+    json_t *c = is_chat(o) ? json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta",
+                                       finish != LLM_STOP_NONE && !len ? json_object()
+                                                                       : json_pack("{s:o}", "content", srv_json_text(text, len)),
+                                       "logprobs", lp, "finish_reason", fr)
+                           : json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", srv_json_text(text, len), "logprobs",
+                                       lp, "finish_reason", fr);
+    send_sse(o, chunk(o, json_pack("[o]", c)));
+}
+
+static void append_text(gen_choice *c, const char *text, size_t len) {
+    if (c->len + len + 1 > c->cap) {
+        size_t nc = (c->len + len + 1) * 2;
+        char *p = realloc(c->text, nc);
+        if (!p) return;
+        c->text = p, c->cap = nc;
+    }
+    memcpy(c->text + c->len, text, len);
+    c->len += len;
+    c->text[c->len] = 0;
+}
+
+static void on_gen_event(gen_out *o, const gen_event *g) {
+    if (g->done) {
+        o->n_prompt = g->n_prompt, o->n_cached = g->n_cached, o->n_generated = g->n_generated;
+        return;
+    }
+    gen_choice *c = &o->ch[g->choice];
+    if (g->token >= 0) {
+        srv_metrics *m = &o->s->metrics;
+        if (!o->first_seen) o->first_seen = 1, srv_metrics_observe(m, &m->ttft, g->t - o->t_submit);
+        if (c->t_last > 0) srv_metrics_observe(m, &m->itl, g->t - c->t_last);
+        c->t_last = g->t;
+        if (o->r->stream) {
+            if (g->len || o->r->logprobs) stream_piece(o, g->choice, g->text, g->len, g, LLM_STOP_NONE);
+        } else {
+            if (o->r->logprobs) {
+                if (is_chat(o)) json_array_append_new(json_object_get(c->lp, "content"), chat_logprob(o, g));
+                else completion_logprob(o, c->lp, g, c->len);
+            }
+            append_text(c, g->text, g->len);
+        }
+    }
+    if (g->finish != LLM_STOP_NONE) {
+        c->finish = g->finish;
+        if (g->finish == LLM_STOP_ERROR) snprintf(o->error, sizeof o->error, "%s", g->error);
+        if (o->r->stream) {
+            if (g->len) stream_piece(o, g->choice, g->text, g->len, NULL, LLM_STOP_NONE);
+            stream_piece(o, g->choice, "", 0, NULL, g->finish);
+        } else {
+            append_text(c, g->text, g->len);
+        }
+    }
+}
+
+/* The whole reply of a request that did not stream. */
+static int reply_whole(gen_out *o) {
+    srv_error e;
+    if (o->error[0]) {
+        srv_error_set(&e, 500, "server_error", "generation failed: %s", o->error);
+        return srv_reply_error(o->s, o->conn, &e);
+    }
+    json_t *choices = json_array();
+    for (int32_t i = 0; i < o->r->n; i++) {
+        gen_choice *c = &o->ch[i];
+        json_t *text = srv_json_text(c->text ? c->text : "", c->len);
+        json_t *lp = o->r->logprobs ? json_incref(c->lp) : json_null();
+        json_t *fr = json_string(srv_finish_reason(c->finish));
+        json_array_append_new(choices, is_chat(o) ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", i, "message",
+                                                              "role", "assistant", "content", text, "logprobs", lp,
+                                                              "finish_reason", fr)
+                                                  : json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", text,
+                                                              "logprobs", lp, "finish_reason", fr));
+    }
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", o->id, "object",
+                             is_chat(o) ? "chat.completion" : "text_completion", "created", (json_int_t)o->created,
+                             "model", o->s->model_id, "choices", choices, "usage",
+                             srv_json_usage(o->n_prompt, o->n_cached, o->n_generated));
+    return srv_reply_json(o->s, o->conn, 200, body);
+}
+
+static void start_stream(gen_out *o) {
+    mg_response_header_start(o->conn, 200);
+    mg_response_header_add(o->conn, "Content-Type", "text/event-stream", -1);
+    mg_response_header_add(o->conn, "Cache-Control", "no-cache", -1);
+    mg_response_header_add(o->conn, "Transfer-Encoding", "chunked", -1);
+    mg_response_header_send(o->conn);
+    srv_metrics_status(&o->s->metrics, 200);
+    if (!is_chat(o)) return;
+    for (int32_t i = 0; i < o->r->n; i++)   /* OpenAI's first delta names the role */
+        send_sse(o, chunk(o, json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", i, "delta", "role", "assistant",
+                                       "content", "", "logprobs", "finish_reason")));
+}
+
+static void end_stream(gen_out *o) {
+    if (o->error[0])
+        send_sse(o, json_pack("{s:{s:s, s:s, s:i}}", "error", "message", o->error, "type", "server_error", "code", 500));
+    if (o->r->include_usage) {
+        json_t *c = chunk(o, json_array());
+        json_object_set_new(c, "usage", srv_json_usage(o->n_prompt, o->n_cached, o->n_generated));
+        send_sse(o, c);
+    }
+    if (!o->broken && mg_send_chunk(o->conn, "data: [DONE]\n\n", 14) <= 0) o->broken = 1;
+    if (!o->broken) mg_send_chunk(o->conn, "", 0);   /* the chunked body's end */
+}
+
+/* ---------------------------------------------------------------- the handler */
+
+int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const char *body, size_t len) {
+    srv_request r;
+    srv_error e;
+    if (srv_request_parse(kind, body, len, &r, &e)) return srv_reply_error(s, conn, &e);
+    int32_t *ids = NULL, n_ids = 0;
+    if (srv_prompt_tokens(s, &r, &ids, &n_ids, &e)) {
+        srv_request_free(&r);
+        return srv_reply_error(s, conn, &e);
+    }
+    gen_queue q = {.n = 0};
+    pthread_mutex_init(&q.mu, NULL);
+    pthread_cond_init(&q.cv, NULL);
+    gen_out *o = calloc(1, sizeof *o);
+    uint64_t serial = atomic_fetch_add(&s->next_id, 1);
+    llm_sched_request sr = {.prompt = ids, .n_prompt = n_ids, .n_choices = (int32_t)r.n,
+                            .max_tokens = (int32_t)r.max_tokens, .stops = r.stops, .n_stops = r.n_stops,
+                            .top_logprobs = r.logprobs ? (int32_t)r.top_logprobs : -1, .cb = on_event, .user = &q};
+    sr.sampler = (llm_sampler_params){.temp = (float)r.temperature, .top_k = (int32_t)r.top_k,
+                                      .top_p = (float)r.top_p,
+                                      .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial};
+    char msg[200];
+    int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;
+    free(ids);
+    int status;
+    if (rc) {
+        if (rc == LLM_ERR_QUEUE_FULL || rc == LLM_ERR_STOPPED) srv_error_set(&e, 503, "unavailable_error", "%s", msg);
+        else if (rc == LLM_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
+        else srv_error_set(&e, 400, "invalid_request_error", "%s", msg);
+        status = srv_reply_error(s, conn, &e);
+    } else {
+        *o = (gen_out){.s = s, .conn = conn, .r = &r, .created = (int64_t)time(NULL), .t_submit = now_s(),
+                       .sched_id = o->sched_id};
+        snprintf(o->id, sizeof o->id, "%s-%llx%06llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)o->created, (unsigned long long)serial);
+        for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
+        if (r.stream) start_stream(o);
+        for (int done = 0; !done;) {   /* until the scheduler's done event: it then forgets q */
+            pthread_mutex_lock(&q.mu);
+            while (q.n == 0) pthread_cond_wait(&q.cv, &q.mu);
+            gen_event *ev = q.ev;
+            size_t n = q.n;
+            q.ev = NULL, q.n = q.cap = 0;
+            pthread_mutex_unlock(&q.mu);
+            for (size_t k = 0; k < n; k++) {
+                on_gen_event(o, &ev[k]);
+                done |= ev[k].done;
+                free(ev[k].text);
+            }
+            free(ev);
+        }
+        if (r.stream) end_stream(o);
+        status = r.stream ? 200 : reply_whole(o);
+        for (int32_t i = 0; i < LLM_SCHED_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
+    }
+    free(q.ev);
+    pthread_mutex_destroy(&q.mu);
+    pthread_cond_destroy(&q.cv);
+    free(o);
+    srv_request_free(&r);
+    return status;
+}

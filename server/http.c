@@ -1,0 +1,306 @@
+/* server/http.c - civetweb glue: start and stop, one handler that routes every
+ * path (404 unknown, 405 wrong method), the API key, the body limit, JSON and
+ * error replies, and the small endpoints (health, models, tokenize,
+ * detokenize, metrics). The generation endpoints are in generate.c. */
+#include "internal.h"
+
+#include <civetweb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- replies */
+
+static int send_body(srv *s, struct mg_connection *conn, int status, const char *type, const char *body,
+                     size_t len, const char *allow) {
+    char clen[32];
+    snprintf(clen, sizeof clen, "%zu", len);
+    mg_response_header_start(conn, status);
+    mg_response_header_add(conn, "Content-Type", type, -1);
+    mg_response_header_add(conn, "Content-Length", clen, -1);
+    if (allow) mg_response_header_add(conn, "Allow", allow, -1);
+    mg_response_header_send(conn);
+    mg_write(conn, body, len);
+    srv_metrics_status(&s->metrics, status);
+    return status;
+}
+
+int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body) {
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!text) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL);
+    send_body(s, conn, status, "application/json", text, strlen(text), NULL);
+    free(text);
+    return status;
+}
+
+static json_t *error_body(const srv_error *e) {
+    return json_pack("{s:{s:s, s:s, s:i}}", "error", "message", e->message, "type", e->type, "code", e->status);
+}
+
+int srv_reply_error(srv *s, struct mg_connection *conn, const srv_error *e) {
+    return srv_reply_json(s, conn, e->status, error_body(e));
+}
+
+static int reply_405(srv *s, struct mg_connection *conn, const char *path, const char *allow) {
+    srv_error e;
+    srv_error_set(&e, 405, "invalid_request_error", "%s takes %s", path, allow);
+    json_t *body = error_body(&e);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!text) return 500;
+    send_body(s, conn, 405, "application/json", text, strlen(text), allow);
+    free(text);
+    return 405;
+}
+
+/* ---------------------------------------------------------------- small endpoints */
+
+static int health(srv *s, struct mg_connection *conn) {
+    int st = atomic_load(&s->state);
+    if (st == SRV_READY) return srv_reply_json(s, conn, 200, json_pack("{s:s}", "status", "ok"));
+    srv_error e;
+    srv_error_set(&e, 503, "unavailable_error", st == SRV_LOADING ? "loading the model" : "shutting down");
+    return srv_reply_error(s, conn, &e);
+}
+
+static int models(srv *s, struct mg_connection *conn) {
+    return srv_reply_json(s, conn, 200,
+                          json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", s->model_id,
+                                    "object", "model", "created", (json_int_t)s->created, "owned_by", "kvcache"));
+}
+
+static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
+    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
+    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, NULL, 0);
+    srv_error e;
+    if (need == LLM_TOK_ERR)
+        return srv_error_set(&e, 400, "invalid_request_error", "the text cannot be tokenized"), srv_reply_error(s, conn, &e);
+    int32_t cap = need < 0 ? -need : need;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
+    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, ids, cap) : 0;
+    json_t *arr = json_array();
+    for (int32_t i = 0; ids && i < n; i++) {
+        if (!r->with_pieces) {
+            json_array_append_new(arr, json_integer(ids[i]));
+            continue;
+        }
+        int32_t len = 0;
+        const char *piece = llm_token_piece(tok, ids[i], &len);
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids[i], "piece", srv_json_text(piece, (size_t)(len > 0 ? len : 0))));
+    }
+    free(ids);
+    return srv_reply_json(s, conn, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static int detokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
+    srv_error e;
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] >= llm_model_n_vocab(s->m))
+            return srv_error_set(&e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
+                                 (int)r->tokens[i], (int)llm_model_n_vocab(s->m)),
+                   srv_reply_error(s, conn, &e);
+    int32_t need = llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, NULL, 0);
+    size_t cap = need < 0 ? (size_t)-need : (size_t)need + 1;
+    char *text = malloc(cap);
+    int32_t n = text ? llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, text, (int32_t)cap) : -1;
+    json_t *body = n >= 0 ? json_pack("{s:o}", "content", srv_json_text(text, (size_t)n)) : NULL;
+    free(text);
+    if (!body) return srv_error_set(&e, 500, "server_error", "detokenize failed"), srv_reply_error(s, conn, &e);
+    return srv_reply_json(s, conn, 200, body);
+}
+
+static int metrics(srv *s, struct mg_connection *conn) {
+    char *page = srv_metrics_page(s);
+    if (!page) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL);
+    send_body(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", page, strlen(page), NULL);
+    free(page);
+    return 200;
+}
+
+/* ---------------------------------------------------------------- routing */
+
+typedef struct {
+    const char *path;
+    const char *method;
+    int kind;          /* srv_kind for POST bodies; -1 for GET endpoints */
+    int open;          /* answered without the API key */
+} route;
+
+static const route routes[] = {
+    {"/v1/chat/completions", "POST", SRV_CHAT, 0},
+    {"/v1/completions", "POST", SRV_COMPLETION, 0},
+    {"/tokenize", "POST", SRV_TOKENIZE, 0},
+    {"/detokenize", "POST", SRV_DETOKENIZE, 0},
+    {"/v1/models", "GET", -1, 0},
+    {"/health", "GET", -1, 1},
+    {"/metrics", "GET", -1, 1},
+};
+
+/* Reads the whole body into a malloc'ed buffer; NULL with *too_big set when
+ * it exceeds SRV_MAX_BODY. */
+static char *read_body(struct mg_connection *conn, size_t *len, int *too_big) {
+    const struct mg_request_info *ri = mg_get_request_info(conn);
+    *too_big = ri->content_length > SRV_MAX_BODY;
+    if (*too_big) return NULL;
+    size_t cap = ri->content_length >= 0 ? (size_t)ri->content_length + 1 : 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            if (cap > SRV_MAX_BODY) { *too_big = 1; free(buf); return NULL; }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); return NULL; }
+            buf = nb, cap *= 2;
+        }
+        int got = mg_read(conn, buf + n, cap - n - 1);
+        if (got <= 0) break;
+        n += (size_t)got;
+        if (n > SRV_MAX_BODY) { *too_big = 1; free(buf); return NULL; }
+    }
+    if (buf) buf[n] = 0, *len = n;
+    return buf;
+}
+
+static int authorized(const srv *s, struct mg_connection *conn) {
+    if (!s->api_key[0]) return 1;
+    const char *h = mg_get_header(conn, "Authorization");
+    return h && !strncasecmp(h, "Bearer ", 7) && !strcmp(h + 7, s->api_key);
+}
+
+static int handle(struct mg_connection *conn, void *cbdata) {
+    srv *s = cbdata;
+    const struct mg_request_info *ri = mg_get_request_info(conn);
+    const char *path = ri->local_uri ? ri->local_uri : "/";
+    srv_error e;
+    const route *rt = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(path, routes[i].path)) rt = &routes[i];
+    if (!rt) {
+        srv_error_set(&e, 404, "invalid_request_error", "no endpoint %.200s (see docs/SERVER.md)", path);
+        return srv_reply_error(s, conn, &e);
+    }
+    if (strcmp(ri->request_method, rt->method)) return reply_405(s, conn, path, rt->method);
+    if (!rt->open && !authorized(s, conn)) {
+        srv_error_set(&e, 401, "authentication_error", "missing or wrong API key (Authorization: Bearer KEY)");
+        return srv_reply_error(s, conn, &e);
+    }
+    if (!strcmp(path, "/health")) return health(s, conn);
+    if (!strcmp(path, "/metrics")) return metrics(s, conn);
+    if (atomic_load(&s->state) != SRV_READY) {
+        srv_error_set(&e, 503, "unavailable_error",
+                      atomic_load(&s->state) == SRV_LOADING ? "loading the model" : "shutting down");
+        return srv_reply_error(s, conn, &e);
+    }
+    if (rt->kind < 0) return models(s, conn);
+    size_t len = 0;
+    int too_big = 0;
+    char *body = read_body(conn, &len, &too_big);
+    if (!body) {
+        if (too_big) srv_error_set(&e, 413, "invalid_request_error", "the request body exceeds %d bytes", SRV_MAX_BODY);
+        else srv_error_set(&e, 500, "server_error", "out of memory");
+        return srv_reply_error(s, conn, &e);
+    }
+    int status;
+    if (rt->kind == SRV_CHAT || rt->kind == SRV_COMPLETION) {
+        atomic_fetch_add(&s->generating, 1);
+        status = srv_handle_generate(s, conn, (srv_kind)rt->kind, body, len);
+        atomic_fetch_sub(&s->generating, 1);
+    } else {
+        srv_request r;
+        if (srv_request_parse((srv_kind)rt->kind, body, len, &r, &e)) {
+            status = srv_reply_error(s, conn, &e);
+        } else {
+            status = rt->kind == SRV_TOKENIZE ? tokenize(s, conn, &r) : detokenize(s, conn, &r);
+            srv_request_free(&r);
+        }
+    }
+    free(body);
+    return status;
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static int log_message(const struct mg_connection *conn, const char *message) {
+    (void)conn, (void)message;
+    return 1;   /* civetweb's own error log stays quiet; our errors go to the client */
+}
+
+int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
+    *out = NULL;
+    srv *s = calloc(1, sizeof *s);
+    if (!s) return snprintf(err, errlen, "out of memory"), -1;
+    s->p = *p;
+    snprintf(s->host, sizeof s->host, "%s", p->host ? p->host : "127.0.0.1");
+    snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : "model");
+    snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key ? p->api_key : "");
+    s->created = (int64_t)time(NULL);
+    atomic_init(&s->state, SRV_LOADING);
+    atomic_init(&s->next_id, 1);
+    atomic_init(&s->generating, 0);
+    srv_metrics_init(&s->metrics);
+    char ports[96], threads[16];
+    snprintf(ports, sizeof ports, strchr(s->host, ':') ? "[%s]:%d" : "%s:%d", s->host, p->port);
+    snprintf(threads, sizeof threads, "%d", p->http_threads > 0 ? p->http_threads : 64);
+    const char *opts[] = {"listening_ports", ports, "num_threads", threads, "enable_keep_alive", "yes",
+                          "request_timeout_ms", "600000", "keep_alive_timeout_ms", "5000", NULL};
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    cb.log_message = log_message;
+    mg_init_library(0);
+    s->mg = mg_start(&cb, s, opts);
+    if (!s->mg) {
+        snprintf(err, errlen, "cannot listen on %s (in use, or not an address of this machine)", ports);
+        mg_exit_library();
+        free(s);
+        return -1;
+    }
+    struct mg_server_port sp[4];
+    int np = mg_get_server_ports(s->mg, 4, sp);
+    s->port = np > 0 ? sp[0].port : p->port;
+    mg_set_request_handler(s->mg, "/", handle, s);
+    *out = s;
+    return 0;
+}
+
+int srv_port(const srv *s) { return s->port; }
+
+static void *sched_main(void *arg) {
+    llm_sched_run(arg);
+    return NULL;
+}
+
+int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
+    llm_sched_params sp = llm_sched_default_params();
+    if (s->p.batch_tokens > 0) sp.batch_tokens = s->p.batch_tokens;
+    if (s->p.max_waiting > 0) sp.max_waiting = s->p.max_waiting;
+    int rc = llm_sched_create(c, &sp, &s->sched);
+    if (rc) return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
+    if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {
+        llm_sched_free(s->sched);
+        s->sched = NULL;
+        return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
+    }
+    s->sched_started = 1;
+    s->c = c, s->m = llm_context_model(c), s->n_ctx = llm_context_get_params(c).n_ctx;
+    atomic_store(&s->state, SRV_READY);
+    return 0;
+}
+
+void srv_shutdown(srv *s) {
+    if (!s) return;
+    atomic_store(&s->state, SRV_STOPPING);   /* new requests: 503 */
+    if (s->sched_started) {
+        llm_sched_stop(s->sched);             /* in-flight requests end; their workers finish the replies */
+        pthread_join(s->sched_thread, NULL);
+    }
+    /* civetweb refuses writes once stopping: let the handlers write their
+     * last chunks and [DONE] first (bounded: a stalled client cannot hold us) */
+    for (int i = 0; i < 1000 && atomic_load(&s->generating) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    mg_stop(s->mg);                           /* waits for every worker */
+    mg_exit_library();
+    llm_sched_free(s->sched);
+    pthread_mutex_destroy(&s->metrics.mu);
+    free(s);
+}

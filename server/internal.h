@@ -1,0 +1,93 @@
+/* server/internal.h - what the server's files share: the server record, HTTP
+ * replies, JSON building, metrics. Not installed. */
+#ifndef SRV_INTERNAL_H
+#define SRV_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "request.h"
+#include "server.h"
+#include "../engine/scheduler.h"
+
+struct mg_connection;
+struct mg_context;
+
+enum { SRV_MAX_BODY = 1 << 20 };   /* request bodies beyond 1 MiB get 413 */
+enum { SRV_LOADING = 0, SRV_READY = 1, SRV_STOPPING = 2 };
+
+/* ---------------------------------------------------------------- metrics */
+
+enum { HIST_BUCKETS = 14, SRV_N_STATUS = 8 };
+
+typedef struct {
+    const double *le;                  /* [n] upper bounds, ascending (+Inf implied) */
+    int n;
+    uint64_t count[HIST_BUCKETS + 1];  /* per bucket, not cumulative; [n] is +Inf */
+    double sum;
+    uint64_t total;
+} srv_hist;
+
+typedef struct {
+    pthread_mutex_t mu;
+    srv_hist ttft;                     /* submit -> first token, seconds */
+    srv_hist itl;                      /* between tokens of one choice, seconds */
+    uint64_t by_status[SRV_N_STATUS];  /* replies 200, 400, 401, 404, 405, 413, 503, other */
+} srv_metrics;
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_observe(srv_metrics *m, srv_hist *h, double seconds);
+void srv_metrics_status(srv_metrics *m, int status);
+/* The Prometheus text page (malloc'ed). */
+char *srv_metrics_page(srv *s);
+
+/* ---------------------------------------------------------------- the server */
+
+struct srv {
+    srv_params p;
+    char host[64];
+    char model_id[128];
+    char api_key[256];
+    struct mg_context *mg;
+    int port;
+    atomic_int state;                  /* SRV_LOADING, SRV_READY, SRV_STOPPING */
+    llm_context *c;                    /* set by srv_attach */
+    const llm_model *m;
+    int32_t n_ctx;
+    llm_sched *sched;
+    pthread_t sched_thread;
+    int sched_started;
+    atomic_int generating;             /* generation handlers still writing a reply */
+    int64_t created;                   /* Unix time of srv_start (models' "created") */
+    atomic_uint_fast64_t next_id;      /* response ids */
+    srv_metrics metrics;
+};
+
+/* ---------------------------------------------------------------- replies (http.c) */
+
+/* A JSON reply with this status; takes the reference to body. Returns the
+ * status (for the handler's return). */
+int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body);
+/* {"error":{"message","type","code"}} with e->status. */
+int srv_reply_error(srv *s, struct mg_connection *conn, const srv_error *e);
+/* The chat and completions endpoints (generate.c). */
+int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const char *body, size_t len);
+
+/* ---------------------------------------------------------------- JSON (response.c) */
+
+/* A JSON string of text[0..len): invalid UTF-8 sequences become U+FFFD. */
+json_t *srv_json_text(const char *text, size_t len);
+/* [bytes...] of text, as OpenAI's logprobs "bytes" field. */
+json_t *srv_json_bytes(const char *text, size_t len);
+/* The finish_reason of a stop reason: "stop" or "length". */
+const char *srv_finish_reason(llm_stop_reason r);
+/* Tokenizes what a request asks to generate from (chat messages rendered
+ * with the model's template, or the completion prompt) into a malloc'ed array. */
+int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e);
+/* usage: prompt, completion, total and prompt_tokens_details.cached_tokens. */
+json_t *srv_json_usage(int32_t n_prompt, int32_t n_cached, int32_t n_generated);
+
+#endif

@@ -1,0 +1,111 @@
+/* server/metrics.c - GET /metrics in the Prometheus text format (0.0.4):
+ * the scheduler's gauges and counters, the reply codes, and histograms of
+ * time to first token and inter-token latency. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double itl_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+
+void srv_metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    m->ttft.le = ttft_le, m->ttft.n = (int)(sizeof ttft_le / sizeof ttft_le[0]);
+    m->itl.le = itl_le, m->itl.n = (int)(sizeof itl_le / sizeof itl_le[0]);
+}
+
+void srv_metrics_observe(srv_metrics *m, srv_hist *h, double seconds) {
+    int b = 0;
+    while (b < h->n && seconds > h->le[b]) b++;
+    pthread_mutex_lock(&m->mu);
+    h->count[b]++, h->total++, h->sum += seconds;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* the reply codes counted apart; everything else is "other" */
+static const char *const status_label[SRV_N_STATUS] = {"200", "400", "401", "404", "405", "413", "503", "other"};
+
+void srv_metrics_status(srv_metrics *m, int status) {
+    int k = 0;
+    while (k < SRV_N_STATUS - 1 && atoi(status_label[k]) != status) k++;
+    pthread_mutex_lock(&m->mu);
+    m->by_status[k]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* A growing text buffer. */
+typedef struct { char *p; size_t n, cap; int failed; } page;
+
+static void put(page *pg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(page *pg, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = pg->failed ? 0 : vsnprintf(pg->p + pg->n, pg->cap - pg->n, fmt, ap);
+        va_end(ap);
+        if (pg->failed || w < 0) { pg->failed = 1; return; }
+        if ((size_t)w < pg->cap - pg->n) { pg->n += (size_t)w; return; }
+        char *np = realloc(pg->p, pg->cap * 2 + (size_t)w);
+        if (!np) { pg->failed = 1; return; }
+        pg->p = np, pg->cap = pg->cap * 2 + (size_t)w;
+    }
+}
+
+static void metric(page *pg, const char *name, const char *type, const char *help, double v) {
+    put(pg, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void histogram(page *pg, const char *name, const char *help, const srv_hist *h) {
+    put(pg, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < h->n; b++) {
+        cum += h->count[b];
+        put(pg, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[b], (unsigned long long)cum);
+    }
+    put(pg, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)h->total, name,
+        h->sum, name, (unsigned long long)h->total);
+}
+
+char *srv_metrics_page(srv *s) {
+    page pg = {.p = malloc(8192), .cap = 8192};
+    if (!pg.p) return NULL;
+    llm_sched_stats st = {0};
+    if (s->sched) st = llm_sched_get_stats(s->sched);
+    metric(&pg, "kvcache_ready", "gauge", "1 once the model is loaded and requests are served",
+           atomic_load(&s->state) == SRV_READY);
+    metric(&pg, "kvcache_requests_running", "gauge", "Requests admitted to the running batch", st.running);
+    metric(&pg, "kvcache_requests_waiting", "gauge", "Requests queued (new or preempted)", st.waiting);
+    metric(&pg, "kvcache_kv_pages_total", "gauge", "KV cache pages in the pool", st.pages_total);
+    metric(&pg, "kvcache_kv_pages_used", "gauge", "KV pages referenced by live sequences", st.pages_used);
+    metric(&pg, "kvcache_kv_pages_free", "gauge", "KV pages holding nothing", st.pages_free);
+    metric(&pg, "kvcache_kv_pages_cached", "gauge", "KV pages kept only for the prefix cache (reclaimable)",
+           st.pages_cached);
+    metric(&pg, "kvcache_kv_usage_ratio", "gauge", "Used pages / all pages",
+           st.pages_total ? (double)st.pages_used / st.pages_total : 0);
+    metric(&pg, "kvcache_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache",
+           (double)st.prefix_queries);
+    metric(&pg, "kvcache_prefix_cache_hits_total", "counter", "Of those, tokens found (not recomputed)",
+           (double)st.prefix_hits);
+    metric(&pg, "kvcache_prompt_tokens_total", "counter", "Prompt tokens of admitted requests", (double)st.prompt_tokens);
+    metric(&pg, "kvcache_generation_tokens_total", "counter", "Tokens generated", (double)st.generation_tokens);
+    metric(&pg, "kvcache_preemptions_total", "counter", "Requests preempted (pages freed, recomputed later)",
+           (double)st.preemptions);
+    metric(&pg, "kvcache_steps_total", "counter", "Batched forward passes", (double)st.steps);
+    pthread_mutex_lock(&s->metrics.mu);
+    put(&pg, "# HELP kvcache_http_responses_total HTTP replies by status\n"
+             "# TYPE kvcache_http_responses_total counter\n");
+    for (int k = 0; k < SRV_N_STATUS; k++)
+        put(&pg, "kvcache_http_responses_total{code=\"%s\"} %llu\n", status_label[k],
+            (unsigned long long)s->metrics.by_status[k]);
+    histogram(&pg, "kvcache_time_to_first_token_seconds", "Time from submission to the first token",
+              &s->metrics.ttft);
+    histogram(&pg, "kvcache_inter_token_latency_seconds", "Time between consecutive tokens of one choice",
+              &s->metrics.itl);
+    pthread_mutex_unlock(&s->metrics.mu);
+    if (pg.failed) { free(pg.p); return NULL; }
+    return pg.p;
+}

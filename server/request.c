@@ -1,0 +1,259 @@
+/* server/request.c - request bodies to validated srv_request (see request.h):
+ * the JSON parse with line and column on error, then one small typed getter
+ * per kind of field, each naming the field in its message. */
+#include "request.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int bad(srv_error *e, const char *fmt, const char *field) {
+    return srv_error_set(e, 400, "invalid_request_error", fmt, field);
+}
+
+/* ---------------------------------------------------------------- typed fields */
+
+/* The field, or NULL when absent or null. */
+static json_t *field(json_t *o, const char *name) {
+    json_t *v = json_object_get(o, name);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_bool(json_t *o, const char *name, int *out, srv_error *e) {
+    json_t *v = field(o, name);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return bad(e, "'%s' must be a boolean", name);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_int(json_t *o, const char *name, int64_t lo, int64_t hi, int64_t *out, srv_error *e) {
+    json_t *v = field(o, name);
+    if (!v) return 0;
+    if (!json_is_integer(v)) return bad(e, "'%s' must be an integer", name);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return srv_error_set(e, 400, "invalid_request_error", "'%s' must be in [%lld, %lld] (got %lld)", name,
+                             (long long)lo, (long long)hi, (long long)x);
+    *out = x;
+    return 0;
+}
+
+/* lo_open: the lower bound itself is excluded */
+static int get_num(json_t *o, const char *name, double lo, int lo_open, double hi, double *out, srv_error *e) {
+    json_t *v = field(o, name);
+    if (!v) return 0;
+    if (!json_is_number(v)) return bad(e, "'%s' must be a number", name);
+    double x = json_number_value(v);
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
+        return srv_error_set(e, 400, "invalid_request_error", "'%s' must be in %s%g, %g] (got %g)", name,
+                             lo_open ? "(" : "[", lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_str(json_t *o, const char *name, const char **out, srv_error *e) {
+    json_t *v = field(o, name);
+    if (!v) return 0;
+    if (!json_is_string(v)) return bad(e, "'%s' must be a string", name);
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* "stop": a string or an array of up to LLM_MAX_STOPS non-empty strings. */
+static int get_stops(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0) return bad(e, "'%s' must not be empty", "stop");
+        r->stops[r->n_stops++] = json_string_value(v);
+        return 0;
+    }
+    if (!json_is_array(v)) return bad(e, "'%s' must be a string or an array of strings", "stop");
+    if (json_array_size(v) > LLM_MAX_STOPS)
+        return srv_error_set(e, 400, "invalid_request_error", "'stop' takes at most %d strings", LLM_MAX_STOPS);
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        if (!json_is_string(s) || json_string_length(s) == 0)
+            return bad(e, "'%s' must hold non-empty strings", "stop");
+        r->stops[r->n_stops++] = json_string_value(s);
+    }
+    return 0;
+}
+
+/* An array of token ids into r->tokens. */
+static int get_ids(json_t *v, const char *name, srv_request *r, srv_error *e) {
+    size_t n = json_array_size(v);
+    if (n > (1u << 24)) return bad(e, "'%s' has too many tokens", name);
+    r->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
+    if (!r->tokens) return srv_error_set(e, 500, "server_error", "out of memory");
+    size_t i;
+    json_t *t;
+    json_array_foreach(v, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+            return bad(e, "'%s' must hold token ids (integers >= 0)", name);
+        r->tokens[i] = (int32_t)json_integer_value(t);
+    }
+    r->n_tokens = (int32_t)n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+/* content: a string, or an array of parts {"type":"text","text":...} joined. */
+static int message_content(json_t *c, int32_t i, srv_request *r, srv_error *e) {
+    if (json_is_string(c)) {
+        r->msgs[i].content = json_string_value(c);
+        return 0;
+    }
+    if (!json_is_array(c)) return bad(e, "'%s' must be a string or an array of text parts", "messages[].content");
+    size_t total = 0, k;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(text))
+            return bad(e, "'%s' parts must be {\"type\": \"text\", \"text\": ...} (no images or audio)",
+                       "messages[].content");
+        total += json_string_length(text);
+    }
+    char *s = malloc(total + 1);
+    if (!s) return srv_error_set(e, 500, "server_error", "out of memory");
+    size_t at = 0;
+    json_array_foreach(c, k, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(s + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    s[at] = 0;
+    r->joined[i] = s;
+    r->msgs[i].content = s;
+    return 0;
+}
+
+static int get_messages(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "messages");
+    if (!v) return bad(e, "'%s' is required", "messages");
+    if (!json_is_array(v) || json_array_size(v) == 0) return bad(e, "'%s' must be a non-empty array", "messages");
+    size_t n = json_array_size(v);
+    if (n > SRV_MAX_MESSAGES)
+        return srv_error_set(e, 400, "invalid_request_error", "at most %d messages", SRV_MAX_MESSAGES);
+    r->msgs = calloc(n, sizeof *r->msgs);
+    r->joined = calloc(n, sizeof *r->joined);
+    if (!r->msgs || !r->joined) return srv_error_set(e, 500, "server_error", "out of memory");
+    r->n_msgs = (int32_t)n;
+    size_t i;
+    json_t *m;
+    json_array_foreach(v, i, m) {
+        if (!json_is_object(m)) return bad(e, "'%s' must hold objects", "messages");
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_string(role) || json_string_length(role) == 0)
+            return bad(e, "'%s' must be a non-empty string", "messages[].role");
+        if (!content) return bad(e, "'%s' is required", "messages[].content");
+        r->msgs[i].role = json_string_value(role);
+        if (message_content(content, (int32_t)i, r, e)) return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the parse */
+
+static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
+    if (r->kind == SRV_CHAT) {
+        if (get_messages(o, r, e)) return -1;
+    } else {
+        json_t *p = field(o, "prompt");
+        if (!p) return bad(e, "'%s' is required", "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+            p = json_array_get(p, 0);   /* a list of one prompt */
+        if (json_is_string(p)) {
+            r->prompt = json_string_value(p), r->prompt_len = json_string_length(p);
+        } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+            if (get_ids(p, "prompt", r, e)) return -1;
+        } else if (json_is_array(p) && json_array_size(p) > 1) {
+            return bad(e, "'%s' takes one prompt per request", "prompt");
+        } else {
+            return bad(e, "'%s' must be a string or an array of token ids", "prompt");
+        }
+    }
+    int64_t mt = -1, mct = -1;
+    if (get_int(o, "max_tokens", 1, 1 << 24, &mt, e) || get_int(o, "max_completion_tokens", 1, 1 << 24, &mct, e))
+        return -1;
+    r->max_tokens = mct >= 0 ? mct : mt;
+    if (get_num(o, "temperature", 0, 0, 2, &r->temperature, e) || get_num(o, "top_p", 0, 1, 1, &r->top_p, e) ||
+        get_int(o, "top_k", 0, INT32_MAX, &r->top_k, e) || get_int(o, "n", 1, 16, &r->n, e) ||
+        get_bool(o, "stream", &r->stream, e) || get_stops(o, r, e))
+        return -1;
+    int64_t seed = 0;
+    if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
+    r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
+    json_t *so = field(o, "stream_options");
+    if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
+    if (so && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    if (r->kind == SRV_CHAT) {
+        if (get_bool(o, "logprobs", &r->logprobs, e) ||
+            get_int(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &r->top_logprobs, e))
+            return -1;
+        if (field(o, "top_logprobs") && !r->logprobs)
+            return bad(e, "'%s' needs \"logprobs\": true", "top_logprobs");
+    } else { /* the legacy form: logprobs is the number of alternatives */
+        int64_t lp = -1;
+        if (get_int(o, "logprobs", 0, 5, &lp, e)) return -1;
+        r->logprobs = lp >= 0, r->top_logprobs = lp >= 0 ? lp : 0;
+    }
+    return 0;
+}
+
+int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *out, srv_error *err) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!root)
+        return srv_error_set(err, 400, "invalid_request_error", "malformed JSON at line %d, column %d: %s", je.line,
+                             je.column, je.text);
+    out->root = root;
+    if (!json_is_object(root)) {
+        srv_request_free(out);
+        return srv_error_set(err, 400, "invalid_request_error", "the request body must be a JSON object");
+    }
+    int rc = get_str(root, "model", &out->model, err);
+    if (!rc && (kind == SRV_CHAT || kind == SRV_COMPLETION)) {
+        rc = parse_generation(root, out, err);
+    } else if (!rc && kind == SRV_TOKENIZE) {
+        json_t *c = field(root, "content");
+        if (!json_is_string(c)) rc = bad(err, "'%s' is required and must be a string", "content");
+        else out->prompt = json_string_value(c), out->prompt_len = json_string_length(c);
+        if (!rc) rc = get_bool(root, "add_special", &out->add_special, err);
+        if (!rc) rc = get_bool(root, "with_pieces", &out->with_pieces, err);
+    } else if (!rc) {
+        json_t *t = field(root, "tokens");
+        if (!json_is_array(t)) rc = bad(err, "'%s' is required and must be an array of token ids", "tokens");
+        else rc = get_ids(t, "tokens", out, err);
+    }
+    if (rc) srv_request_free(out);
+    return rc;
+}
+
+void srv_request_free(srv_request *r) {
+    if (r->joined)
+        for (int32_t i = 0; i < r->n_msgs; i++) free(r->joined[i]);
+    free(r->joined), free(r->msgs), free(r->tokens);
+    if (r->root) json_decref((json_t *)r->root);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,75 @@
+/* server/request.h - the server's request bodies: JSON bytes in, a validated
+ * request or an error (HTTP status, type, message) out. A pure function of the
+ * bytes (no model, no scheduler), so a fuzzer can drive it alone.
+ *
+ * Field names are the OpenAI API's (chat/completions, completions) and
+ * llama.cpp's server (tokenize, detokenize). JSON null counts as absent;
+ * fields the server does not use are ignored, as OpenAI clients send many. */
+#ifndef SRV_REQUEST_H
+#define SRV_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../engine/chat.h"
+#include "../engine/session.h"
+
+typedef enum {
+    SRV_CHAT = 0,        /* POST /v1/chat/completions: messages */
+    SRV_COMPLETION,      /* POST /v1/completions: prompt */
+    SRV_TOKENIZE,        /* POST /tokenize: content */
+    SRV_DETOKENIZE,      /* POST /detokenize: tokens */
+} srv_kind;
+
+/* An error as the HTTP reply carries it: {"error":{"message","type","code"}}
+ * with code = status. */
+typedef struct {
+    int status;              /* 400, 401, 404, 405, 413, 503, 500 */
+    const char *type;        /* "invalid_request_error", "authentication_error", ... */
+    char message[320];
+} srv_error;
+
+/* Fills e and returns -1. */
+int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20 };
+
+typedef struct {
+    srv_kind kind;
+    void *root;                  /* the parsed document (json_t); owns the strings below */
+    const char *model;           /* "model", or NULL */
+    /* chat */
+    llm_chat_msg *msgs;          /* [n_msgs] role and content (text parts joined) */
+    int32_t n_msgs;
+    char **joined;               /* [n_msgs] content strings built from parts, or NULL */
+    /* completion / tokenize */
+    const char *prompt;          /* prompt / content text, or NULL when given as token ids */
+    size_t prompt_len;
+    int32_t *tokens;             /* [n_tokens] prompt as ids (completion), or the ids (detokenize) */
+    int32_t n_tokens;
+    int add_special;             /* tokenize: add BOS as the model says (default 0) */
+    int with_pieces;             /* tokenize: return each token's text as well */
+    /* sampling and stopping */
+    int64_t max_tokens;          /* max_tokens / max_completion_tokens; -1 when absent */
+    double temperature;          /* default 1 (OpenAI's) */
+    double top_p;                /* default 1 */
+    int64_t top_k;               /* default 0: all */
+    uint64_t seed;               /* when has_seed */
+    int has_seed;
+    const char *stops[LLM_MAX_STOPS];
+    int32_t n_stops;
+    int64_t n;                   /* choices, default 1 */
+    int stream, include_usage;
+    int logprobs;                /* return logprobs of the chosen tokens */
+    int64_t top_logprobs;        /* alternatives per position, 0 .. 20 */
+} srv_request;
+
+/* Parses and validates body[0..len) as a request of `kind`. 0, or -1 with
+ * *err set: 400 for malformed JSON (with line and column), a missing or
+ * ill-typed field, or a value out of range. On failure nothing needs freeing;
+ * on success call srv_request_free. */
+int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *out, srv_error *err);
+void srv_request_free(srv_request *r);
+
+#endif

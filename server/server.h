@@ -1,0 +1,40 @@
+/* server/server.h - `kvcache serve`: an OpenAI-compatible HTTP server over the
+ * continuous-batching scheduler (engine/scheduler.h), on civetweb and jansson.
+ *
+ *   srv_start      listen (GET /health answers 503 "loading" from now on)
+ *   srv_attach     hand it the loaded model and context: the scheduler thread
+ *                  starts and /health turns 200
+ *   srv_shutdown   stop accepting, end in-flight streams cleanly, join every
+ *                  thread; the model and context are the caller's to free
+ *
+ * Endpoints, fields, errors and metrics: docs/SERVER.md. */
+#ifndef SRV_SERVER_H
+#define SRV_SERVER_H
+
+#include <stdint.h>
+
+#include "../engine/model.h"
+
+typedef struct {
+    const char *host;          /* address to bind, default "127.0.0.1" */
+    int port;                  /* 0: any free port (srv_port tells which) */
+    const char *api_key;       /* require "Authorization: Bearer KEY" on the API; NULL: open */
+    int32_t batch_tokens;      /* scheduler's per-step token budget */
+    int32_t max_waiting;       /* queued requests beyond which new ones get 503 */
+    int32_t http_threads;      /* civetweb workers (one per open connection) */
+    const char *model_id;      /* the name /v1/models reports */
+} srv_params;
+
+typedef struct srv srv;
+
+/* Starts listening. 0, or -1 with a message in err. */
+int srv_start(const srv_params *p, srv **out, char *err, size_t errlen);
+/* The bound port. */
+int srv_port(const srv *s);
+/* Starts serving generation on c (borrowed until srv_shutdown returns).
+ * 0, or -1 with a message. */
+int srv_attach(srv *s, llm_context *c, char *err, size_t errlen);
+/* Stops everything and frees the server (not the context). */
+void srv_shutdown(srv *s);
+
+#endif

@@ -1,0 +1,39 @@
+/* tests/fuzz/fuzz_request.c - libFuzzer target: any bytes as the body of each
+ * kind of server request (server/request.c). The parse must return a valid
+ * request or a 400 with a message, never crash or leak; a valid request's
+ * fields must be within the ranges the scheduler is promised. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../server/request.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    for (int kind = SRV_CHAT; kind <= SRV_DETOKENIZE; kind++) {
+        srv_request r;
+        srv_error e;
+        if (srv_request_parse((srv_kind)kind, (const char *)data, size, &r, &e)) {
+            if (e.status != 400 && e.status != 500) abort();
+            if (!e.message[0] || !e.type) abort();
+            continue;
+        }
+        if (r.n_stops < 0 || r.n_stops > LLM_MAX_STOPS) abort();
+        for (int32_t i = 0; i < r.n_stops; i++)
+            if (!r.stops[i] || !r.stops[i][0]) abort();
+        if (r.n < 1 || r.n > 16 || r.top_logprobs < 0 || r.top_logprobs > SRV_MAX_TOP_LOGPROBS) abort();
+        if (r.max_tokens != -1 && (r.max_tokens < 1 || r.max_tokens > (1 << 24))) abort();
+        if (!(r.temperature >= 0 && r.temperature <= 2) || !(r.top_p > 0 && r.top_p <= 1)) abort();
+        if (kind == SRV_CHAT) {
+            if (r.n_msgs < 1) abort();
+            for (int32_t i = 0; i < r.n_msgs; i++)
+                if (!r.msgs[i].role || !r.msgs[i].content || strlen(r.msgs[i].role) == 0) abort();
+        }
+        if ((kind == SRV_COMPLETION || kind == SRV_TOKENIZE) && !r.prompt && !r.tokens) abort();
+        for (int32_t i = 0; i < r.n_tokens; i++)
+            if (r.tokens[i] < 0) abort();
+        srv_request_free(&r);
+    }
+    return 0;
+}

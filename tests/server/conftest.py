@@ -1,0 +1,85 @@
+"""Fixtures for the HTTP server tests: each server is a real `kvcache serve`
+process on a free loopback port (--port 0; the port is read from the line it
+prints when ready), stopped with SIGTERM at the end, which must exit 0.
+
+KVCACHE_BIN (default build/kvcache) and KVCACHE_SERVE_MODEL (default the
+project's SmolLM2) choose what runs. The model must be there: these tests do
+not pass by skipping (make model fetches it)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("KVCACHE_BIN", os.path.join(ROOT, "build", "kvcache"))
+MODEL = os.environ.get("KVCACHE_SERVE_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+class Server:
+    def __init__(self, *args):
+        assert os.access(MODEL, os.R_OK), f"{MODEL} is missing: run `make model`"
+        self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()   # printed once the model is loaded
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+        self.url = f"http://127.0.0.1:{m.group(1)}"
+        for _ in range(100):
+            if self.get("/health")[0] == 200:
+                break
+            time.sleep(0.1)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """(status, parsed JSON or text) of one request; never raises on HTTP errors."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                status, text = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body, **kw)
+
+    def metrics(self):
+        from prom import parse
+        status, text = self.get("/metrics")
+        assert status == 200
+        return parse(text)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("kvcache serve did not stop within 30 s of SIGTERM")
+        self.proc.stdout.close(), self.proc.stderr.close()
+        assert rc == 0, f"kvcache serve exited {rc}"
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server("-t", "2", "--parallel", "8", "--ctx", "2048", "--batch-tokens", "256")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
