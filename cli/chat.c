@@ -12,18 +12,21 @@
 
 #include "cli.h"
 #include "../engine/model.h"
+#include "../engine/policy.h"
 #include "../engine/session.h"
 
 static void usage(void) {
     printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
            "                    [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
+           "                    [--context-shift [--keep N]] [--session FILE]\n"
            "Reads one user message per line from stdin and streams each reply to stdout.\n"
            "The cache is kept across turns: only the new turn is prefilled. /reset starts over,\n"
            "/exit (or end of input) quits.\n\n"
            "  --system TEXT      system message (default: the chat template's)\n"
            "  -n, --tokens N     longest reply in tokens (default 512)\n"
            "  --temp T           temperature, 0: greedy (default 0.7)\n"
-           "  --top-k K, --top-p P, --seed S   sampling, as in `kvcache generate`\n" CLI_MODEL_HELP);
+           "  --top-k K, --top-p P, --seed S   sampling, as in `kvcache generate`\n"
+           CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 
 typedef struct {
@@ -73,6 +76,7 @@ typedef struct {
     conversation cv;
     int32_t *marker, n_marker;   /* [n_marker] the end-of-turn text's tokens */
     llm_gen_params gp;
+    cli_policy_opts po;          /* --context-shift, --keep, --session */
     char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
     size_t reply_len, reply_cap;
     int turn;
@@ -106,6 +110,18 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     free(text);
     *refused = 0;
     if (!ids || n_held + *n_new <= room) return ids;
+    if (st->po.context_shift && n_held + *n_new - room <= n_held - st->gp.n_keep) {
+        /* no room: drop old turns after the kept positions (the system prompt) */
+        int32_t need = n_held + *n_new - room, drop = llm_shift_discard(n_held, st->gp.n_keep);
+        drop = drop > need ? drop : need;
+        drop = drop < n_held - st->gp.n_keep ? drop : n_held - st->gp.n_keep;
+        int rc = llm_session_shift(st->s, st->gp.n_keep, drop);
+        if (rc == LLM_OK) {
+            fprintf(stderr, "[context shift: dropped %d tokens after the first %d]\n", (int)drop, (int)st->gp.n_keep);
+            return ids;
+        }
+        fprintf(stderr, "kvcache chat: context shift failed: %s\n", llm_status_str(rc));
+    }
     /* no room after what the cache holds: the turn alone, as a new conversation */
     free(ids);
     conversation alone = st->cv;
@@ -156,6 +172,8 @@ static int chat_turn(chat_state *st, const char *line) {
     free(ids);
     st->reply_len = 0;
     st->reply[0] = 0;
+    if (st->po.session && st->turn == 0 && n_held == 0)
+        cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new);
     llm_gen_result res;
     llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
     free(prompt);
@@ -184,6 +202,8 @@ static int chat_turn(chat_state *st, const char *line) {
             res.n_generated / (res.t_decode > 0 ? res.t_decode : 1e-9),
             (int)llm_seq_length(st->c, llm_session_seq(st->s)), (int)llm_context_get_params(st->c).n_ctx);
     if (res.reason == LLM_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
+    if (res.n_shifts) fprintf(stderr, "[context shift during the reply: dropped %d tokens]\n", (int)res.n_discarded);
+    if (st->po.session && cli_session_save("chat", st->s, st->po.session)) return 1;
     return 0;
 }
 
@@ -192,9 +212,11 @@ int cmd_chat(int argc, char **argv) {
     const char *system = NULL;
     int64_t n_gen = 512, top_k = 40, seed = 1;
     double temp = 0.7, top_p = 0.95;
+    cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
+        if (cli_policy_opt(argc, argv, &i, &po, false)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
         if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &n_gen)) continue;
         if (cli_opt_f64(argc, argv, &i, NULL, "--temp", &temp)) continue;
@@ -208,7 +230,8 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "kvcache chat: need -n >= 1, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
-    chat_state st = {0};
+    if (cli_policy_check("chat", &po)) return 2;
+    chat_state st = {.po = po};
     int rc = cli_load("chat", &mo, 1, 0, &st.m, &st.c);
     if (rc) return rc;
     if (llm_model_chat(st.m)->kind == LLM_CHAT_UNKNOWN) {
@@ -221,6 +244,9 @@ int cmd_chat(int argc, char **argv) {
     st.gp.sampler = (llm_sampler_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
                                          .seed = (uint64_t)seed};
     st.gp.on_text = on_text, st.gp.user = &st;
+    st.gp.context_shift = po.context_shift;
+    st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
+    if (st.gp.n_keep < 4) st.gp.n_keep = 4; /* the sinks: at least 4 (StreamingLLM) */
     st.marker = cli_tokenize(st.m, llm_chat_turn_end(llm_model_chat(st.m)), 0, &st.n_marker);
     st.gp.reserve = st.n_marker;
     st.reply_cap = 4096;

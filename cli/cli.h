@@ -55,6 +55,7 @@ typedef struct {
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
     int no_window;        /* --no-window: window layers keep every position (llm_context_params) */
+    int64_t window;       /* a sliding window forced on every layer (verify --policy window); 0: none */
     int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
     int64_t act_bits;     /* --act-bits 16|8, --exact-matmul (0); -1: the engine's default */
 } cli_model_opts;
@@ -85,6 +86,9 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
 /* Per cache of c (one per layer group): its layers, window and bytes in use,
  * one indented line each; nothing for a model with one group. */
 void cli_print_cache_groups(FILE *f, struct llm_context *c);
+
+/* The most threads -t may ask for (the engine's limit); more is refused. */
+#define CLI_MAX_THREADS 256
 /* Threads -t resolves to. */
 int32_t cli_threads(const cli_model_opts *o);
 /* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:
@@ -93,8 +97,48 @@ void cli_progress(void *user, int64_t done, int64_t total);
 /* Tokenizes text (special tokens recognised; BOS/EOS as the model says when
  * add_special) into a malloc'ed array of *n_out ids; NULL on failure. */
 int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int32_t *n_out);
+/* The same over text [len], NUL bytes included (a file read by its length). */
+int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t len, int add_special,
+                          int32_t *n_out);
 /* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
+/* ---- cache policies (engine/policy.h), for generate and chat ---- */
+
+#include "../engine/session.h" /* llm_session, llm_gen_result */
+
+typedef struct {
+    int context_shift;    /* --context-shift: a full context drops old positions and goes on */
+    int64_t keep;         /* --keep N: positions a shift keeps; -1: the system prompt (at least 4) */
+    const char *session;  /* --session FILE: restore the common prefix, save after the run */
+    int64_t draft_lookup; /* --draft-lookup N (generate): prompt-lookup speculative decoding */
+} cli_policy_opts;
+
+#define CLI_POLICY_HELP                                                                          \
+    "  --context-shift    when the context is full, keep the first --keep positions, drop half\n" \
+    "                     of the rest and go on (default: stop, saying so)\n"                      \
+    "  --keep N           positions a context shift keeps (default: the system prompt, >= 4)\n"    \
+    "  --session FILE     restore the cached prefix FILE holds (if it begins this prompt and was\n" \
+    "                     made by this model and --kv-type), prefill only the rest, save after\n"  \
+    "                     the run\n"
+
+cli_policy_opts cli_policy_opts_default(void);
+/* Matches --context-shift, --keep, --session (and --draft-lookup when
+ * lookup is set) at argv[*i]. */
+bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool lookup);
+/* 0, or 2 after a message naming the bad option. */
+int cli_policy_check(const char *cmd, const cli_policy_opts *o);
+/* Tokens a chat prompt starts with whatever the user says: BOS, the system
+ * message (or the template's own), the user header. The default --keep. */
+int32_t cli_chat_prefix_tokens(const struct llm_model *m, const char *system);
+/* --session: restores what FILE shares with prompt [n] into s (a line on
+ * stderr says what happened, or why the run goes on cold); the count. */
+int32_t cli_session_restore(const char *cmd, struct llm_session *s, const char *path, const int32_t *prompt,
+                            int32_t n);
+/* --session: saves s to FILE, a line on stderr either way; 0 or 1. */
+int cli_session_save(const char *cmd, const struct llm_session *s, const char *path);
+/* A line per policy that acted in a generation: shifts, lookup acceptance. */
+void cli_policy_report(const llm_gen_result *res);
+
 /* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */
 char *cli_read_file(const char *path, size_t *len);
 

@@ -28,7 +28,7 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
 }
 
 int32_t cli_threads(const cli_model_opts *o) {
-    if (o->threads > 0) return (int32_t)(o->threads > 256 ? 256 : o->threads);
+    if (o->threads > 0) return (int32_t)o->threads; /* cli_load refused > CLI_MAX_THREADS */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
 }
@@ -47,11 +47,16 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     }
     p.act_bits = (int32_t)o->act_bits;
     int64_t ctx = o->ctx ? o->ctx : ctx_default;
-    if (o->threads < 0 || ctx < 0 || ctx > (1 << 24) || o->batch < 1 || o->batch > 8192 || o->kv_pages < 0 ||
-        o->kv_pages > INT32_MAX) {
-        fprintf(stderr, "kvcache %s: need -t >= 0, 0 <= --ctx <= 16777216, 1 <= --batch <= 8192\n", cmd);
+    if (o->threads < 0 || o->threads > CLI_MAX_THREADS || ctx < 0 || ctx > (1 << 24) || o->batch < 1 ||
+        o->batch > 8192 || o->kv_pages < 0 || o->kv_pages > INT32_MAX) {
+        fprintf(stderr, "kvcache %s: need 0 <= -t <= %d, 0 <= --ctx <= 16777216, 1 <= --batch <= 8192\n", cmd,
+                CLI_MAX_THREADS);
         return 2;
     }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && o->threads > cores) /* allowed (oversubscription is the user's call), but said */
+        fprintf(stderr, "kvcache %s: warning: -t %lld is more than the %ld cores online; running %lld threads\n",
+                cmd, (long long)o->threads, cores, (long long)o->threads);
     if (access(o->model, R_OK) != 0) {
         fprintf(stderr,
                 "kvcache %s: cannot read model '%s': %s\n"
@@ -70,6 +75,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
     p.no_window = o->no_window;
+    p.window = (int32_t)o->window;
     p.n_pages = (int32_t)o->kv_pages;
     if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
@@ -130,10 +136,13 @@ char *cli_read_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* Tokenizes text (special tokens recognised, BOS as the model says) into a
- * malloc'ed array; NULL on failure. */
 int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int32_t *n_out) {
-    size_t len = strlen(text);
+    return cli_tokenize_len(m, text, strlen(text), add_special, n_out);
+}
+
+/* Tokenizes text [len] (special tokens recognised, BOS as the model says)
+ * into a malloc'ed array; NULL on failure. A NUL byte is an ordinary byte. */
+int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int32_t *n_out) {
     int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, 1, NULL, 0);
     if (need == LLM_TOK_ERR) return NULL;
     int32_t cap = need < 0 ? -need : need;

@@ -12,6 +12,7 @@
 static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
            "                        [--top-p P] [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
+           "                        [--context-shift [--keep N]] [--session FILE] [--draft-lookup N]\n"
            "Streams the continuation of PROMPT to stdout, then prints prefill and decode speed,\n"
            "KV bytes per token and cache bytes in use to stderr.\n\n"
            "  -p, --prompt TEXT  the prompt (or -f FILE)\n"
@@ -22,7 +23,11 @@ static void usage(void) {
            "  --temp T           temperature; 0 is greedy and deterministic (default 0.8)\n"
            "  --top-k K          sample among the K most likely tokens, 0: all (default 40)\n"
            "  --top-p P          nucleus: the smallest set holding mass P (default 0.95)\n"
-           "  --seed S           sampler seed (default 1)\n" CLI_MODEL_HELP);
+           "  --seed S           sampler seed (default 1)\n"
+           "  --draft-lookup N   prompt-lookup speculative decoding: propose up to N tokens that\n"
+           "                     followed the last n-gram earlier in prompt + output, verify them in\n"
+           "                     one pass; the same text as without it (default 0: off)\n"
+           CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 
 /* Renders a one-turn conversation; NULL (after a message) on failure. */
@@ -66,6 +71,7 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
             res->t_decode, res->n_generated / (res->t_decode > 0 ? res->t_decode : 1e-9),
             llm_stop_reason_str(res->reason));
     if (res->reason == LLM_STOP_CONTEXT) fprintf(stderr, "  %s\n", res->message);
+    cli_policy_report(res);
     fprintf(stderr, "KV cache: %s, %llu bytes/token, %llu bytes in use (%d tokens in %d pages), %d threads\n",
             kv_dtype_name(cp.kv_type), (unsigned long long)cs.bytes_per_token, (unsigned long long)cs.bytes_in_use,
             (int)llm_seq_length(c, llm_session_seq(s)), (int)cs.pages_used, (int)cp.n_threads);
@@ -80,9 +86,11 @@ int cmd_generate(int argc, char **argv) {
     int chat = 0;
     double temp = 0.8, top_p = 0.95;
     int64_t top_k = 40, seed = 1;
+    cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
+        if (cli_policy_opt(argc, argv, &i, &po, true)) continue;
         if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt)) continue;
         if (cli_opt_str(argc, argv, &i, "-f", "--file", &file)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
@@ -107,9 +115,20 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvcache generate: need -n >= 0, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
+    if (cli_policy_check("generate", &po)) return 2;
     char *file_text = NULL;
-    if (file && !(prompt = file_text = cli_read_file(file, NULL))) {
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
+    if (file && !(prompt = file_text = cli_read_file(file, &prompt_len))) {
         fprintf(stderr, "kvcache generate: cannot read prompt file '%s'\n", file);
+        return 1;
+    }
+    /* read by length: a NUL byte is tokenized as the byte it is, except
+     * that the chat template is built of strings */
+    const char *nul = memchr(prompt, 0, prompt_len);
+    if (chat && nul) {
+        fprintf(stderr, "kvcache generate: '%s' has a NUL byte at offset %zu; --chat needs text without one\n",
+                file, (size_t)(nul - prompt));
+        free(file_text);
         return 1;
     }
     llm_model *m;
@@ -117,7 +136,8 @@ int cmd_generate(int argc, char **argv) {
     int rc = cli_load("generate", &mo, 1, 0, &m, &c);
     if (rc) return free(file_text), rc;
     char *text = chat ? render_chat(m, system, prompt) : NULL;
-    int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : cli_tokenize(m, text ? text : prompt, 1, &n_prompt);
+    int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : text ? cli_tokenize(m, text, 1, &n_prompt)
+                                                           : cli_tokenize_len(m, prompt, prompt_len, 1, &n_prompt);
     llm_session *s = NULL;
     rc = 1;
     if (!ids) {
@@ -134,9 +154,18 @@ int cmd_generate(int argc, char **argv) {
                                           .seed = (uint64_t)seed};
         gp.on_text = cli_print_text;
         if (n_prompt > 1024) gp.progress = cli_progress, gp.progress_user = "prefill";
+        gp.context_shift = po.context_shift;
+        gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system) : 0;
+        gp.draft_lookup = (int32_t)po.draft_lookup;
+        if (po.session) cli_session_restore("generate", s, po.session, ids, n_prompt);
         llm_gen_result res;
         int st = llm_session_generate(s, ids, n_prompt, &gp, &res);
         rc = report(c, s, &res, st);
+        if (po.session && res.reason != LLM_STOP_ERROR && !(st == LLM_ERR_CAPACITY)) {
+            fprintf(stderr, "session: %d tokens restored, %d prefilled\n", (int)res.n_reused,
+                    (int)(res.n_prompt - res.n_reused));
+            if (cli_session_save("generate", s, po.session)) rc = 1;
+        }
     }
     llm_session_free(s);
     free(ids), free(text), free(file_text);

@@ -1,5 +1,6 @@
 /* cli/main.c - `kvcache SUBCOMMAND [options]`: dispatch and shared helpers. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,12 @@ bool cli_opt_f64(int argc, char **argv, int *i, const char *s, const char *l, do
     double x = strtod(v, &end);
     if (errno || end == v || *end) {
         fprintf(stderr, "kvcache: option %s: '%s' is not a number\n", argv[*i - 1], v);
+        exit(2);
+    }
+    /* strtod accepts "nan" and "inf", which slip through range checks
+     * written as `x < lo` and mean nothing for any option */
+    if (!isfinite(x)) {
+        fprintf(stderr, "kvcache: option %s: '%s' is not a finite number\n", argv[*i - 1], v);
         exit(2);
     }
     *out = x;

@@ -1,10 +1,17 @@
-/* cli/verify.c - `kvcache verify`: the seed's test on a real model. Greedy
- * decoding runs on the cache (each step projects one token and attends over
- * the cached K/V); then the whole sequence is recomputed from scratch with no
- * cache (dense attention over fresh f32 K/V) in one causal pass, whose row t
- * is exactly a full recomputation of tokens 0..t. The two must give the same
- * next-token logits at every step; the largest difference per step is
- * printed, with a pass/fail against a tolerance. */
+/* cli/verify.c - `kvcache verify`: the seed's test on a real model, for each
+ * cache policy.
+ *
+ *   full, window  Greedy decoding runs on the cache (each step projects one
+ *                 token and attends over the cached K/V; window: every layer
+ *                 sees only its last W positions, through window caches that
+ *                 evict pages); then the whole sequence is recomputed with no
+ *                 cache (dense attention over fresh f32 K/V, the same window)
+ *                 in one causal pass, whose row t is exactly a full
+ *                 recomputation of tokens 0..t. The two must give the same
+ *                 next-token logits at every step.
+ *   shift         cli/verify_policy.c: context shifts against a fresh pass over
+ *   lookup        the kept tokens; prompt lookup and sessions on disk against
+ *   session       plain decoding, token for token. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,13 +20,23 @@
 #include "cli.h"
 #include "../engine/model.h"
 #include "../engine/sampler.h"
+#include "verify.h"
 
 #define DEFAULT_PROMPT "The history of the printing press begins"
 
 static void usage(void) {
     printf("usage: kvcache verify [-m MODEL.gguf] [-p PROMPT] [-n 32] [--kv-type T] [--tol X] [-t N]\n"
+           "                      [--policy full|window|shift|lookup|session] [--window W] [--keep N]\n"
+           "                      [--draft-lookup N]\n"
            "Greedy decoding on the KV cache against full recomputation without a cache, side by\n"
            "side: the largest logit difference per step, relative to the largest |logit|.\n\n"
+           "  --policy P         full (default): the cache as it is; window: every layer a sliding\n"
+           "                     window of --window W (default 16) positions, against windowed\n"
+           "                     recomputation; shift: decoding through context shifts in --ctx\n"
+           "                     positions (default: the prompt + n/2), the kept keys against a fresh\n"
+           "                     pass over the kept tokens at their new positions; lookup: --draft-lookup\n"
+           "                     N (default 8) gives the tokens of plain greedy; session: a run saved\n"
+           "                     half way and restored in a new context gives them too\n"
            "  -p, --prompt TEXT  prompt (default \"" DEFAULT_PROMPT "\")\n"
            "  -n, --tokens N     decode steps (default 32)\n"
            "  --kv-type T        K/V storage of the cached run (default f32; the recomputation\n"
@@ -46,6 +63,8 @@ int cmd_verify(int argc, char **argv) {
     const char *prompt = DEFAULT_PROMPT;
     int64_t steps = 32;
     double tol = -1;
+    const char *policy = "full";
+    int64_t window = 16, keep = 4, n_draft = 8;
     mo.kv_type = "f32";
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
@@ -53,11 +72,28 @@ int cmd_verify(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt)) continue;
         if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &steps)) continue;
         if (cli_opt_f64(argc, argv, &i, NULL, "--tol", &tol)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--policy", &policy)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--window", &window)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &n_draft)) continue;
         fprintf(stderr, "kvcache verify: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (steps < 0 || steps > 1024 || (tol < 0 && tol != -1)) {
         fprintf(stderr, "kvcache verify: need 0 <= -n <= 1024 and --tol >= 0\n");
+        return 2;
+    }
+    if (window < 1 || window > (1 << 24) || keep < 0 || keep > (1 << 24) || n_draft < 1 || n_draft > 64) {
+        fprintf(stderr, "kvcache verify: need --window >= 1, --keep >= 0, 1 <= --draft-lookup <= 64\n");
+        return 2;
+    }
+    if (!strcmp(policy, "shift")) return verify_shift(&mo, prompt, steps, (int32_t)keep, tol);
+    if (!strcmp(policy, "lookup")) return verify_lookup(&mo, prompt, steps, (int32_t)n_draft);
+    if (!strcmp(policy, "session")) return verify_session(&mo, prompt, steps);
+    if (!strcmp(policy, "window")) {
+        mo.window = window;
+    } else if (strcmp(policy, "full")) {
+        fprintf(stderr, "kvcache verify: --policy must be full, window, shift, lookup or session (not '%s')\n", policy);
         return 2;
     }
     /* f32 K/V: both paths do the same f32 arithmetic up to summation order.
@@ -91,6 +127,9 @@ int cmd_verify(int argc, char **argv) {
     const int32_t n_prompt = n;
     printf("verify: %s, %s K/V, prompt %d tokens, %lld greedy steps, tolerance %.1e (relative)\n", llm_model_name(m),
            kv_dtype_name(llm_context_get_params(c).kv_type), (int)n, (long long)steps, tol);
+    if (mo.window)
+        printf("policy window: every layer sees its last %lld positions, on window caches that evict pages\n",
+               (long long)mo.window);
     int32_t seq;
     llm_seq_new(c, &seq);
     /* cached: the prompt in one pass, then one new token per step */

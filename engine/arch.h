@@ -152,6 +152,10 @@ const llm_arch *llm_arch_find(const char *name, size_t len);
 /* "llama, ..." : the names, for error messages. */
 const char *llm_arch_names(void);
 
+/* The sliding window layer l attends with in context c: its own, or the
+ * context's override (llm_context_params.window) when it has none. */
+int32_t llm_layer_window(const llm_context *c, int32_t l);
+
 /* ---- loading helpers for architecture files (engine/model.c) */
 
 /* <prefix>.block_count, embedding_length, feed_forward_length, head_count,

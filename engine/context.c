@@ -25,6 +25,16 @@ static int64_t pages_per_seq(const llm_context_params *p, int32_t window) {
     return (span + p->page_size - 1) / p->page_size + (window > 0 ? 1 : 0);
 }
 
+/* The window of group g's cache: its own, or the context's override for a
+ * full-attention group. */
+static int32_t group_window(const llm_model *m, const llm_context_params *p, int32_t g) {
+    return m->groups[g].window ? m->groups[g].window : p->window;
+}
+
+int32_t llm_layer_window(const llm_context *c, int32_t l) {
+    return c->m->lhp[l].window ? c->m->lhp[l].window : c->p.window;
+}
+
 int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_context **out, char *err,
                        size_t errlen) {
     *out = NULL;
@@ -36,6 +46,7 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (p.n_threads < 1 || p.n_threads > 256) return llm_errf(err, errlen, LLM_ERR_PARAM, "threads must be in [1, 256]");
     if (p.page_size < 1 || p.page_size > 4096) return llm_errf(err, errlen, LLM_ERR_PARAM, "page size must be in [1, 4096]");
     if (p.no_window != 0 && p.no_window != 1) return llm_errf(err, errlen, LLM_ERR_PARAM, "no_window must be 0 or 1");
+    if (p.window < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "window must be >= 0");
     if (p.n_pages < 0) return llm_errf(err, errlen, LLM_ERR_PARAM, "the page count must be >= 0");
     if (p.act_bits == -1) p.act_bits = llm_act_default_bits();
     if (p.act_bits != LLM_ACT_F32 && p.act_bits != LLM_ACT_Q8 && p.act_bits != LLM_ACT_Q16)
@@ -45,7 +56,7 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     if (m->n_groups < 1 || m->n_groups > LLM_MAX_GROUPS)
         return llm_errf(err, errlen, LLM_ERR_MODEL, "the architecture declared %d cache groups", (int)m->n_groups);
     for (int32_t g = 0; g < m->n_groups; g++)
-        if ((int64_t)p.n_seqs * pages_per_seq(&p, m->groups[g].window) > INT32_MAX)
+        if ((int64_t)p.n_seqs * pages_per_seq(&p, group_window(m, &p, g)) > INT32_MAX)
             return llm_errf(err, errlen, LLM_ERR_PARAM, "n_seqs x n_ctx is too large");
     llm_context *c = calloc(1, sizeof *c);
     if (!c) return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
@@ -54,14 +65,14 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
     int32_t n_order = 0;
     for (int pass = 0; pass < 2; pass++) /* full caches first: see reserve() */
         for (int32_t g = 0; g < m->n_groups; g++)
-            if ((m->groups[g].window > 0) == pass) c->order[n_order++] = g;
+            if ((group_window(m, &p, g) > 0) == pass) c->order[n_order++] = g;
     for (int32_t g = 0; g < m->n_groups; g++) {
         kv_cache_params cp = kv_cache_default_params();
         cp.n_layers = m->groups[g].n_layers, cp.n_kv_heads = m->hp.n_kv_heads, cp.head_dim = m->hp.head_dim;
         cp.dtype = p.kv_type, cp.page_size = p.page_size;
-        cp.n_pages = (int32_t)(p.n_seqs * pages_per_seq(&p, m->groups[g].window));
-        if (p.n_pages > 0 && m->groups[g].window == 0) cp.n_pages = p.n_pages;   /* a shared, smaller pool */
-        cp.max_seqs = p.n_seqs, cp.max_seq_len = p.n_ctx, cp.window = m->groups[g].window;
+        cp.n_pages = (int32_t)(p.n_seqs * pages_per_seq(&p, group_window(m, &p, g)));
+        if (p.n_pages > 0 && group_window(m, &p, g) == 0) cp.n_pages = p.n_pages;   /* a shared, smaller pool */
+        cp.max_seqs = p.n_seqs, cp.max_seq_len = p.n_ctx, cp.window = group_window(m, &p, g);
         cp.no_evict = p.no_window && cp.window > 0;
         int rc = kv_cache_create(&cp, &c->caches[g]);
         if (rc != KV_OK) {

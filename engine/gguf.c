@@ -425,7 +425,9 @@ int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *er
 
 int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer before
+     * fstat could tell it is no regular file (no effect on a regular one) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         if (errlen) snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));

@@ -220,7 +220,7 @@ int llm_attention(const llm_pass *ps, int32_t l) {
         return rc ? rc : kv_attend_f32(cache, lp->group_layer, ps->kb, hp->n_heads, ws->q, ws->att, lp->attn_scale);
     }
     return kv_attention_f32(ps->rows, ps->rows, hp->n_heads, hp->n_kv_heads, hp->head_dim, ws->q, ws->k, ws->v,
-                            ws->att, lp->window, lp->attn_scale);
+                            ws->att, llm_layer_window(ps->c, l), lp->attn_scale);
 }
 
 /* ---------------------------------------------------------------- output */

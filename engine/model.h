@@ -101,10 +101,14 @@ typedef struct {
     int32_t act_bits;    /* activations of the weight products (engine/quant.h, llm_act): 16 or 8
                           * (integer dot products), 0 (f32, the reference), -1: the engine's
                           * default, llm_act_default_bits() (KVCACHE_EXACT_MATMUL, KVCACHE_ACT_BITS) */
+    int32_t window;      /* > 0: layers without a window of their own attend to their last
+                          * `window` positions only, through window caches (a Mistral-style
+                          * sliding window over any model: `kvcache verify --policy window`);
+                          * 0: the model's own windows */
 } llm_context_params;
 
 /* n_ctx 0, n_seqs 1, n_batch 256, n_threads 1, KV_F16, page_size 16, no_window 0, n_pages 0,
- * act_bits -1. */
+ * act_bits -1, window 0. */
 llm_context_params llm_context_default_params(void);
 
 typedef struct llm_context llm_context;

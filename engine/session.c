@@ -2,6 +2,7 @@
  * common-prefix reuse, chunked prefill, then sample -> text stream ->
  * forward until a stop reason, timed per phase. */
 #include "session.h"
+#include "policy.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -92,6 +93,41 @@ int llm_session_truncate(llm_session *s, int32_t n) {
 
 void llm_session_reset(llm_session *s) { llm_session_truncate(s, 0); }
 
+int llm_session_shift(llm_session *s, int32_t n_keep, int32_t n_discard) {
+    if (!s) return LLM_ERR_NULL;
+    if (n_keep < 0 || n_discard < 0 || n_keep > s->n_cached - n_discard) return LLM_ERR_LENGTH;
+    int rc = llm_context_shift(s->c, s->seq, n_keep, n_discard);
+    if (rc != LLM_OK) return rc;
+    memmove(s->toks + n_keep, s->toks + n_keep + n_discard, sizeof(int32_t) * (size_t)(s->n - n_keep - n_discard));
+    s->n -= n_discard, s->n_cached -= n_discard;
+    return LLM_OK;
+}
+
+int llm_session_save(const llm_session *s, const char *path, char *err, size_t errlen) {
+    if (!s || !path) return LLM_ERR_NULL;
+    return llm_session_file_save(s->c, s->seq, s->toks, s->n_cached, path, err, errlen) ? KV_ERR_IO : LLM_OK;
+}
+
+int llm_session_load(llm_session *s, const char *path, const int32_t *prompt, int32_t n, int32_t *n_restored,
+                     char *err, size_t errlen) {
+    if (!s || !path || !n_restored || (n > 0 && !prompt)) return LLM_ERR_NULL;
+    *n_restored = 0;
+    int rc = reserve_tokens(s, n);
+    if (rc) return rc;
+    /* the file goes into a sequence slot of its own: give up ours first */
+    llm_seq_remove(s->c, s->seq);
+    s->n = s->n_cached = 0;
+    int32_t seq, got;
+    if (llm_session_file_load(s->c, path, prompt, n, &seq, &got, err, errlen) != 0) {
+        rc = llm_seq_new(s->c, &s->seq); /* takes the slot just freed */
+        return rc ? rc : KV_ERR_IO;
+    }
+    s->seq = seq;
+    memcpy(s->toks, prompt, sizeof(int32_t) * (size_t)got);
+    s->n = s->n_cached = *n_restored = got;
+    return LLM_OK;
+}
+
 static int check_ids(const llm_session *s, const int32_t *tokens, int32_t n) {
     int32_t V = llm_model_n_vocab(llm_context_model(s->c));
     for (int32_t i = 0; i < n; i++)
@@ -135,6 +171,9 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     const int32_t V = llm_model_n_vocab(m);
     if (p->reserve < 0 || p->n_stops < 0 || p->n_stops > LLM_MAX_STOPS)
         return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "reserve < 0 or more than %d stop strings", LLM_MAX_STOPS), res->status;
+    if (p->draft_lookup < 0 || p->draft_lookup > LLM_MAX_DRAFT || p->n_keep < 0)
+        return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "draft_lookup must be in [0, %d] and n_keep >= 0", LLM_MAX_DRAFT),
+               res->status;
     if (check_ids(s, tokens, n))
         return STOP(LLM_STOP_ERROR, LLM_ERR_TOKEN, "a prompt token id is outside the vocabulary of %d", (int)V),
                res->status;
@@ -158,6 +197,18 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
                res->status;
     }
 
+    /* prompt lookup: drafts [N] and the logits of a verify pass [N + 1][V] */
+    const int32_t n_draft_max = p->draft_lookup > 0 ? p->draft_lookup : 0;
+    int32_t *draft = n_draft_max ? malloc(sizeof(int32_t) * (size_t)n_draft_max) : NULL;
+    float *rows = n_draft_max ? malloc(sizeof(float) * (size_t)(n_draft_max + 1) * (size_t)V) : NULL;
+    if (n_draft_max && (!draft || !rows)) {
+        free(draft), free(rows);
+        llm_sampler_free(&smp);
+        llm_textstream_free(ts);
+        return STOP(LLM_STOP_ERROR, LLM_ERR_NOMEM, "out of memory"), res->status;
+    }
+    const int32_t n_keep = p->n_keep > 4 ? p->n_keep : 4;
+
     /* prefill what the cache does not hold yet (at least the last token, for its logits) */
     int32_t k = 0;
     while (k < n && k < s->n_cached && tokens[k] == s->toks[k]) k++;
@@ -178,30 +229,59 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         s->n_cached = n;
     }
 
-    /* sample -> stream -> forward */
+    /* sample -> stream -> forward. With prompt lookup, a forward feeds the
+     * sampled token and up to N drafts after it ([n_cached, n_cached + 1 +
+     * vk) in the cache); the next samples come from their rows, each draft
+     * equal to its sample is already in the cache (vi counts them), and the
+     * first that differs is cut off before the sample is fed. The samples
+     * are those of plain decoding: row i is the model's output after the same
+     * tokens. */
+    float *cur = s->logits;  /* the logits to sample from */
+    int32_t vk = 0, vi = 0;  /* drafts in the cache after n_cached, and how many were accepted */
+    /* Drafts to propose next: a pass of T rows costs about T times a decode
+     * step once the matrix products are compute-bound (measured on SmolLM2
+     * on 2 cores: 1.4x for T = 2, 3.6x for T = 9), so a long draft pays
+     * only where drafts are being accepted. After a pass that took all its
+     * drafts the next may be twice as long (up to N); after a rejection, one
+     * more than were taken. */
+    int32_t want_draft = n_draft_max;
     while (rc == LLM_OK) {
         if (p->max_tokens == 0) {
             STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
             break;
         }
+        if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx && p->context_shift && n_keep < s->n_cached && vi == vk) {
+            /* the attention sinks stay, half of the rest goes (the drafts were limited to the room
+             * left, so none is pending when the context is full) */
+            int32_t drop = llm_shift_discard(s->n_cached, n_keep);
+            rc = llm_session_shift(s, n_keep, drop);
+            if (rc != LLM_OK) {
+                STOP(LLM_STOP_ERROR, rc, "context shift (keep %d, drop %d) failed: %s", (int)n_keep, (int)drop,
+                     llm_status_str(rc));
+                break;
+            }
+            res->n_shifts++, res->n_discarded += drop;
+            continue;
+        }
         if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx) {
-            STOP(LLM_STOP_CONTEXT, LLM_OK, "context full: %d of %d positions (prompt %d, generated %d%s)",
+            STOP(LLM_STOP_CONTEXT, LLM_OK, "context full: %d of %d positions (prompt %d, generated %d%s)%s",
                  (int)s->n_cached, (int)n_ctx, (int)n, (int)res->n_generated,
-                 p->reserve ? ", room kept for the end of turn" : "");
+                 p->reserve ? ", room kept for the end of turn" : "",
+                 p->context_shift ? "; nothing to drop after the kept positions" : "");
             break;
         }
-        if (!all_finite(s->logits, V)) {
+        if (!all_finite(cur, V)) {
             rc = LLM_ERR_NONFINITE;
             STOP(LLM_STOP_ERROR, rc, "the logits at position %d are not finite (NaN or infinity): nothing sampled",
                  (int)(s->n_cached - 1));
             break;
         }
-        if (p->on_logits && p->on_logits(p->user, s->logits, V)) {
+        if (p->on_logits && p->on_logits(p->user, cur, V)) {
             STOP(LLM_STOP_CANCEL, LLM_OK, "cancelled");
             break;
         }
         int cancel = 0;
-        int32_t tok = llm_sample(&smp, s->logits);
+        int32_t tok = llm_sample(&smp, cur);
         if (p->on_token && p->on_token(p->user, tok)) cancel = 1;
         const char *text;
         size_t len;
@@ -229,13 +309,52 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
                  llm_stop_reason_str(why != LLM_STOP_NONE ? why : LLM_STOP_CANCEL));
             break;
         }
-        rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
+        if (vi < vk && tok == draft[vi]) { /* accepted: it is in the cache already */
+            s->n_cached++, res->n_accepted++;
+            cur = rows + (size_t)++vi * (size_t)V;
+            continue;
+        }
+        if (vk) want_draft = vi == vk ? (2 * vk < n_draft_max ? 2 * vk : n_draft_max) : vi + 1;
+        if (vk && vi < vk && (rc = llm_seq_truncate(s->c, s->seq, s->n_cached)) != LLM_OK) { /* drafts from vi on: wrong */
+            STOP(LLM_STOP_ERROR, rc, "rolling back rejected drafts failed: %s", llm_status_str(rc));
+            break;
+        }
+        vk = vi = 0;
+        int32_t nd = 0;
+        if (n_draft_max) {
+            /* room: positions after tok, rows of one pass, tokens still wanted after tok */
+            int64_t lim = want_draft;
+            lim = lim < (int64_t)n_ctx - p->reserve - s->n_cached - 1 ? lim : (int64_t)n_ctx - p->reserve - s->n_cached - 1;
+            lim = lim < (int64_t)llm_context_get_params(s->c).n_batch - 1 ? lim : llm_context_get_params(s->c).n_batch - 1;
+            if (p->max_tokens >= 0 && lim > (int64_t)p->max_tokens - res->n_generated - 1)
+                lim = (int64_t)p->max_tokens - res->n_generated - 1;
+            if (lim > 0) nd = llm_lookup_draft(s->toks, s->n, (int32_t)lim, draft);
+        }
+        res->n_passes++;
+        if (nd == 0) {
+            rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
+            cur = s->logits;
+        } else {
+            int32_t feed[LLM_MAX_DRAFT + 1], row_start[2] = {0, nd + 1};
+            uint8_t want[LLM_MAX_DRAFT + 1];
+            feed[0] = tok;
+            memcpy(feed + 1, draft, sizeof(int32_t) * (size_t)nd);
+            memset(want, 1, sizeof want);
+            llm_batch b = {.n_seqs = 1, .seqs = &s->seq, .row_start = row_start, .tokens = feed, .want = want};
+            rc = llm_forward(s->c, &b, rows);
+            cur = rows, vk = nd, res->n_drafted += nd;
+        }
         if (rc != LLM_OK) {
+            vk = 0;
             STOP(LLM_STOP_ERROR, rc, "decoding failed after %d tokens: %s", (int)res->n_generated, llm_status_str(rc));
             break;
         }
         s->n_cached++;
     }
+    /* a stop in the middle of a verify pass: the drafts not taken leave the cache */
+    if (vk > vi && llm_seq_truncate(s->c, s->seq, s->n_cached) != LLM_OK && rc == LLM_OK)
+        STOP(LLM_STOP_ERROR, LLM_ERR_WINDOW, "rolling back rejected drafts failed");
+    free(draft), free(rows);
     if (res->reason != LLM_STOP_STRING) {
         const char *text;
         size_t len;

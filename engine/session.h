@@ -47,7 +47,7 @@ const char *llm_stop_reason_str(llm_stop_reason r);
 
 /* ---------------------------------------------------------------- text stream */
 
-enum { LLM_MAX_STOPS = 8 };
+enum { LLM_MAX_STOPS = 8, LLM_MAX_DRAFT = 64 /* llm_gen_params.draft_lookup at most */ };
 
 /* llm_textstream_create flags */
 enum { LLM_STREAM_IGNORE_EOG = 1 };  /* end-of-generation tokens are ordinary (rendered as nothing) */
@@ -99,6 +99,15 @@ typedef struct {
     void *user;
     llm_progress_fn progress;       /* prefill progress (user: progress_user), or NULL */
     void *progress_user;
+    /* Cache policies (engine/policy.h), all off by default. */
+    int context_shift;              /* 1: a full context keeps its first n_keep positions, drops
+                                     * half of the rest and goes on (LLM_STOP_CONTEXT only when
+                                     * n_keep leaves nothing to drop); 0: a full context stops */
+    int32_t n_keep;                 /* positions a shift keeps, the attention sinks (e.g. the
+                                     * system prompt); fewer than 4 count as 4 */
+    int32_t draft_lookup;           /* N > 0: prompt-lookup speculative decoding: up to N tokens
+                                     * proposed from the prompt and output, verified in one pass
+                                     * of N + 1 rows; the output is what plain decoding gives */
 } llm_gen_params;
 
 /* max_tokens 128, llm_sampler_default_params, no stops, reserve 0, no callbacks. */
@@ -113,6 +122,9 @@ typedef struct {
     int32_t n_generated;            /* tokens sampled (the end-of-generation token not counted) */
     int32_t eog_token;              /* with LLM_STOP_EOG: the token (not in the sequence); else -1 */
     double t_prefill, t_decode;     /* seconds */
+    int32_t n_shifts, n_discarded;  /* context shifts made, and the positions they dropped */
+    int32_t n_passes;               /* forward passes while decoding (one per verify pass) */
+    int32_t n_drafted, n_accepted;  /* draft tokens verified, and of those accepted */
     char message[192];              /* with LLM_STOP_ERROR / CONTEXT: what happened, with numbers */
 } llm_gen_result;
 
@@ -146,6 +158,21 @@ int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n);
 int llm_session_truncate(llm_session *s, int32_t n);
 /* Forget everything (the sequence becomes empty). */
 void llm_session_reset(llm_session *s);
+
+/* Context shift (llm_context_shift) of the sequence and its tokens: drops
+ * positions [n_keep, n_keep + n_discard) of what the cache holds; a token not
+ * fed yet stays last. Nothing changes on error. */
+int llm_session_shift(llm_session *s, int32_t n_keep, int32_t n_discard);
+/* The cached tokens and their K/V to path (llm_session_file_save). LLM_OK,
+ * or KV_ERR_IO with the reason in err. */
+int llm_session_save(const llm_session *s, const char *path, char *err, size_t errlen);
+/* Empties the session, then restores from path the longest common prefix of
+ * the file's tokens and prompt [n] (at most n - 1: one token is left to
+ * prefill); *n_restored positions. LLM_OK, or KV_ERR_IO with the reason in
+ * err (the file is missing, corrupt, for another model or K/V type, or shares
+ * nothing with the prompt): the session is then empty and usable, cold. */
+int llm_session_load(llm_session *s, const char *path, const int32_t *prompt, int32_t n, int32_t *n_restored,
+                     char *err, size_t errlen);
 
 /* Tokens the session holds: [*n] (valid until the next call on s). */
 const int32_t *llm_session_tokens(const llm_session *s, int32_t *n);

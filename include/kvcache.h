@@ -49,6 +49,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -274,6 +275,32 @@ KV_API int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
  * KV_ERR_WINDOW when the keys the next query would see were evicted. */
 KV_API int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
 
+/* Re-rotates the cached K of positions [pos, pos + n) of seq, in every
+ * layer, by delta positions (any sign): a key rotated at p becomes the key
+ * rotated at p + delta, since RoPE rotations compose, R(p + delta) =
+ * R(delta) R(p). V and the positions themselves stay. f64 and f32 keys are
+ * turned as stored (f32: one f32 rounding); f16, bf16 and q8 are decoded,
+ * turned in double and encoded again, which adds one rounding of the format
+ * per call: per element at most about 2^-11 (f16) or 2^-8 (bf16) of the norm
+ * of its rotation pair, and for q8 up to (1 + sqrt 2) / 254 (about 1%) of the
+ * row's largest pair norm, so repeated shifts of a q8 cache accumulate error
+ * (f32 and f64 do not measurably). rope->params.head_dim must be the cache's
+ * (KV_ERR_ROPE). Shared pages are copied first (KV_ERR_OUT_OF_PAGES when the
+ * pool cannot; nothing changed), and the pages touched leave the prefix cache. */
+KV_API int kv_seq_rerotate(kv_cache *cache, int32_t seq, int32_t pos, int32_t n, int32_t delta, const kv_rope *rope);
+/* Context shift (StreamingLLM's attention sinks, llama.cpp's n_keep): drops
+ * positions [n_keep, n_keep + n_discard) and moves every later position down
+ * by n_discard, its K re-rotated by -n_discard as kv_seq_rerotate does (rope
+ * NULL: moved unrotated, for a model without RoPE). The sequence then has
+ * length S - n_discard and continues as if the kept keys had been written at
+ * their new positions. A window cache keeps what its next query sees: the sinks
+ * it had already evicted stay gone, and KV_ERR_WINDOW (nothing changed) when
+ * the next query would need a key it no longer has. All or nothing:
+ * KV_ERR_LENGTH when n_keep + n_discard > S, KV_ERR_OUT_OF_PAGES when shared
+ * pages cannot be copied. Moved positions lose their token ids: they and what
+ * follows them are never offered to the prefix cache. */
+KV_API int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_discard, const kv_rope *rope);
+
 /* Prefix cache. On an empty sequence, reuses the cached pages whose tokens
  * equal the longest page-aligned prefix of tokens [n]: full pages are named by
  * a hash of their tokens chained with the hash of the page before, and a hit is
@@ -299,6 +326,14 @@ KV_API int kv_prefix_clear(kv_cache *cache);
  * sequence continues exactly as if it had never left. */
 KV_API int kv_seq_save(const kv_cache *cache, int32_t seq, const char *path);
 KV_API int kv_seq_restore(kv_cache *cache, const char *path, int32_t *seq);
+/* The same at the current position of an open, seekable stream, so that a
+ * caller can put its own header first (the engine's session files name the
+ * model): kv_seq_save_file writes the sequence there (KV_ERR_IO when a write
+ * fails; the stream is the caller's to close); kv_seq_restore_file reads one
+ * from there, leaves the stream just after it on success, and does not care
+ * what follows (kv_seq_restore requires that nothing does). */
+KV_API int kv_seq_save_file(const kv_cache *cache, int32_t seq, FILE *f);
+KV_API int kv_seq_restore_file(kv_cache *cache, FILE *f, int32_t *seq);
 
 /* ------------------------------------------------------------------ batches */
 

@@ -133,6 +133,11 @@ int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows);
 
 /* kv_f16_to_f32, kv_f32_to_f16, kv_bf16_to_f32, kv_f32_to_bf16: src/half.h */
 
+/* RoPE (src/rope.c): cs, sn [rot_dim / 2] of a turn by delta positions, and
+ * that turn applied to one head row v [head_dim] in place. */
+void kv_rope_turn_angles(const kv_rope *rope, double delta, double *cs, double *sn);
+void kv_rope_turn_row(const kv_rope *rope, double *v, const double *cs, const double *sn);
+
 /* Stores n floats as `dtype` at dst (KV_Q8: int8 with the scale in *scale). */
 void kv_store_row(kv_dtype dtype, void *dst, float *scale, const float *src, int32_t n);
 /* Loads n elements of `dtype` as floats. */

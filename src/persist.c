@@ -61,14 +61,12 @@ static void visit_position(const kv_cache *c, int32_t page, int32_t slot, int32_
 static void io_put(stream *s, void *p, size_t n) { put(s, p, n); }
 static void io_get(stream *s, void *p, size_t n) { get(s, p, n); }
 
-int kv_seq_save(const kv_cache *c, int32_t seq, const char *path) {
-    if (!c || !path) return KV_ERR_NULL;
-    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+/* Writes the sequence at f's position; true when every write went through. */
+static bool save_stream(const kv_cache *c, int32_t seq, FILE *f) {
     const kv_seq_state *q = &c->seqs[seq];
     const int32_t P = c->p.page_size, first_pos = q->first_block * P;
     const int32_t *t = kv_table(c, seq);
-    stream s = {.f = fopen(path, "wb"), .hash = 0xCBF29CE484222325ull};
-    if (!s.f) return KV_ERR_IO;
+    stream s = {.f = f, .hash = 0xCBF29CE484222325ull};
     int32_t header[HEADER_WORDS] = {0x01020304, c->p.n_layers, c->p.n_kv_heads, c->p.head_dim,
                                     (int32_t)c->p.dtype, c->p.window, P, q->len, first_pos};
     put(&s, MAGIC, sizeof MAGIC);
@@ -80,9 +78,24 @@ int kv_seq_save(const kv_cache *c, int32_t seq, const char *path) {
             visit_position(c, t[pos / P], pos % P, l, &s, io_put);
     uint64_t sum = s.hash;
     put(&s, &sum, sizeof sum);
-    if (fclose(s.f) != 0) s.failed = true;
-    if (s.failed) remove(path);
-    return s.failed ? KV_ERR_IO : KV_OK;
+    return !s.failed;
+}
+
+int kv_seq_save(const kv_cache *c, int32_t seq, const char *path) {
+    if (!c || !path) return KV_ERR_NULL;
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    FILE *f = fopen(path, "wb");
+    if (!f) return KV_ERR_IO;
+    bool ok = save_stream(c, seq, f);
+    if (fclose(f) != 0) ok = false;
+    if (!ok) remove(path);
+    return ok ? KV_OK : KV_ERR_IO;
+}
+
+int kv_seq_save_file(const kv_cache *c, int32_t seq, FILE *f) {
+    if (!c || !f) return KV_ERR_NULL;
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    return save_stream(c, seq, f) ? KV_OK : KV_ERR_IO;
 }
 
 /* Reads and checks the header; on success *len and *first_pos are set. */
@@ -101,13 +114,15 @@ static int read_header(const kv_cache *c, stream *s, int32_t *len, int32_t *firs
     return KV_OK;
 }
 
-int kv_seq_restore(kv_cache *c, const char *path, int32_t *seq_out) {
-    if (!c || !path || !seq_out) return KV_ERR_NULL;
-    stream s = {.f = fopen(path, "rb"), .hash = 0xCBF29CE484222325ull};
-    if (!s.f) return KV_ERR_IO;
+/* Restores the sequence that starts at f's position. whole_file: nothing
+ * may follow it. f is left after the checksum on success. */
+static int restore_stream(kv_cache *c, FILE *f, bool whole_file, int32_t *seq_out) {
+    long start = ftell(f);
+    if (start < 0) return KV_ERR_IO;
+    stream s = {.f = f, .hash = 0xCBF29CE484222325ull};
     int32_t len, first_pos;
     int rc = read_header(c, &s, &len, &first_pos);
-    if (rc) goto done;
+    if (rc) return rc;
 
     /* Pass 1: the size must be exact and the checksum right before anything changes. */
     const uint64_t body = (uint64_t)(len - first_pos) * (sizeof(int32_t) + position_bytes(c) * (uint64_t)c->p.n_layers);
@@ -118,18 +133,15 @@ int kv_seq_restore(kv_cache *c, const char *path, int32_t *seq_out) {
         left -= n;
     }
     uint64_t expect = s.hash, sum;
-    if (s.failed || fread(&sum, 1, sizeof sum, s.f) != sizeof sum || sum != expect || fgetc(s.f) != EOF) {
-        rc = KV_ERR_FORMAT;
-        goto done;
-    }
+    if (s.failed || fread(&sum, 1, sizeof sum, s.f) != sizeof sum || sum != expect ||
+        (whole_file && fgetc(s.f) != EOF))
+        return KV_ERR_FORMAT;
+    long end = ftell(f);
     const int32_t P = c->p.page_size, first_block = first_pos / P;
     const int32_t blocks = (int32_t)(((int64_t)len + P - 1) / P);
-    if (blocks - first_block > c->pages.n_free + c->prefix.n_cached) {
-        rc = KV_ERR_OUT_OF_PAGES;
-        goto done;
-    }
+    if (blocks - first_block > c->pages.n_free + c->prefix.n_cached) return KV_ERR_OUT_OF_PAGES;
     int32_t seq;
-    if ((rc = kv_seq_new(c, &seq))) goto done;
+    if ((rc = kv_seq_new(c, &seq))) return rc;
 
     /* Pass 2: into pages. */
     kv_seq_state *q = &c->seqs[seq];
@@ -141,19 +153,29 @@ int kv_seq_restore(kv_cache *c, const char *path, int32_t *seq_out) {
     }
     q->len = len;
     q->first_block = q->named_blocks = first_block;
-    fseek(s.f, (long)(sizeof MAGIC + HEADER_WORDS * sizeof(int32_t)), SEEK_SET);
-    s.failed = false;
+    s.failed = fseek(s.f, start + (long)(sizeof MAGIC + HEADER_WORDS * sizeof(int32_t)), SEEK_SET) != 0;
     for (int32_t pos = first_pos; pos < len; pos++)
         get(&s, &c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P], sizeof(int32_t));
     for (int32_t pos = first_pos; pos < len; pos++)
         for (int32_t l = 0; l < c->p.n_layers; l++) visit_position(c, t[pos / P], pos % P, l, &s, io_get);
-    if (s.failed) { /* the file changed under us: give everything back */
+    if (s.failed || end < 0 || fseek(f, end, SEEK_SET) != 0) { /* the file changed under us: give everything back */
         kv_seq_remove(c, seq);
-        rc = KV_ERR_IO;
-        goto done;
+        return KV_ERR_IO;
     }
     *seq_out = seq;
-done:
-    fclose(s.f);
+    return KV_OK;
+}
+
+int kv_seq_restore(kv_cache *c, const char *path, int32_t *seq_out) {
+    if (!c || !path || !seq_out) return KV_ERR_NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return KV_ERR_IO;
+    int rc = restore_stream(c, f, true, seq_out);
+    fclose(f);
     return rc;
+}
+
+int kv_seq_restore_file(kv_cache *c, FILE *f, int32_t *seq_out) {
+    if (!c || !f || !seq_out) return KV_ERR_NULL;
+    return restore_stream(c, f, false, seq_out);
 }

@@ -102,3 +102,26 @@ static void rope_pair(const kv_rope_params *p, int32_t k, int32_t *i0, int32_t *
 
 ROPE_APPLY(double, f64)
 ROPE_APPLY(float, f32)
+
+/* Re-rotation of stored keys. Rotations of a pair compose by adding angles,
+ * R(p + delta) = R(delta) R(p), so a key rotated at p and then turned by
+ * delta is the key rotated at p + delta, up to rounding; delta may be
+ * negative (a context shift moves keys down). */
+void kv_rope_turn_angles(const kv_rope *rope, double delta, double *cs, double *sn) {
+    for (int32_t k = 0; k < rope->params.rot_dim / 2; k++) {
+        double a = delta * rope->inv_freq[k];
+        cs[k] = cos(a);
+        sn[k] = sin(a);
+    }
+}
+
+void kv_rope_turn_row(const kv_rope *rope, double *v, const double *cs, const double *sn) {
+    const kv_rope_params *p = &rope->params;
+    for (int32_t k = 0; k < p->rot_dim / 2; k++) {
+        int32_t i0, i1;
+        rope_pair(p, k, &i0, &i1);
+        double x = v[i0], y = v[i1];
+        v[i0] = x * cs[k] - y * sn[k];
+        v[i1] = x * sn[k] + y * cs[k];
+    }
+}

@@ -407,3 +407,260 @@ TEST(cli_generate_stops_cleanly_when_the_context_is_full) {
     done(&r);
     fx_free(&fx);
 }
+
+/* Writes n bytes to a fresh file under /tmp named for this process and tag. */
+static void write_bytes(char *path, size_t cap, const char *tag, const void *data, size_t n) {
+    snprintf(path, cap, "/tmp/kvcache_cli_%s_%d", tag, (int)getpid());
+    FILE *f = fopen(path, "wb");
+    if (f) fwrite(data, 1, n, f), fclose(f);
+}
+
+/* issue 10.4: a prompt file is read by its length, so a NUL byte is one more
+ * byte token, not the end of the prompt (cli_tokenize used strlen). */
+TEST(cli_a_nul_byte_in_a_prompt_file_is_tokenized_not_a_silent_cut) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char file[128], args[512];
+    write_bytes(file, sizeof file, "nul", "hello\0there", 11);
+    /* the fixture's merges give he l l o | NUL | t he r e: 9 tokens (no BOS);
+     * cut at the NUL it would be 4 */
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 1 --temp 0", path, file);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "prefill: 9 tokens") != NULL);
+    done(&r);
+    /* --chat renders the text into a template of strings: a NUL is refused
+     * with where it is */
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 1 --temp 0 --chat", path, file);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.err, "NUL byte at offset 5") != NULL);
+    done(&r);
+    /* perplexity over a text with a NUL near its start still sees the whole text */
+    char *text = slurp("tests/data/perplexity_en.txt");
+    size_t n = strlen(text);
+    text[2] = 0;
+    write_bytes(file, sizeof file, "nulppl", text, n);
+    snprintf(args, sizeof args, "perplexity -m %s -f %s --ctx 64 --chunks 2", path, file);
+    r = EXPECT(args, NULL, 0);
+    CHECK(line_with(r.out, "ppl = ") != NULL);
+    done(&r);
+    free(text);
+    remove(file);
+    fx_free(&fx);
+}
+
+/* issue 10.5: NaN and infinity are refused at parse time, naming the option
+ * (`--temp nan` passed `temp < 0` and failed later as a tokenizer error). */
+TEST(cli_numeric_options_refuse_nan_and_infinity_by_name) {
+    const char *bad[] = {"generate -p hi --temp nan", "generate -p hi --temp inf", "generate -p hi --top-p nan",
+                         "chat --temp -inf", "verify --tol nan", "price --preset llama-3.1-8b --bandwidth inf",
+                         "price --preset llama-3.1-8b --weight-bits nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        result r = EXPECT(bad[i], NULL, 2);
+        const char *opt = NULL; /* the last option names the bad value */
+        for (const char *q = strstr(bad[i], " --"); q; q = strstr(q + 1, " --")) opt = q;
+        char name[32] = "";
+        if (opt) sscanf(opt + 1, "%31s", name);
+        if (!strstr(r.err, name) || !strstr(r.err, "finite"))
+            test_fail(__FILE__, __LINE__, "`%s` does not refuse a non-finite %s: %s", bad[i], name, r.err);
+        done(&r);
+    }
+}
+
+/* issue 10.5, second half: -t above the core count runs that many threads
+ * and says so; above the engine's 256 it is refused (it was clamped silently). */
+TEST(cli_more_threads_than_cores_is_allowed_with_a_warning) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 --temp 0 -t %ld", path, cores + 3);
+    result r = EXPECT(args, NULL, 0);
+    char want[64];
+    snprintf(want, sizeof want, "%ld threads", cores + 3);
+    CHECK(strstr(r.err, "warning") && strstr(r.err, "cores"));
+    CHECK(strstr(r.err, want) != NULL); /* runs with what was asked */
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 -t 100000", path);
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "-t") && strstr(r.err, "256"));
+    done(&r);
+    fx_free(&fx);
+}
+
+/* ---------------------------------------------------------------- cache policies (issue 14) */
+
+TEST(cli_generate_with_context_shift_runs_past_the_context_and_says_so) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 100 --temp 0 --ctx 16 --context-shift", path);
+    result r = EXPECT(args, NULL, 0);
+    const char *dec = strstr(r.err, "decode:  ");
+    CHECK(dec && atoi(dec + 9) + 0 >= 1);
+    /* 100 tokens in 16 positions: shifts, and no stop at a full context */
+    if (dec && !strstr(dec, "stopped at token limit") && !strstr(dec, "stopped at end of turn"))
+        test_fail(__FILE__, __LINE__, "not run to the end: %s", r.err);
+    CHECK(strstr(r.err, "context full") == NULL);
+    if (strstr(dec ? dec : "", "token limit")) CHECK(strstr(r.err, "context shift: ") != NULL);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p hi --keep 4", path); /* --keep without --context-shift */
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--keep goes with --context-shift") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_chat_with_context_shift_holds_a_conversation_ten_times_its_context) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    /* 24 turns of ~14 prompt tokens, 6-token replies and an end marker:
+     * about 600 positions through a context of 64 */
+    char in[4096] = "";
+    for (int i = 0; i < 24; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "turn %d: tell me more about it\n", i);
+        strcat(in, line);
+    }
+    char args[512];
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ctx 64 --context-shift", path);
+    result r = EXPECT(args, in, 0);
+    CHECK(strstr(r.err, "[turn 24: ") != NULL);
+    CHECK(strstr(r.err, "[context shift: dropped ") != NULL);
+    CHECK(strstr(r.err, "new conversation") == NULL);
+    CHECK(strstr(r.err, "context full") == NULL);
+    done(&r);
+    /* without it, the same input starts over instead */
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ctx 64", path);
+    r = EXPECT(args, in, 0);
+    CHECK(strstr(r.err, "[turn 24: ") != NULL);
+    CHECK(strstr(r.err, "starting a new conversation") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_generate_session_file_round_trip_equals_a_cold_run_and_a_bad_file_changes_nothing) {
+    fx_model fx, other;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char sess[128], args[2048], cold_args[1024];
+    snprintf(sess, sizeof sess, "/tmp/kvcache_cli_session_%d", (int)getpid());
+    remove(sess);
+    const char *prompt = "the quick brown fox jumps over the lazy dog";
+    snprintf(cold_args, sizeof cold_args, "generate -m %s -p '%s' -n 12 --temp 0", path, prompt);
+    result cold = EXPECT(cold_args, NULL, 0);
+    /* first run: no file yet, saved after */
+    snprintf(args, sizeof args, "generate -m %s -p 'the quick brown fox' -n 5 --temp 0 --session %s", path, sess);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "new file") && strstr(r.err, "saved"));
+    done(&r);
+    /* second run: the file's prompt part begins this prompt */
+    snprintf(args, sizeof args, "%s --session %s", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    const char *st = strstr(r.err, "session: ");
+    CHECK(st && atoi(st + 9) > 0 && strstr(st, "restored") && strstr(st, "prefilled"));
+    done(&r);
+    /* the same prompt again: all but the last token restored */
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    done(&r);
+    /* corrupt: refused with the reason, the same answer cold */
+    FILE *f = fopen(sess, "r+b");
+    if (f) fseek(f, 200, SEEK_SET), fputc(0x77, f), fclose(f);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "session not restored") && strstr(r.err, "goes on cold"));
+    done(&r);
+    /* truncated */
+    if ((f = fopen(sess, "r+b"))) fclose(f), truncate(sess, 100);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "session not restored") != NULL);
+    done(&r);
+    /* another model's file */
+    if (!fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 78, .tied = 1}, &other)) {
+        char oargs[1024];
+        remove(sess);
+        snprintf(oargs, sizeof oargs, "generate -m %s -p '%s' -n 2 --temp 0 --session %s", other.path, prompt, sess);
+        result o = EXPECT(oargs, NULL, 0);
+        done(&o);
+        r = EXPECT(args, NULL, 0);
+        CHECK(strcmp(r.out, cold.out) == 0);
+        CHECK(strstr(r.err, "another model") != NULL);
+        done(&r);
+        fx_free(&other);
+    }
+    /* another K/V type */
+    snprintf(args, sizeof args, "%s --session %s --kv-type q8", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    done(&r);
+    snprintf(args, sizeof args, "%s --session %s", cold_args, sess);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, cold.out) == 0);
+    CHECK(strstr(r.err, "K/V type q8") != NULL);
+    done(&r);
+    remove(sess);
+    done(&cold);
+    fx_free(&fx);
+}
+
+TEST(cli_generate_draft_lookup_prints_the_same_text_as_plain_greedy) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    const char *prompts[] = {"one two three four, one two three four, one two three four, one two",
+                             "a quick zephyr blows vexing daft jim"};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "generate -m %s -p '%s' -n 40 --temp 0", path, prompts[i]);
+        result a = EXPECT(args, NULL, 0);
+        snprintf(args, sizeof args, "generate -m %s -p '%s' -n 40 --temp 0 --draft-lookup 8", path, prompts[i]);
+        result b = EXPECT(args, NULL, 0);
+        CHECK(strcmp(a.out, b.out) == 0);
+        const char *dl = strstr(b.err, "draft lookup: ");
+        if (dl) CHECK(strstr(dl, "accepted") && strstr(dl, "forward passes"));
+        done(&a), done(&b);
+    }
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-lookup 65", path);
+    result r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--draft-lookup") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_verify_passes_for_every_policy_and_refuses_an_unknown_one) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    const char *policies[] = {"full", "window --window 8", "shift --ctx 56", "lookup", "session"};
+    const char *says[] = {"PASS", "policy window", "shifts; largest difference", "tokens equal plain greedy",
+                          "tokens equal the uninterrupted run"};
+    for (int i = 0; i < 5; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "verify -m %s -n 40 -t 2 --policy %s", path, policies[i]);
+        result r = EXPECT(args, NULL, 0);
+        if (!strstr(r.out, "PASS") || !strstr(r.out, says[i]))
+            test_fail(__FILE__, __LINE__, "`%s` did not pass: %s", args, r.out);
+        done(&r);
+    }
+    /* shift with q8 K/V: its own tolerance, still PASS; with --tol 0 the
+     * re-encoding shows */
+    char args[512];
+    snprintf(args, sizeof args, "verify -m %s -n 40 --policy shift --ctx 56 --kv-type q8", path);
+    result r = EXPECT(args, NULL, 0);
+    done(&r);
+    snprintf(args, sizeof args, "verify -m %s -n 40 --policy shift --ctx 56 --kv-type q8 --tol 0", path);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.out, "FAIL") != NULL);
+    done(&r);
+    snprintf(args, sizeof args, "verify -m %s --policy sliding", path);
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--policy must be") != NULL);
+    done(&r);
+    fx_free(&fx);
+}

@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ helpers */
@@ -377,6 +380,36 @@ TEST(gguf_open_maps_a_file_and_reports_missing_ones) {
     CHECK(llm_gguf_open(path, &g, err, sizeof err) != 0 && g == NULL && strstr(err, "cannot open"));
     CHECK(llm_gguf_open("/tmp", &g, err, sizeof err) != 0 && strstr(err, "not a regular file"));
     free(buf);
+}
+
+/* issue 10.6: a FIFO (or any file that is not regular) is refused at once;
+ * open() without O_NONBLOCK used to wait forever for a writer. The open runs
+ * in a child so that a hang fails the test after 5 s instead of stalling it. */
+TEST(gguf_a_fifo_is_refused_at_once_not_waited_on) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvcache_test_fifo_%d", (int)getpid());
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        llm_gguf *g = NULL;
+        char err[512] = "";
+        int rc = llm_gguf_open(path, &g, err, sizeof err);
+        _exit(rc != 0 && g == NULL && strstr(err, "not a regular file") && strstr(err, path) ? 0 : 1);
+    }
+    int status = -1, waited = 0;
+    while (pid > 0 && waited < 500 && waitpid(pid, &status, WNOHANG) == 0) {
+        usleep(10000);
+        waited++;
+    }
+    if (pid > 0 && waited == 500) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        test_fail(__FILE__, __LINE__, "llm_gguf_open on a FIFO still blocked after 5 s");
+    } else {
+        CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    unlink(path);
 }
 
 /* ------------------------------------------------------------ malformed files */

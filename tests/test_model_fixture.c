@@ -473,3 +473,68 @@ void fx_check_load_error(const fx_spec *spec, const char *expect) {
     if (!strstr(err, expect)) test_fail(__FILE__, __LINE__, "error '%s' does not mention '%s'", err, expect);
     fx_free(&fx);
 }
+
+/* The same model run one token at a time over an explicit list of the
+ * positions still visible, so that a context shift is what it means rather
+ * than how the cache does it: each key is kept unrotated and rotated at its
+ * current position (its index in the list) whenever it is used; a shift
+ * removes entries from the list. No re-rotation, no paging. */
+void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, const fx_shift *shifts,
+                          int32_t n_shifts, double *logits) {
+    const int32_t D = m->s.dim, d = m->head_dim, H = m->s.heads, Hkv = m->s.kv_heads, F = m->s.ffn, V = m->vocab;
+    const int32_t qd = H * d, kvd = Hkv * d, NL = m->s.layers;
+    double *Kraw = malloc(sizeof(double) * (size_t)NL * n * kvd), *Vv = malloc(sizeof(double) * (size_t)NL * n * kvd);
+    double *x = malloc(sizeof(double) * D), *h = malloc(sizeof(double) * D), *q = malloc(sizeof(double) * qd);
+    double *att = malloc(sizeof(double) * qd), *o = malloc(sizeof(double) * D), *key = malloc(sizeof(double) * kvd);
+    double *g = malloc(sizeof(double) * F), *u = malloc(sizeof(double) * F), *p = malloc(sizeof(double) * n);
+    int32_t *vis = malloc(sizeof(int32_t) * n), n_vis = 0; /* token indices by current position */
+    for (int32_t t = 0; t < n; t++) {
+        vis[n_vis++] = t;
+        const int32_t pos = n_vis - 1;
+        memcpy(x, m->embd + (size_t)tokens[t] * D, sizeof(double) * D);
+        for (int32_t l = 0; l < NL; l++) {
+            const fx_layer *L = &m->L[l];
+            double *kr = Kraw + ((size_t)l * n + t) * kvd, *vr = Vv + ((size_t)l * n + t) * kvd;
+            rmsnorm(x, L->attn_norm, h, D);
+            matvec(L->wq, h, q, qd, D);
+            matvec(L->wk, h, kr, kvd, D);
+            matvec(L->wv, h, vr, kvd, D);
+            rope(m, q, H, pos);
+            for (int32_t hh = 0; hh < H; hh++) {
+                int32_t kv = hh / (H / Hkv);
+                double mx = -INFINITY, sum = 0;
+                for (int32_t j = 0; j < n_vis; j++) {
+                    memcpy(key, Kraw + ((size_t)l * n + vis[j]) * kvd, sizeof(double) * kvd);
+                    rope(m, key, Hkv, j);
+                    double s = 0;
+                    for (int32_t i = 0; i < d; i++) s += q[hh * d + i] * key[kv * d + i];
+                    p[j] = s / sqrt((double)d);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int32_t j = 0; j < n_vis; j++) sum += p[j] = exp(p[j] - mx);
+                for (int32_t i = 0; i < d; i++) {
+                    double a = 0;
+                    for (int32_t j = 0; j < n_vis; j++) a += p[j] * Vv[((size_t)l * n + vis[j]) * kvd + kv * d + i];
+                    att[hh * d + i] = a / sum;
+                }
+            }
+            matvec(L->wo, att, o, D, qd);
+            for (int32_t i = 0; i < D; i++) x[i] += o[i];
+            rmsnorm(x, L->ffn_norm, h, D);
+            matvec(L->wg, h, g, F, D);
+            matvec(L->wu, h, u, F, D);
+            for (int32_t i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            matvec(L->wd, g, o, D, F);
+            for (int32_t i = 0; i < D; i++) x[i] += o[i];
+        }
+        rmsnorm(x, m->out_norm, h, D);
+        matvec(m->out, h, logits + (size_t)t * V, V, D);
+        for (int32_t s = 0; s < n_shifts; s++) {
+            if (shifts[s].after != t + 1) continue;
+            int32_t keep = shifts[s].n_keep, drop = shifts[s].n_discard;
+            memmove(vis + keep, vis + keep + drop, sizeof(int32_t) * (size_t)(n_vis - keep - drop));
+            n_vis -= drop;
+        }
+    }
+    free(Kraw), free(Vv), free(x), free(h), free(q), free(att), free(o), free(key), free(g), free(u), free(p), free(vis);
+}

@@ -108,6 +108,19 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
  * an error message containing expect. */
 void fx_check_load_error(const fx_spec *spec, const char *expect);
 
+/* A context shift for fx_reference_shifted: once `after` tokens have been
+ * processed, the positions [n_keep, n_keep + n_discard) are forgotten and
+ * the later ones renumbered. */
+typedef struct {
+    int32_t after, n_keep, n_discard;
+} fx_shift;
+
+/* logits [n][V] of every token, run one at a time with the shifts applied:
+ * each token attends over the positions visible when it is processed, every
+ * key rotated at its current position. */
+void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, const fx_shift *shifts,
+                          int32_t n_shifts, double *logits);
+
 /* max |a - b| over n, and max |b| into *bmax */
 double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax);
 

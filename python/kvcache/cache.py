@@ -299,6 +299,24 @@ class KVCache:
         self._call("kv_seq_truncate", self._seq(seq), integer(new_len, "new_len", 0))
 
     @writes
+    def rerotate(self, rope, delta, start=0, n=None, seq=None):
+        """Turns the cached K of positions [start, start + n) (n None: to the
+        end) by delta positions in every layer, so a key rotated at p becomes
+        the key rotated at p + delta (kv_seq_rerotate)."""
+        s = self._seq(seq)
+        start = integer(start, "start", 0)
+        n = self.length(s) - start if n is None else integer(n, "n", 0)
+        self._call("kv_seq_rerotate", s, start, n, integer(delta, "delta"), ctypes.byref(rope._rope))
+
+    @writes
+    def shift(self, n_keep, n_discard, rope=None, seq=None):
+        """Context shift (kv_seq_shift): drops positions [n_keep, n_keep +
+        n_discard) and moves the later ones down by n_discard, their keys
+        re-rotated by -n_discard with rope (None: moved unrotated)."""
+        self._call("kv_seq_shift", self._seq(seq), integer(n_keep, "n_keep", 0),
+                   integer(n_discard, "n_discard", 0), ctypes.byref(rope._rope) if rope is not None else None)
+
+    @writes
     def prefix_match(self, tokens, seq=None):
         """On an empty sequence, reuses cached pages holding the longest
         page-aligned prefix of tokens (kv_seq_prefix_match); returns how many

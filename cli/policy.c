@@ -1,0 +1,98 @@
+/* cli/policy.c - the cache-policy options generate and chat share
+ * (--context-shift, --keep, --session, --draft-lookup) and the lines that
+ * report what each did. The policies themselves are the engine's
+ * (engine/policy.h, engine/session.h); this only parses and reports. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "../engine/model.h"
+#include "../engine/session.h"
+
+cli_policy_opts cli_policy_opts_default(void) { return (cli_policy_opts){.keep = -1}; }
+
+bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool lookup) {
+    if (!strcmp(argv[*i], "--context-shift")) return o->context_shift = 1, true;
+    return cli_opt_int(argc, argv, i, NULL, "--keep", &o->keep) ||
+           cli_opt_str(argc, argv, i, NULL, "--session", &o->session) ||
+           (lookup && cli_opt_int(argc, argv, i, NULL, "--draft-lookup", &o->draft_lookup));
+}
+
+int cli_policy_check(const char *cmd, const cli_policy_opts *o) {
+    if (o->keep < -1 || o->keep > (1 << 24)) {
+        fprintf(stderr, "kvcache %s: --keep must be >= 0\n", cmd);
+        return 2;
+    }
+    if (o->keep >= 0 && !o->context_shift) {
+        fprintf(stderr, "kvcache %s: --keep goes with --context-shift\n", cmd);
+        return 2;
+    }
+    if (o->draft_lookup < 0 || o->draft_lookup > LLM_MAX_DRAFT) {
+        fprintf(stderr, "kvcache %s: --draft-lookup must be in [0, %d]\n", cmd, LLM_MAX_DRAFT);
+        return 2;
+    }
+    return 0;
+}
+
+/* Tokens of a one-turn chat prompt whose user message is `user`. */
+static int32_t *chat_tokens(const llm_model *m, const char *system, const char *user, int32_t *n) {
+    const llm_chat_format *fmt = llm_model_chat(m);
+    llm_chat_msg msgs[2];
+    int32_t k = 0;
+    if (system) msgs[k++] = (llm_chat_msg){"system", system};
+    msgs[k++] = (llm_chat_msg){"user", user};
+    int32_t len = llm_chat_render(fmt, msgs, k, 1, NULL, 0);
+    char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
+    int32_t *ids = text && llm_chat_render(fmt, msgs, k, 1, text, -len) >= 0 ? cli_tokenize(m, text, 1, n) : NULL;
+    free(text);
+    return ids;
+}
+
+int32_t cli_chat_prefix_tokens(const llm_model *m, const char *system) {
+    /* what two prompts with different user messages share: the template's
+     * part before the message, system prompt included, whatever the template */
+    int32_t na = 0, nb = 0, k = 0;
+    int32_t *a = chat_tokens(m, system, "a", &na), *b = chat_tokens(m, system, "b", &nb);
+    while (a && b && k < na && k < nb && a[k] == b[k]) k++;
+    free(a), free(b);
+    return k;
+}
+
+int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, const int32_t *prompt, int32_t n) {
+    if (access(path, F_OK) != 0) {
+        fprintf(stderr, "[session %s: new file, the run starts cold]\n", path);
+        return 0;
+    }
+    char err[512];
+    int32_t got = 0;
+    if (llm_session_load(s, path, prompt, n, &got, err, sizeof err) != LLM_OK) {
+        fprintf(stderr, "kvcache %s: session not restored: %s; the run goes on cold\n", cmd, err);
+        return 0;
+    }
+    fprintf(stderr, "[session %s: restored %d of the prompt's %d tokens, prefilling %d]\n", path, (int)got, (int)n,
+            (int)(n - got));
+    return got;
+}
+
+int cli_session_save(const char *cmd, const llm_session *s, const char *path) {
+    char err[512];
+    if (llm_session_save(s, path, err, sizeof err) != LLM_OK) {
+        fprintf(stderr, "kvcache %s: session not saved: %s\n", cmd, err);
+        return 1;
+    }
+    fprintf(stderr, "[session %s: saved %d tokens]\n", path, (int)llm_session_n_cached(s));
+    return 0;
+}
+
+void cli_policy_report(const llm_gen_result *res) {
+    if (res->n_shifts)
+        fprintf(stderr, "context shift: %d shifts dropped %d positions\n", (int)res->n_shifts, (int)res->n_discarded);
+    if (res->n_drafted)
+        fprintf(stderr, "draft lookup: %d of %d drafted tokens accepted (%.1f%%), %d tokens in %d forward passes "
+                        "(%.2f tokens/pass)\n",
+                (int)res->n_accepted, (int)res->n_drafted, 100.0 * res->n_accepted / res->n_drafted,
+                (int)res->n_generated, (int)res->n_passes,
+                res->n_passes ? (double)res->n_generated / res->n_passes : 0.0);
+}

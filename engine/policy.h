@@ -1,0 +1,76 @@
+/* engine/policy.h - cache policies a generation loop applies to one sequence
+ * of a context:
+ *
+ *   context shift      when the sequence fills its context, keep its first
+ *                      n_keep positions (the attention sinks: the system
+ *                      prompt), drop the n_discard after them and go on; the
+ *                      kept keys move to new positions, their K re-rotated in
+ *                      place (kv_seq_shift).
+ *   prompt lookup      speculative decoding without a draft model: propose
+ *                      the tokens that followed the last occurrence of the
+ *                      current n-gram in prompt + output, verify them all in
+ *                      one forward pass (T = n_draft + 1 rows over the cache)
+ *                      and keep the longest run the model agrees with.
+ *   session files      a sequence saved with the model's fingerprint and its
+ *                      token ids, restored when those tokens begin a new prompt.
+ *
+ * They live in the engine, not the command line, so that the one generation
+ * loop (engine/session.c) and the server apply the same rules. */
+#ifndef LLM_POLICY_H
+#define LLM_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/* ---------------------------------------------------------------- context shift */
+
+/* Drops positions [n_keep, n_keep + n_discard) of seq and renumbers the rest
+ * in every cache of the context (kv_seq_shift, each with the RoPE table of
+ * its layers). Window caches go first: a refusal there (LLM_ERR_WINDOW, the
+ * next query would need a key it evicted) or a bad argument (LLM_ERR_LENGTH)
+ * changes nothing. KV_ERR_UNSUPPORTED when one cache serves layers with
+ * different RoPE tables. A failure in a later, full cache (out of pages for
+ * copies of shared pages) leaves the caches out of step: remove the sequence. */
+int llm_context_shift(llm_context *c, int32_t seq, int32_t n_keep, int32_t n_discard);
+
+/* How much a shift drops when a sequence of n_ctx positions is full and keeps
+ * n_keep: half of what is not kept (llama.cpp's choice: a shift every
+ * n_ctx/2 tokens, not one per token), at least 1. */
+int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep);
+
+/* ---------------------------------------------------------------- prompt lookup */
+
+enum { LLM_LOOKUP_NGRAM_MAX = 3, LLM_LOOKUP_NGRAM_MIN = 1 };
+
+/* Proposes up to max_draft tokens to follow hist [n]: for n-gram lengths g
+ * from LLM_LOOKUP_NGRAM_MAX down to LLM_LOOKUP_NGRAM_MIN, the most recent
+ * earlier occurrence of hist's last g tokens, and the tokens after it.
+ * draft [max_draft]; returns how many were written (0: no match). */
+int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft);
+
+/* ---------------------------------------------------------------- session files */
+
+/* A hash of what makes a model's K/V: its shape, RoPE, vocabulary size,
+ * weight bytes and norm vectors (two fine-tunes of one shape differ there). */
+uint64_t llm_model_fingerprint(const llm_model *m);
+
+/* Writes seq (holding tokens [n], n = its length) to path: a header with the
+ * model's fingerprint and name, the K/V type and the token ids, then the
+ * library's sequence file. Written to path.tmp and renamed, so a failed save
+ * leaves an older file whole. 0, or -1 with the reason in err. */
+int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, const char *path,
+                          char *err, size_t errlen);
+
+/* Restores path into a new sequence *seq that holds the longest common prefix
+ * of the file's tokens and prompt [n_prompt], at most n_prompt - 1 of them so
+ * that one token is left to prefill for its logits: *n_restored positions.
+ * 0 on success; -1 with the reason in err (no such file, not a session file,
+ * corrupt or truncated, made for another model or K/V type, longer than the
+ * context, nothing in common with the prompt), *seq = -1 and the cache as it
+ * was: the caller goes on cold. */
+int llm_session_file_load(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
+                          int32_t *seq, int32_t *n_restored, char *err, size_t errlen);
+
+#endif
