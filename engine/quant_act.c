@@ -40,17 +40,22 @@ int llm_act_default_bits(void) {
  * overflows. */
 static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s) {
     float amax = 0.0f;
-    for (int k = 0; k < QB; k++) amax = fmaxf(amax, fabsf(x[k]));
-    float ft = (float)top, dd = amax / ft, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int finite = 1;   /* fmaxf skips NaN: look for it (and infinities) apart */
+    for (int k = 0; k < QB; k++) {
+        amax = fmaxf(amax, fabsf(x[k]));
+        finite &= fabsf(x[k]) <= 3.402823466e38f;
+    }
+    float ft = (float)top, dd = finite ? amax / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
     int32_t sum = 0;
     for (int k = 0; k < QB; k++) {
         float v = rintf(x[k] * id);
-        int iv = v > ft ? top : v < -ft ? -top : (int)v;
+        /* NaN (of a NaN or infinite x) becomes q 0; the block's d is NaN then */
+        int iv = v > ft ? top : v < -ft ? -top : v == v ? (int)v : 0;
         if (q8) q8[k] = (int8_t)iv;
         else q16[k] = (int16_t)iv;
         sum += iv;
     }
-    *d = dd;
+    *d = dd;   /* NaN for a block with a NaN or infinity: its products come out NaN */
     *s = sum;
 }
 

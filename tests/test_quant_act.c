@@ -259,3 +259,24 @@ TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
         free(ab.buf); free(W); free(X); free(Y0); free(Y1);
     }
 }
+
+/* A NaN or infinite activation makes the products that read its block NaN
+ * or infinite, as the f32 path does, never an undefined float-to-int cast. */
+TEST(quant_act_nan_and_inf_inputs_give_non_finite_products) {
+    test_rng r = {35};
+    int64_t n = 64, rows = 3, rb = llm_row_bytes(LLM_TYPE_Q8_0, n);
+    uint8_t *W = malloc((size_t)(rb * rows));
+    for (int64_t i = 0; i < rows; i++) random_row(&r, LLM_TYPE_Q8_0, n, W + i * rb);
+    for (int bits = 8; bits <= 16; bits += 8)
+        for (int k = 0; k < 2; k++) {
+            float x[64], y[3];
+            for (int i = 0; i < 64; i++) x[i] = (float)test_rng_normal(&r);
+            x[40] = k ? INFINITY : NAN;
+            act_buf ab;
+            CHECK(quantize(&ab, x, 1, n, bits) == 0);
+            llm_matmul_act(LLM_TYPE_Q8_0, W, n, 0, rows, &ab.a, y, rows);
+            for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
+            free(ab.buf);
+        }
+    free(W);
+}
