@@ -27,13 +27,18 @@ llm_model *rm_load(const char *path, const char *fetch_arg) {
     return m;
 }
 
-llm_context *rm_context(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv) {
+llm_context *rm_context_act(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv,
+                           int32_t act_bits) {
     llm_context_params p = llm_context_default_params();
-    p.n_ctx = n_ctx, p.n_threads = threads, p.n_batch = n_batch, p.kv_type = kv;
+    p.n_ctx = n_ctx, p.n_threads = threads, p.n_batch = n_batch, p.kv_type = kv, p.act_bits = act_bits;
     llm_context *c = NULL;
     char err[256];
     if (llm_context_create(m, &p, &c, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "context: %s", err);
     return c;
+}
+
+llm_context *rm_context(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv) {
+    return rm_context_act(m, threads, n_ctx, n_batch, kv, -1);
 }
 
 int32_t rm_greedy(llm_context *c, const int32_t *prompt, int32_t n_prompt, int32_t n, int32_t *out) {

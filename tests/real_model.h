@@ -18,6 +18,13 @@ llm_model *rm_load(const char *path, const char *fetch_arg);
 
 /* A context of one sequence; the test fails when it cannot be made. */
 llm_context *rm_context(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv);
+/* The same with the weight products' activations chosen (engine/quant.h: 0 is
+ * the f32 reference path, -1 the engine's default). A cache check compares two
+ * ways of computing attention; on integer activations a last-bit difference in
+ * attention can move a product input across a rounding boundary, so such
+ * checks run the f32 products and test the cache alone. */
+llm_context *rm_context_act(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv,
+                           int32_t act_bits);
 
 /* Greedy decoding of up to n tokens after prompt [n_prompt] in a new sequence
  * (removed after); stops at an end-of-generation token. out [n]; returns the

@@ -69,7 +69,7 @@ TEST(engine_real_cached_decode_equals_full_recompute_32_steps) {
     if (!m) return;
     enum { STEPS = 32 };
     const int32_t V = llm_model_n_vocab(m);
-    llm_context *c = context(m, 2, KV_F32, 128);
+    llm_context *c = rm_context_act(m, 2, 128, 256, KV_F32, 0); /* the cache alone: f32 products */
     int32_t ids[128], n = tokenize(m, "Lighthouses were built on rocky coasts because", ids, 64), seq;
     const int32_t n_prompt = n;
     float *lc = malloc(sizeof(float) * (size_t)V * (STEPS + 1)), *lf = malloc(sizeof(float) * (size_t)V * (STEPS + 1));

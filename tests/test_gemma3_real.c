@@ -127,7 +127,7 @@ TEST(gemma3_real_cached_equals_recomputed_past_the_window_with_evicted_pages) {
     CHECK(n >= 560);
     const int32_t V = m->hp.n_vocab, total = n + STEPS;
     float *cached = malloc(sizeof(float) * (size_t)V * (STEPS + 1)), *dense = malloc(sizeof(float) * (size_t)V * (STEPS + 1));
-    llm_context *c = rm_context(m, 2, 1024, CHUNK, KV_F32);
+    llm_context *c = rm_context_act(m, 2, 1024, CHUNK, KV_F32, 0); /* the cache alone: f32 products */
     kv_cache *global = llm_context_cache_at(c, 0), *local = llm_context_cache_at(c, 1);
     int32_t seq, most_local = 0;
     CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);

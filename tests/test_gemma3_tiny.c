@@ -31,6 +31,7 @@ static llm_model *load(const fx_model *fx) {
 static llm_context *make_ctx(const llm_model *m, int32_t threads, int32_t batch, kv_dtype kv) {
     llm_context_params p = llm_context_default_params();
     p.n_ctx = 256, p.n_threads = threads, p.kv_type = kv, p.n_batch = batch, p.page_size = PAGE;
+    p.act_bits = 0; /* against a float64 oracle: the f32 products, as the oracle computes them */
     llm_context *c = NULL;
     char err[256];
     if (llm_context_create(m, &p, &c, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "context: %s", err);

@@ -495,17 +495,17 @@ void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, c
         for (int32_t l = 0; l < NL; l++) {
             const fx_layer *L = &m->L[l];
             double *kr = Kraw + ((size_t)l * n + t) * kvd, *vr = Vv + ((size_t)l * n + t) * kvd;
-            rmsnorm(x, L->attn_norm, h, D);
+            rmsnorm(x, L->attn_norm, h, D, m->eps);
             matvec(L->wq, h, q, qd, D);
             matvec(L->wk, h, kr, kvd, D);
             matvec(L->wv, h, vr, kvd, D);
-            rope(m, q, H, pos);
+            rope(m, m->inv_freq, q, H, pos);
             for (int32_t hh = 0; hh < H; hh++) {
                 int32_t kv = hh / (H / Hkv);
                 double mx = -INFINITY, sum = 0;
                 for (int32_t j = 0; j < n_vis; j++) {
                     memcpy(key, Kraw + ((size_t)l * n + vis[j]) * kvd, sizeof(double) * kvd);
-                    rope(m, key, Hkv, j);
+                    rope(m, m->inv_freq, key, Hkv, j);
                     double s = 0;
                     for (int32_t i = 0; i < d; i++) s += q[hh * d + i] * key[kv * d + i];
                     p[j] = s / sqrt((double)d);
@@ -520,14 +520,14 @@ void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, c
             }
             matvec(L->wo, att, o, D, qd);
             for (int32_t i = 0; i < D; i++) x[i] += o[i];
-            rmsnorm(x, L->ffn_norm, h, D);
+            rmsnorm(x, L->ffn_norm, h, D, m->eps);
             matvec(L->wg, h, g, F, D);
             matvec(L->wu, h, u, F, D);
             for (int32_t i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
             matvec(L->wd, g, o, D, F);
             for (int32_t i = 0; i < D; i++) x[i] += o[i];
         }
-        rmsnorm(x, m->out_norm, h, D);
+        rmsnorm(x, m->out_norm, h, D, m->eps);
         matvec(m->out, h, logits + (size_t)t * V, V, D);
         for (int32_t s = 0; s < n_shifts; s++) {
             if (shifts[s].after != t + 1) continue;

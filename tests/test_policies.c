@@ -23,6 +23,7 @@
 static llm_context *make_ctx(const llm_model *m, kv_dtype kv, int32_t n_ctx) {
     llm_context_params p = llm_context_default_params();
     p.n_ctx = n_ctx, p.n_threads = 2, p.kv_type = kv, p.n_batch = 64, p.page_size = 4;
+    p.act_bits = 0; /* against a float64 oracle: the f32 products, as the oracle computes them */
     llm_context *c = NULL;
     char err[256];
     if (llm_context_create(m, &p, &c, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "context: %s", err);
