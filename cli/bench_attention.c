@@ -502,12 +502,12 @@ int cmd_bench_attention(int argc, char **argv) {
     }
 
     if (B.json) {
-        printf("{\"threads\": %d, \"simd\": \"%s\", \"read_gbs\": %.3f, \"peak_gflops\": %.3f,\n \"decode\": [", B.threads,
+        printf("{\"threads\": %d, \"simd\": \"%s\", \"read_gbs\": %.6g, \"peak_gflops\": %.6g,\n \"decode\": [", B.threads,
                kv_simd_name(), read_gbs, peak);
         for (int i = 0; i < nd; i++)
             printf("%s\n  {\"S\": %lld, \"H\": %d, \"Hkv\": %d, \"d\": %d, \"kv_type\": \"%s\", \"threads\": %d, "
-                   "\"ms\": %.4f, \"gbs\": %.3f, \"read_gbs\": %.3f, \"ratio\": %.4f, \"flop_per_byte\": %.4f, "
-                   "\"roofline_gbs\": %.3f, \"roofline_ratio\": %.4f}",
+                   "\"ms\": %.6g, \"gbs\": %.6g, \"read_gbs\": %.6g, \"ratio\": %.6g, \"flop_per_byte\": %.6g, "
+                   "\"roofline_gbs\": %.6g, \"roofline_ratio\": %.6g}",
                    i ? "," : "", (long long)dec[i].S, dec[i].H, dec[i].Hkv, dec[i].d, kv_dtype_name(dec[i].kv), B.threads,
                    dec[i].ms, dec[i].gbs, dec[i].read_gbs, dec[i].ratio, dec[i].flop_per_byte, dec[i].roofline_gbs,
                    dec[i].roofline_ratio);
