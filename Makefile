@@ -19,6 +19,8 @@
 # PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
 # any interpreter that has numpy and pytest, which then skips the venv).
 
+.DEFAULT_GOAL := all
+
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
