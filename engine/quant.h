@@ -137,10 +137,13 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
  *   bits 8:  d = max|x| / 127,   q = round(x / d) in int8
  *   bits 16: d = max|x| / 16383, q = round(x / d) in int16 (15 bits: Q6_K's
  *            scaled weights times 32 such q stay inside int32)
- * so |x - d q| <= d / 2. The dot of a weight row with an X row is then, block
- * b by block b in order, with S_b an exact integer sum over the block's 32
- * elements of (weight integer) * q and B_b the sum of the block's q:
- *     acc += d_b * ((float)S_b * wa_b + (float)B_b * wb_b)
+ * so |x - d q| <= d / 2. The dot of a weight row with an X row is then, with
+ * S_b an exact integer sum over block b's 32 elements of (weight integer) * q
+ * and B_b the sum of the block's q, summed in 8 lanes (so that SIMD kernels
+ * hold 8 consecutive blocks of one row in one vector and stream each row in
+ * memory order):
+ *     lane[b % 8] += d_b * ((float)S_b * wa_b + (float)B_b * wb_b)
+ * and finally (l0+l4 + l2+l6) + (l1+l5 + l3+l7),
  * where wa_b, wb_b are the weight block's scale and offset (Q4_1: d, m;
  * K-quants: d*sc, -dmin*mn of the sub-block; symmetric formats: d, 0). Every
  * kernel (scalar, AVX2) follows this arithmetic exactly, so results are

@@ -165,17 +165,27 @@ static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB],
     }
 }
 
+/* The reference, which every SIMD table equals bit for bit: block b's term
+ * goes to lane b % 8 of eight running sums (so that a vector of 8 lanes holds
+ * the terms of 8 consecutive blocks of one row, and a row streams through
+ * memory in order), and the lanes are added at the end in the tree a 256-bit
+ * register reduces in: (l0+l4 + l2+l6) + (l1+l5 + l3+l7). */
+float llm_act_lanes_sum(const float l[8]) {
+    float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
+    float g0 = h0 + h2, g1 = h1 + h3;
+    return g0 + g1;
+}
+
 int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out) {
     if (!llm_type_int8(type)) return -1;
-    for (int r = 0; r < nr; r++) {
-        float acc[8] = {0};   /* nt <= 8 here */
-        for (int64_t b = 0; b < nb; b++) {
-            int32_t wi[QB];
-            float wa, wb;
-            weight_block(type, w[r], b, wi, &wa, &wb);
-            for (int t = 0; t < nt; t++) {
-                int32_t S = 0;
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) {
+            float lane[8] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t wi[QB], S = 0;
+                float wa, wb;
+                weight_block(type, w[r], b, wi, &wa, &wb);
                 if (x[t].bits == LLM_ACT_Q8) {
                     const int8_t *q = (const int8_t *)x[t].q + b * QB;
                     for (int k = 0; k < QB; k++) S += wi[k] * q[k];
@@ -188,11 +198,10 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
                 float t2 = (float)x[t].s[b] * wb;
                 float u = t1 + t2;
                 float c = x[t].d[b] * u;
-                acc[t] = acc[t] + c;
+                lane[b % 8] = lane[b % 8] + c;
             }
+            out[r * nt + t] = llm_act_lanes_sum(lane);
         }
-        for (int t = 0; t < nt; t++) out[r * nt + t] = acc[t];
-    }
     return 0;
 }
 
@@ -213,40 +222,33 @@ void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t
     int64_t nb = n_in / QB, m = a->m;
     llm_act_row xr[TX];
     float out[8 * TX];
-    if (m == 1) {                                   /* decode: 8 weight rows share one X row */
+    if (m == 1) {   /* decode: rows in groups of 8 against the one X row */
         xr[0] = (llm_act_row){a->q, a->bits, a->d, a->s};
-        int64_t r0 = row0;
-        for (; r0 + 8 <= row1; r0 += 8) {
+        for (int64_t r0 = row0; r0 < row1; r0 += 8) {
+            int nr = (int)(row1 - r0 < 8 ? row1 - r0 : 8);
             const uint8_t *w[8];
-            for (int i = 0; i < 8; i++) w[i] = Wb + (r0 + i) * rb;
-            k->act_dot(type, w, 8, xr, 1, nb, out);
-            for (int i = 0; i < 8; i++) Y[r0 + i] = out[i];
-        }
-        for (; r0 < row1; r0++) {
-            const uint8_t *w = Wb + r0 * rb;
-            k->act_dot(type, &w, 1, xr, 1, nb, out);
-            Y[r0] = out[0];
+            for (int i = 0; i < nr; i++) w[i] = Wb + (r0 + i) * rb;
+            k->act_dot(type, w, nr, xr, 1, nb, out);
+            for (int i = 0; i < nr; i++) Y[r0 + i] = out[i];
         }
         return;
     }
-    /* prefill: tiles of 4 weight rows x 4 X rows; a short tile repeats its
-     * last row, computed and dropped, so one kernel shape serves */
+    /* prefill: tiles of up to 4 weight rows x 4 X rows within blocks of JB X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
         int64_t je = m - jb < JB ? m : jb + JB;
         for (int64_t r0 = row0; r0 < row1; r0 += TR) {
             int nr = (int)(row1 - r0 < TR ? row1 - r0 : TR);
             const uint8_t *w[TR];
-            for (int i = 0; i < TR; i++) w[i] = Wb + (r0 + (i < nr ? i : nr - 1)) * rb;
+            for (int i = 0; i < nr; i++) w[i] = Wb + (r0 + i) * rb;
             for (int64_t j = jb; j < je; j += TX) {
                 int nt = (int)(je - j < TX ? je - j : TX);
-                for (int t = 0; t < TX; t++) {
-                    int64_t jj = j + (t < nt ? t : nt - 1);
-                    const char *q = (const char *)a->q + jj * n_in * (a->bits / 8);
-                    xr[t] = (llm_act_row){q, a->bits, a->d + jj * nb, a->s + jj * nb};
+                for (int t = 0; t < nt; t++) {
+                    const char *q = (const char *)a->q + (j + t) * n_in * (a->bits / 8);
+                    xr[t] = (llm_act_row){q, a->bits, a->d + (j + t) * nb, a->s + (j + t) * nb};
                 }
-                k->act_dot(type, w, TR, xr, TX, nb, out);
+                k->act_dot(type, w, nr, xr, nt, nb, out);
                 for (int i = 0; i < nr; i++)
-                    for (int t = 0; t < nt; t++) Y[(j + t) * ldy + r0 + i] = out[i * TX + t];
+                    for (int t = 0; t < nt; t++) Y[(j + t) * ldy + r0 + i] = out[i * nt + t];
             }
         }
     }

@@ -29,10 +29,10 @@ typedef struct {
      * to dequant + dot_tile; -1 where this table has none. */
     int (*fused_dot)(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
     /* integer-activation products of nb blocks of 32: out[r*nt + t] for weight
-     * rows w[r] (r < nr) and activation rows x[t] (t < nt), shapes (8, 1),
-     * (4, 4) or (1, 1), by exactly the arithmetic of the scalar reference in
-     * quant_act.c (so every table gives the same bits); -1 if the type has no
-     * int8 path in this table. */
+     * rows w[r] (r < nr) and activation rows x[t] (t < nt <= 4), by exactly
+     * the arithmetic of the scalar reference in quant_act.c (so every table
+     * gives the same bits, whatever the shape); -1 if the type has no integer
+     * path in this table. */
     int (*act_dot)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                    float *out);
 } llm_qkern;
@@ -45,6 +45,9 @@ extern const llm_qkern llm_qkern_scalar;
 /* NULL when not compiled in or when the CPU lacks the instructions */
 const llm_qkern *llm_qkern_avx2(void);
 const llm_qkern *llm_qkern_avx512(void);
+
+/* The final sum of the reference's 8 lane sums (quant_act.c), in its order */
+float llm_act_lanes_sum(const float l[8]);
 
 /* The int8-activation tiles: scalar (quant_act.c, the reference), AVX2
  * (quant_act_avx2.c) and the same compiled with AVX-512 flags. */
