@@ -127,8 +127,14 @@ $(VENV)/.installed: python/requirements-test.txt
 test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
 	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
 
+# The sanitizer and scalar-kernel runs leave out the slowest real-model tests
+# (perplexity over the text file, Gemma's long window run, the attention bench):
+# the plain run keeps them, and the same code paths run under the sanitizers
+# through the tiny models and the shorter real-model tests.
+SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy
+
 test-asan: deps
-	$(MAKE) $(ASAN_FLAGS) test-c
+	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
 
 # The Python thread tests and the C concurrent-call tests under ThreadSanitizer
 # (gcc's: its runtime can be preloaded into a Python that was not built with it,
@@ -156,7 +162,7 @@ test-threads: deps $(PY_DEPS)
 # run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
 test-portable: deps
 	$(MAKE) BUILD=build-portable MARCH= test-c
-	KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
