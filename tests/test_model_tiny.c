@@ -202,8 +202,10 @@ static void check_bit_identical_threads_and_chunking(void) {
     /* On integer activations a last-bit difference in attention (another
      * chunking sums the scores in another order) can move a product input
      * across a rounding boundary: one quantization step, max|x| / (2^(bits-1) - 1)
-     * of its block, then carried through the layers. Bounded, not bit-identical. */
-    const double bound = ctx_act_bits == LLM_ACT_F32 ? 1e-5 : 64.0 / ((1 << (ctx_act_bits - 1)) - 1);
+     * of its block, then carried through the layers. Bounded, not bit-identical:
+     * by 4 such steps of the largest logit (measured: int16 5.2e-5 = 0.85 of one
+     * step, int8 0 on this fixture). */
+    const double bound = ctx_act_bits == LLM_ACT_F32 ? 1e-5 : 4.0 / ((1 << (ctx_act_bits - 1)) - 1);
     if (!(d <= bound * mx)) test_fail(__FILE__, __LINE__, "chunked prefill: off by %g of %g", d, mx);
     free(base), free(other);
     llm_context_free(c1), llm_context_free(c7);
