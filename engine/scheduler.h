@@ -36,10 +36,7 @@
 #include "sampler.h"
 #include "session.h"
 
-/* Submit refusals, beside the llm_status codes (engine/status.h). */
-#define LLM_ERR_QUEUE_FULL (-201)   /* too many requests waiting: try later (HTTP 503) */
-#define LLM_ERR_TOO_LARGE (-202)    /* the request can never fit the context or the pool */
-#define LLM_ERR_STOPPED (-203)      /* the scheduler is shutting down */
+/* Submit refusals: LLM_ERR_QUEUE_FULL, LLM_ERR_TOO_LARGE, LLM_ERR_STOPPED (engine/status.h). */
 
 enum { LLM_SCHED_MAX_CHOICES = 16, LLM_SCHED_MAX_TOP = 20 };
 

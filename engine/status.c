@@ -11,6 +11,9 @@ const char *llm_status_str(int status) {
     case LLM_ERR_PARAM: return "a parameter is out of range";
     case LLM_ERR_MODEL: return "the file cannot be run as a model";
     case LLM_ERR_NONFINITE: return "the model produced non-finite logits (NaN or infinity)";
+    case LLM_ERR_QUEUE_FULL: return "too many requests are waiting; try again later";
+    case LLM_ERR_TOO_LARGE: return "the request can never fit the context or the cache pool";
+    case LLM_ERR_STOPPED: return "the scheduler is shutting down";
     default: return kv_status_str(status);
     }
 }

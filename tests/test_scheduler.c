@@ -350,3 +350,17 @@ TEST(sched_logprobs_are_the_log_softmax_and_sorted) {
     llm_model_free(m);
     fx_free(&fx);
 }
+
+/* Every engine code, the scheduler's refusals included, has its own sentence,
+ * and none falls through to the library's "unknown status". */
+TEST(scheduler_every_engine_status_has_its_own_message) {
+    static const int codes[] = {LLM_ERR_TOKEN, LLM_ERR_PARAM, LLM_ERR_MODEL, LLM_ERR_NONFINITE,
+                                LLM_ERR_QUEUE_FULL, LLM_ERR_TOO_LARGE, LLM_ERR_STOPPED};
+    enum { N = sizeof codes / sizeof codes[0] };
+    for (int i = 0; i < N; i++) {
+        const char *s = llm_status_str(codes[i]);
+        CHECK(s && *s && strcmp(s, kv_status_str(codes[i])) != 0);
+        for (int j = 0; j < i; j++) CHECK(strcmp(s, llm_status_str(codes[j])) != 0);
+    }
+    CHECK(strstr(llm_status_str(LLM_ERR_QUEUE_FULL), "later") != NULL);
+}
