@@ -21,21 +21,11 @@
 
 enum { N = 24, W = 8, PAGE = 4 };
 
-static llm_model *load(const fx_model *fx) {
-    llm_model *m = NULL;
-    char err[256];
-    if (llm_model_load(fx->path, &m, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "load: %s", err);
-    return m;
-}
-
 static llm_context *make_ctx(const llm_model *m, int32_t threads, int32_t batch, kv_dtype kv) {
     llm_context_params p = llm_context_default_params();
     p.n_ctx = 256, p.n_threads = threads, p.kv_type = kv, p.n_batch = batch, p.page_size = PAGE;
     p.act_bits = 0; /* against a float64 oracle: the f32 products, as the oracle computes them */
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
+    return fx_context(m, &p);
 }
 
 static void prompt(int32_t *t, int32_t n, int32_t salt) {
@@ -65,7 +55,7 @@ static double rel_diff_f(const float *a, const float *b, int64_t n) {
 static void check_against_reference(const fx_spec *spec, const char *what) {
     fx_model fx;
     if (fx_build(spec, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     CHECK(strcmp(llm_model_arch(m), "gemma3") == 0);
     CHECK_EQ_INT(m->n_groups, 2);
@@ -145,7 +135,7 @@ TEST(gemma3_tiny_cached_decode_equals_recompute_while_window_pages_are_evicted) 
     enum { P0 = 6, STEPS = 40 };
     fx_model fx;
     if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 7), &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     llm_context *c = make_ctx(m, 2, 64, KV_F32);
@@ -199,7 +189,7 @@ TEST(gemma3_tiny_window_layers_memory_stays_flat_over_4096_generated_tokens) {
     if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 12, .window = WIN, .dim = 64, .heads = 2, .ffn = 128),
                  &fx))
         return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     llm_context_params p = llm_context_default_params();
@@ -257,7 +247,7 @@ TEST(gemma3_tiny_no_window_gives_the_same_logits_with_full_size_caches) {
     enum { LEN = 80 };
     fx_model fx;
     if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 14), &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     int32_t toks[LEN];
@@ -298,7 +288,7 @@ TEST(gemma3_tiny_no_window_gives_the_same_logits_with_full_size_caches) {
 TEST(gemma3_tiny_results_are_bit_identical_for_1_2_3_threads) {
     fx_model fx;
     if (fx_build(GEMMA(.type = GW_Q4_K, .seed = 8), &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     int32_t toks[60];
@@ -324,7 +314,7 @@ TEST(gemma3_tiny_results_are_bit_identical_for_1_2_3_threads) {
 TEST(gemma3_tiny_without_template_takes_the_gemma_turn_format) {
     fx_model fx;
     if (fx_build(GEMMA(.type = GW_F32, .seed = 9), &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const llm_chat_format *f = llm_model_chat(m);
     CHECK_EQ_INT(f->kind, LLM_CHAT_GEMMA);

@@ -538,3 +538,17 @@ void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, c
     }
     free(Kraw), free(Vv), free(x), free(h), free(q), free(att), free(o), free(key), free(g), free(u), free(p), free(vis);
 }
+
+llm_model *fx_load(const fx_model *fx) {
+    llm_model *m = NULL;
+    char err[256];
+    if (llm_model_load(fx->path, &m, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "load: %s", err);
+    return m;
+}
+
+llm_context *fx_context(const llm_model *model, const llm_context_params *p) {
+    llm_context *c = NULL;
+    char err[256];
+    if (llm_context_create(model, p, &c, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "context: %s", err);
+    return c;
+}

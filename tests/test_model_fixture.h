@@ -31,6 +31,8 @@
 
 #include <stdint.h>
 
+#include "../engine/model.h"
+
 /* What to build. Zero fields take the defaults noted. */
 typedef struct {
     int type;                 /* weight type of every matrix (GW_*), token_embd included */
@@ -100,6 +102,11 @@ enum { FX_BYTE0 = 3, FX_VOCAB = 261, FX_START_OF_TURN = 259, FX_END_OF_TURN = 26
 /* Writes the file and decodes its weights; 0 on success. */
 int fx_build(const fx_spec *spec, fx_model *m);
 void fx_free(fx_model *m);
+
+/* The fixture's file loaded, or NULL with the test failed. */
+llm_model *fx_load(const fx_model *m);
+/* A context on model with params p, or NULL with the test failed. */
+llm_context *fx_context(const llm_model *model, const llm_context_params *p);
 
 /* logits [n][V] of every position of tokens [n], in float64. */
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits);

@@ -31,17 +31,7 @@ static llm_context *make_ctx(const llm_model *m, int32_t threads, kv_dtype kv, i
     llm_context_params p = llm_context_default_params();
     p.n_ctx = 128, p.n_threads = threads, p.kv_type = kv, p.n_batch = batch, p.n_seqs = seqs, p.page_size = 4;
     p.act_bits = ctx_act_bits;
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
-}
-
-static llm_model *load(const fx_model *fx) {
-    llm_model *m = NULL;
-    char err[256];
-    if (llm_model_load(fx->path, &m, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "load: %s", err);
-    return m;
+    return fx_context(m, &p);
 }
 
 /* All N_TOK positions' logits from one batched prefill vs the f64 reference,
@@ -49,7 +39,7 @@ static llm_model *load(const fx_model *fx) {
 static void check_against_reference_tol(const fx_spec *spec, const char *what, double tol) {
     fx_model fx;
     if (fx_build(spec, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     CHECK_EQ_INT(m->hp.n_vocab, FX_VOCAB);
     CHECK_EQ_INT(m->tied_output, spec->tied);
@@ -101,7 +91,7 @@ TEST(model_tiny_mqa_and_mha_match_f64_reference) {
 static void check_cached_equals_recompute(int type, uint64_t seed) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = type, .seed = seed}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     llm_context *c = make_ctx(m, 3, KV_F32, 64, 1);
     const int32_t V = fx.vocab;
@@ -176,7 +166,7 @@ static int eval_last(llm_context *c, const int32_t *toks, int32_t n, float *out)
 static void check_bit_identical_threads_and_chunking(void) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_Q4_1, .seed = 31}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     int32_t toks[100];
@@ -248,7 +238,7 @@ TEST(model_tiny_integer_activations_are_bit_identical_for_threads_and_close_unde
 TEST(model_tiny_ragged_batch_of_three_sequences_equals_each_alone) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_Q6_K, .seed = 41}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     llm_context *c = make_ctx(m, 2, KV_F32, 64, 3);
@@ -288,7 +278,7 @@ TEST(model_tiny_ragged_batch_of_three_sequences_equals_each_alone) {
 TEST(model_tiny_f16_bf16_q8_kv_stay_close_to_f32_kv) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 51}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     const int32_t V = fx.vocab;
     float *base = malloc(sizeof(float) * V), *other = malloc(sizeof(float) * V);
@@ -318,7 +308,7 @@ TEST(model_tiny_f16_bf16_q8_kv_stay_close_to_f32_kv) {
 TEST(model_forward_refuses_bad_tokens_big_batches_and_full_contexts_leaving_sequences_unchanged) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_F16, .seed = 61}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     llm_context *c = make_ctx(m, 1, KV_F16, 16, 1);
     kv_cache *cache = llm_context_cache(c);

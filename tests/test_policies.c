@@ -24,17 +24,7 @@ static llm_context *make_ctx(const llm_model *m, kv_dtype kv, int32_t n_ctx) {
     llm_context_params p = llm_context_default_params();
     p.n_ctx = n_ctx, p.n_threads = 2, p.kv_type = kv, p.n_batch = 64, p.page_size = 4;
     p.act_bits = 0; /* against a float64 oracle: the f32 products, as the oracle computes them */
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
-}
-
-static llm_model *load(const fx_model *fx) {
-    llm_model *m = NULL;
-    char err[256];
-    if (llm_model_load(fx->path, &m, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "load: %s", err);
-    return m;
+    return fx_context(m, &p);
 }
 
 /* n tokens from the fixture's byte range, fixed by seed. */
@@ -103,7 +93,7 @@ TEST(policy_after_a_shift_logits_equal_the_oracle_over_the_kept_tokens_at_their_
     for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
         fx_model fx;
         if (fx_build(&specs[k], &fx)) return;
-        llm_model *m = load(&fx);
+        llm_model *m = fx_load(&fx);
         if (!m) return fx_free(&fx);
         llm_context *c = make_ctx(m, KV_F32, 64);
         enum { N = 48 };
@@ -145,7 +135,7 @@ TEST(policy_in_a_one_layer_model_a_shift_equals_a_fresh_run_over_the_kept_tokens
      * shifted cache is exactly a fresh pass over the kept tokens */
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_F32, .seed = 34, .layers = 1}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     llm_context *c = make_ctx(m, KV_F32, 64);
     enum { N = 40, KEEP = 6, DROP = 11, AT = 25 };
@@ -212,7 +202,7 @@ typedef struct {
 
 static int session_setup(session_fixture *s, unsigned long long seed) {
     if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = seed, .tied = 1}, &s->fx)) return -1;
-    s->m = load(&s->fx);
+    s->m = fx_load(&s->fx);
     snprintf(s->path, sizeof s->path, "/tmp/kvcache_test_session_%d_%llu", (int)getpid(), seed);
     return s->m ? 0 : -1;
 }
@@ -439,7 +429,7 @@ static llm_gen_result generate(llm_context *c, const int32_t *prompt, int32_t n,
 TEST(policy_prompt_lookup_gives_the_tokens_of_plain_decoding_greedy_and_sampled) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_F32, .seed = 51, .rot_dim = 32}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     llm_context *c = make_ctx(m, KV_F32, 512);
     /* a prompt built to be copied (a phrase three times over) and one that is not */
@@ -485,7 +475,7 @@ TEST(policy_prompt_lookup_gives_the_tokens_of_plain_decoding_greedy_and_sampled)
 TEST(policy_a_session_with_context_shift_runs_past_its_context_as_the_oracle_says) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_F32, .seed = 52, .rot_dim = 32}, &fx)) return;
-    llm_model *m = load(&fx);
+    llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
     enum { N_CTX = 32, N = 10, GEN = 90, KEEP = 5 };
     llm_context *c = make_ctx(m, KV_F32, N_CTX);

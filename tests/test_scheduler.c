@@ -47,10 +47,7 @@ static llm_context *make_ctx(const llm_model *m, int32_t seqs, int32_t pages, in
     llm_context_params p = llm_context_default_params();
     p.n_ctx = CTX, p.n_seqs = seqs, p.n_pages = pages, p.n_batch = batch, p.page_size = PAGE, p.kv_type = KV_F32;
     p.n_threads = 2;
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
+    return fx_context(m, &p);
 }
 
 /* The request alone: prefill, then sample -> feed until end of generation,

@@ -18,20 +18,13 @@ enum { EOS = 2, HE = FX_BYTE0 + 257 }; /* the fixture's <|im_end|> and merged "h
 #define B(c) (FX_BYTE0 + (unsigned char)(c))
 
 static llm_model *load(fx_model *fx, const fx_spec *spec) {
-    if (fx_build(spec, fx)) return NULL;
-    llm_model *m = NULL;
-    char err[256];
-    if (llm_model_load(fx->path, &m, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "load: %s", err);
-    return m;
+    return fx_build(spec, fx) ? NULL : fx_load(fx);
 }
 
 static llm_context *context(const llm_model *m, int32_t n_ctx) {
     llm_context_params p = llm_context_default_params();
     p.n_ctx = n_ctx, p.n_batch = 8, p.page_size = 4, p.kv_type = KV_F32, p.n_threads = 2;
-    llm_context *c = NULL;
-    char err[256];
-    if (llm_context_create(m, &p, &c, err, sizeof err) != LLM_OK) test_fail(__FILE__, __LINE__, "context: %s", err);
-    return c;
+    return fx_context(m, &p);
 }
 
 /* ---------------------------------------------------------------- text stream */
