@@ -63,6 +63,23 @@ lib, lib_path = _load()
 
 # ------------------------------------------------------------------ structs
 
+class Closing:
+    """A handle on a C object freed by close(): usable as a context manager,
+    and closed when collected (quietly: the interpreter may be going down)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class RopeParams(ctypes.Structure):
     _fields_ = [
         ("head_dim", c_int32),

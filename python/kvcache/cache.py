@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from . import _ffi
+from ._ffi import Closing
 from ._lock import RWLock, writes
 from ._lock import reads as _reads_plain
 from ._arrays import contiguous, int32_array, integer, null, ptr, real_array, scale_arg
@@ -120,7 +121,7 @@ def as_batch(batch):
     return batch if isinstance(batch, Batch) else Batch.of(batch)
 
 
-class KVCache:
+class KVCache(Closing):
     """A paged KV cache (kv_cache_create): a pool of n_pages pages of page_size
     positions of K and V, for n_layers layers and n_kv_heads heads of head_dim.
 
@@ -189,18 +190,6 @@ class KVCache:
             _ffi.fn("kv_cache_set_pool")(self._h(), pool._h())
             self._pool = pool
             pool._users.add(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _h(self):
         if self._c is None:

@@ -5,12 +5,13 @@ import ctypes
 import weakref
 
 from . import _ffi
+from ._ffi import Closing
 from ._arrays import integer
 from ._lock import RWLock, reads, writes
 from .errors import check
 
 
-class Pool:
+class Pool(Closing):
     """kv_pool_create(n_threads): n_threads counts the calling thread (1 starts
     no worker); 0 means one per core. Give it to caches with
     KVCache.set_pool(pool); a cache keeps its pool alive, and close() refuses
@@ -66,18 +67,6 @@ class Pool:
             raise ValueError("the pool is still set on an open cache: close it or set_pool(None) first")
         _ffi.fn("kv_pool_free")(self._p)
         self._p = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         return "Pool(closed)" if self._p is None else f"Pool(threads={self.threads})"
