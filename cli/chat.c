@@ -210,26 +210,18 @@ static int chat_turn(chat_state *st, const char *line) {
 int cmd_chat(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *system = NULL;
-    int64_t n_gen = 512, top_k = 40, seed = 1;
-    double temp = 0.7, top_p = 0.95;
+    cli_sample_opts so = {.n_gen = 512, .temp = 0.7, .top_k = 40, .top_p = 0.95, .seed = 1};
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
         if (cli_policy_opt(argc, argv, &i, &po, false)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
-        if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &n_gen)) continue;
-        if (cli_opt_f64(argc, argv, &i, NULL, "--temp", &temp)) continue;
-        if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &top_k)) continue;
-        if (cli_opt_f64(argc, argv, &i, NULL, "--top-p", &top_p)) continue;
-        if (cli_opt_int(argc, argv, &i, NULL, "--seed", &seed)) continue;
+        if (cli_sample_opt(argc, argv, &i, &so)) continue;
         fprintf(stderr, "kvcache chat: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
-    if (n_gen < 1 || n_gen > (1 << 24) || temp < 0 || top_k < 0 || top_k > INT32_MAX || !(top_p > 0 && top_p <= 1)) {
-        fprintf(stderr, "kvcache chat: need -n >= 1, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
-        return 2;
-    }
+    if (cli_sample_check("chat", &so, 1)) return 2;
     if (cli_policy_check("chat", &po)) return 2;
     chat_state st = {.po = po};
     int rc = cli_load("chat", &mo, 1, 0, &st.m, &st.c);
@@ -240,9 +232,8 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     st.gp = llm_gen_default_params();
-    st.gp.max_tokens = (int32_t)n_gen;
-    st.gp.sampler = (llm_sampler_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
-                                         .seed = (uint64_t)seed};
+    st.gp.max_tokens = (int32_t)so.n_gen;
+    st.gp.sampler = cli_sampler_params(&so);
     st.gp.on_text = on_text, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
     st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);

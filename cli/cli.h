@@ -102,6 +102,24 @@ int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t le
                           int32_t *n_out);
 /* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
+/* ---- sampling and length, for generate and chat ---- */
+
+#include "../engine/sampler.h" /* llm_sampler_params */
+
+typedef struct {
+    int64_t n_gen;   /* -n, --tokens: at most this many tokens */
+    double temp;     /* --temp: 0 is greedy */
+    int64_t top_k;   /* --top-k: 0 keeps every token */
+    double top_p;    /* --top-p, in (0, 1] */
+    int64_t seed;    /* --seed */
+} cli_sample_opts;
+
+/* Matches -n/--tokens, --temp, --top-k, --top-p, --seed at argv[*i]. */
+bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
+/* 0, or 2 after a message; n_min is the least -n the command takes. */
+int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min);
+llm_sampler_params cli_sampler_params(const cli_sample_opts *o);
+
 /* ---- cache policies (engine/policy.h), for generate and chat ---- */
 
 #include "../engine/session.h" /* llm_session, llm_gen_result */

@@ -164,3 +164,24 @@ int cli_print_text(void *user, const char *text, size_t len) {
     fflush(stdout);
     return 0;
 }
+
+bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
+    return cli_opt_int(argc, argv, i, "-n", "--tokens", &o->n_gen) || cli_opt_f64(argc, argv, i, NULL, "--temp", &o->temp) ||
+           cli_opt_int(argc, argv, i, NULL, "--top-k", &o->top_k) || cli_opt_f64(argc, argv, i, NULL, "--top-p", &o->top_p) ||
+           cli_opt_int(argc, argv, i, NULL, "--seed", &o->seed);
+}
+
+int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
+    if (o->n_gen < n_min || o->n_gen > (1 << 24) || !(o->temp >= 0) || o->top_k < 0 || o->top_k > INT32_MAX ||
+        !(o->top_p > 0 && o->top_p <= 1)) {
+        fprintf(stderr, "kvcache %s: need %lld <= -n <= %d, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n", cmd,
+                (long long)n_min, 1 << 24);
+        return 2;
+    }
+    return 0;
+}
+
+llm_sampler_params cli_sampler_params(const cli_sample_opts *o) {
+    return (llm_sampler_params){.temp = (float)o->temp, .top_k = (int32_t)o->top_k, .top_p = (float)o->top_p,
+                                .seed = (uint64_t)o->seed};
+}

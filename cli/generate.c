@@ -82,10 +82,8 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
 int cmd_generate(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *prompt = NULL, *file = NULL, *system = NULL;
-    int64_t n_gen = 128;
     int chat = 0;
-    double temp = 0.8, top_p = 0.95;
-    int64_t top_k = 40, seed = 1;
+    cli_sample_opts so = {.n_gen = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .seed = 1};
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
@@ -94,11 +92,7 @@ int cmd_generate(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt)) continue;
         if (cli_opt_str(argc, argv, &i, "-f", "--file", &file)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
-        if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &n_gen)) continue;
-        if (cli_opt_f64(argc, argv, &i, NULL, "--temp", &temp)) continue;
-        if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &top_k)) continue;
-        if (cli_opt_f64(argc, argv, &i, NULL, "--top-p", &top_p)) continue;
-        if (cli_opt_int(argc, argv, &i, NULL, "--seed", &seed)) continue;
+        if (cli_sample_opt(argc, argv, &i, &so)) continue;
         if (!strcmp(argv[i], "--chat")) { chat = 1; continue; }
         fprintf(stderr, "kvcache generate: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
@@ -111,10 +105,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvcache generate: give the prompt with -p TEXT or -f FILE (see --help)\n");
         return 2;
     }
-    if (n_gen < 0 || n_gen > (1 << 24) || temp < 0 || top_k < 0 || top_k > INT32_MAX || !(top_p > 0 && top_p <= 1)) {
-        fprintf(stderr, "kvcache generate: need -n >= 0, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
-        return 2;
-    }
+    if (cli_sample_check("generate", &so, 0)) return 2;
     if (cli_policy_check("generate", &po)) return 2;
     char *file_text = NULL;
     size_t prompt_len = prompt ? strlen(prompt) : 0;
@@ -149,9 +140,8 @@ int cmd_generate(int argc, char **argv) {
         rc = 1;
     } else {
         llm_gen_params gp = llm_gen_default_params();
-        gp.max_tokens = (int32_t)n_gen;
-        gp.sampler = (llm_sampler_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
-                                          .seed = (uint64_t)seed};
+        gp.max_tokens = (int32_t)so.n_gen;
+        gp.sampler = cli_sampler_params(&so);
         gp.on_text = cli_print_text;
         if (n_prompt > 1024) gp.progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;
