@@ -40,10 +40,11 @@ int llm_act_default_bits(void) {
  * overflows. */
 static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s) {
     float amax = 0.0f;
-    int finite = 1;   /* fmaxf skips NaN: look for it (and infinities) apart */
-    for (int k = 0; k < QB; k++) {
-        amax = fmaxf(amax, fabsf(x[k]));
-        finite &= fabsf(x[k]) <= 3.402823466e38f;
+    int finite = 1;   /* NaN and infinities, looked for apart */
+    for (int k = 0; k < QB; k++) {   /* a NaN compares false: skipped here, caught by finite */
+        float v = fabsf(x[k]);
+        amax = v > amax ? v : amax;
+        finite &= v <= 3.402823466e38f;
     }
     float ft = (float)top, dd = finite ? amax / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
     int32_t sum = 0;
