@@ -168,11 +168,15 @@ chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa,
     const int bb = type == LLM_TYPE_Q4_0 ? (int)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int)sizeof(llm_block_q4_1)
                  : type == LLM_TYPE_Q5_0 ? (int)sizeof(llm_block_q5_0) : (int)sizeof(llm_block_q8_0);
     const uint8_t *p = row + b0 * bb;
-    const __m256i off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
-    __m256i g = nv == 8 ? _mm256_setr_epi32(rd32(p), rd32(p + bb), rd32(p + 2 * bb), rd32(p + 3 * bb), rd32(p + 4 * bb),
-                                            rd32(p + 5 * bb), rd32(p + 6 * bb), rd32(p + 7 * bb))
-                        : _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(const void *)p, off,
-                                                      lanes_below(nv), 1);   /* lanes past the row: 0, unread */
+    __m256i g;
+    if (nv == 8) {
+        g = _mm256_setr_epi32(rd32(p), rd32(p + bb), rd32(p + 2 * bb), rd32(p + 3 * bb), rd32(p + 4 * bb),
+                              rd32(p + 5 * bb), rd32(p + 6 * bb), rd32(p + 7 * bb));
+    } else {   /* lanes past the row: 0, unread */
+        _Alignas(32) int h[8] = {0};
+        for (int i = 0; i < nv; i++) h[i] = rd32(p + i * bb);
+        g = _mm256_load_si256((const __m256i *)h);
+    }
     __m256i lo = _mm256_and_si256(g, _mm256_set1_epi32(0xffff)), hi = _mm256_srli_epi32(g, 16);
     __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);   /* [lo 0..7 | hi 0..7] */
     *wa = _mm256_cvtph_ps(_mm256_castsi256_si128(pk));
