@@ -178,6 +178,20 @@ TEST(policy_shift_discard_is_half_of_what_is_not_kept) {
 
 /* ---------------------------------------------------------------- prompt lookup */
 
+TEST(policy_lookup_drafts_what_followed_the_longest_agreeing_context) {
+    int32_t d[8];
+    /* a source line 1 2 3 4 5, a copy of it under way (1 2 3), and between
+     * them a line sharing only "3" (9 3 7): the copy's source has the longest
+     * context in common with the end (1 2 3), so 4 5 is proposed, not 7 */
+    const int32_t a[] = {1, 2, 3, 4, 5, 0, 9, 3, 7, 0, 1, 2, 3};
+    CHECK_EQ_INT(llm_lookup_draft(a, 13, 3, d), 3);
+    CHECK(d[0] == 4 && d[1] == 5 && d[2] == 0);
+    /* two earlier "3"s, each agreeing for that one token: the most recent, 8 */
+    const int32_t b[] = {5, 3, 7, 6, 3, 8, 4, 3};
+    CHECK_EQ_INT(llm_lookup_draft(b, 8, 1, d), 1);
+    CHECK(d[0] == 8);
+}
+
 TEST(policy_lookup_drafts_what_followed_the_most_recent_occurrence) {
     int32_t d[8];
     /* the 3-gram 5 6 7 occurred at 0: propose what followed, up to the end */
