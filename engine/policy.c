@@ -62,3 +62,8 @@ int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int3
     }
     return k;
 }
+
+int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted) {
+    if (accepted < proposed) return accepted + 1 < n_max ? accepted + 1 : n_max;
+    return 2 * proposed < n_max ? 2 * proposed : n_max;
+}

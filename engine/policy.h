@@ -54,6 +54,14 @@ enum { LLM_LOOKUP_NGRAM_MIN = 1, LLM_LOOKUP_CONTEXT_MAX = 64 };
  * draft [max_draft]; returns how many were written (0: no match). */
 int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft);
 
+/* How many drafts to propose after a verify pass that proposed `proposed`
+ * and saw `accepted` of them taken, with at most n_max. A pass of T rows
+ * costs well over one decode step (the weight products are compute-bound:
+ * on SmolLM2 at depth 4k on 2 cores, T = 2 about 1.5 steps, T = 9 about 4),
+ * so a long draft pays only while drafts are being taken: all taken, twice
+ * as many next (at most n_max); a rejection, one more than were taken. */
+int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted);
+
 /* ---------------------------------------------------------------- session files */
 
 /* A hash of what makes a model's K/V: its shape, RoPE, vocabulary size,
