@@ -25,9 +25,8 @@ static void usage(void) {
            "  --top-p P          nucleus: the smallest set holding mass P (default 0.95)\n"
            "  --seed S           sampler seed (default 1)\n"
            "  --draft-lookup N   prompt-lookup speculative decoding: propose up to N tokens that\n"
-           "                     followed the earlier match of the last tokens in prompt + output\n"
-           "                     (the one agreeing longest), verify them in one pass; the same\n"
-           "                     text as without it (default 0: off)\n"
+           "                     followed the last n-gram earlier in prompt + output, verify them in\n"
+           "                     one pass; the same text as without it (default 0: off)\n"
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 

@@ -37,12 +37,15 @@ int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep) {
 
 /* Prompt lookup (Saxena's "prompt lookup decoding", llama.cpp's lookup): in
  * text that copies its input (summaries, edits, code, lists) the tokens after
- * an earlier occurrence of the current context are a good guess of what comes
- * next. Which occurrence matters: in a copied list every line shares short
- * n-grams (", priced at"), and the most recent one sits in the line just
- * written, whose numbers are the wrong ones. The occurrence whose preceding
- * tokens agree with the end of hist for longest is the source being copied;
- * among equally long ones the most recent wins (a copy in progress). */
+ * an earlier occurrence of the current n-gram are a good guess of what comes
+ * next. Among earlier occurrences of the last token, the one whose preceding
+ * tokens agree with the end of hist for longest, compared up to
+ * LLM_LOOKUP_CONTEXT_MAX tokens back, and the most recent among equals: a
+ * copy in progress sits there. Measured on SmolLM2 at depth 4k copying a
+ * 4,000-token list (scripts/lookup_bench.sh and two other lists), comparing
+ * up to 3 tokens back beat 6, 12 and 64 (2.90 vs 2.70 tokens per pass, 3.08
+ * vs 2.38): further back favours the source line, while the model often
+ * repeats the line it just wrote. */
 int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft) {
     if (!hist || !draft || n < 2 || max_draft < 1) return 0;
     const int32_t last = hist[n - 1];

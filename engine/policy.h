@@ -7,10 +7,10 @@
  *                      kept keys move to new positions, their K re-rotated in
  *                      place (kv_seq_shift).
  *   prompt lookup      speculative decoding without a draft model: propose
- *                      the tokens that followed the earlier occurrence of the
- *                      current context in prompt + output that agrees longest,
- *                      verify them all in one forward pass (T = n_draft + 1
- *                      rows over the cache)
+ *                      the tokens that followed the most recent earlier
+ *                      occurrence of the current n-gram (up to 3 tokens) in
+ *                      prompt + output, verify them all in one forward pass
+ *                      (T = n_draft + 1 rows over the cache)
  *                      and keep the longest run the model agrees with.
  *   session files      a sequence saved with the model's fingerprint and its
  *                      token ids, restored when those tokens begin a new prompt.
@@ -45,7 +45,7 @@ int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep);
 
 /* LLM_LOOKUP_NGRAM_MIN: tokens a match must share with the end of hist;
  * LLM_LOOKUP_CONTEXT_MAX: how far back two matches are compared. */
-enum { LLM_LOOKUP_NGRAM_MIN = 1, LLM_LOOKUP_CONTEXT_MAX = 64 };
+enum { LLM_LOOKUP_NGRAM_MIN = 1, LLM_LOOKUP_CONTEXT_MAX = 3 };
 
 /* Proposes up to max_draft tokens to follow hist [n]: the earlier occurrence
  * of hist's last token whose preceding tokens agree with hist's for longest
