@@ -5,7 +5,7 @@
 # prints both decode speeds, the speedup and the acceptance rate.
 #
 #   scripts/lookup_bench.sh [LINES] [N] [TOKENS]
-#     LINES   inventory lines in the prompt (default 122: 3,994 tokens with the
+#     LINES   inventory lines in the prompt (default 122: 4,003 tokens with the
 #             SmolLM2 chat template)
 #     N       --draft-lookup N (default 8)
 #     TOKENS  tokens to generate (default 200)
