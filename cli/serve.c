@@ -9,11 +9,13 @@
 
 #include "cli.h"
 #include "../engine/model.h"
+#include "../engine/session.h"
 #include "../server/server.h"
 
 static void usage(void) {
     printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
            "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
+           "                     [--context-shift [--keep N]] [--draft-lookup N]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
            "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n\n"
@@ -26,6 +28,13 @@ static void usage(void) {
            "  --batch-tokens N   tokens one step may run: decodes first, then prompt chunks (default 512)\n"
            "  --max-queue N      waiting requests beyond which new ones get 503 (default 256)\n"
            "  --api-key KEY      require \"Authorization: Bearer KEY\" (health and metrics stay open)\n"
+           "  --context-shift    a sequence that fills its context keeps its first --keep positions,\n"
+           "                     drops half of the rest and goes on (default: it ends, finish_reason\n"
+           "                     \"length\"); a request without max_tokens then ends after --ctx tokens\n"
+           "  --keep N           positions a context shift keeps, the attention sinks (default 4, >= 4)\n"
+           "  --draft-lookup N   greedy requests (temperature 0) decode by prompt lookup: up to N\n"
+           "                     tokens from the prompt and output verified in one step; the same\n"
+           "                     tokens as without it (default 0: off; at most 64)\n"
            "  -m, --model PATH   GGUF model (default $KVCACHE_MODEL or " CLI_DEFAULT_MODEL ")\n"
            "  -t, --threads N    threads for the forward pass (default: one per core)\n"
            "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n");
@@ -43,7 +52,8 @@ static void model_id(const char *path, char *out, size_t cap) {
 int cmd_serve(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *host = "127.0.0.1", *api_key = NULL;
-    int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256;
+    int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
+    int shift = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &batch_tokens)) continue;
@@ -54,14 +64,18 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_int(argc, argv, &i, NULL, "--kv-pages", &mo.kv_pages)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--max-queue", &max_queue)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &api_key)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &draft)) continue;
+        if (!strcmp(argv[i], "--context-shift")) { shift = 1; continue; }
         fprintf(stderr, "kvcache serve: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (port < 0 || port > 65535 || parallel < 1 || parallel > 4096 || batch_tokens < 1 || batch_tokens > 8192 ||
         mo.kv_pages < 0 || mo.kv_pages > (1 << 26) || max_queue < 1 || max_queue > (1 << 20) ||
-        (api_key && !*api_key)) {
+        (api_key && !*api_key) || keep < 0 || keep > (1 << 24) || draft < 0 || draft > LLM_MAX_DRAFT) {
         fprintf(stderr, "kvcache serve: need 0 <= --port <= 65535, 1 <= --parallel <= 4096, 1 <= --batch-tokens <= 8192,\n"
-                        "  0 <= --kv-pages <= 2^26, 1 <= --max-queue <= 2^20, a non-empty --api-key\n");
+                        "  0 <= --kv-pages <= 2^26, 1 <= --max-queue <= 2^20, a non-empty --api-key,\n"
+                        "  0 <= --keep <= 2^24, 0 <= --draft-lookup <= 64\n");
         return 2;
     }
     mo.batch = batch_tokens;   /* one step is one forward pass of at most this many rows */
@@ -79,7 +93,8 @@ int cmd_serve(int argc, char **argv) {
     model_id(mo.model, id, sizeof id);
     srv_params sp = {.host = host, .port = (int)port, .api_key = api_key, .batch_tokens = (int32_t)batch_tokens,
                      .max_waiting = (int32_t)max_queue,
-                     .http_threads = (int32_t)(2 * parallel + 48 > 1024 ? 1024 : 2 * parallel + 48), .model_id = id};
+                     .http_threads = (int32_t)(2 * parallel + 48 > 1024 ? 1024 : 2 * parallel + 48), .model_id = id,
+                     .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft};
     srv *s;
     if (srv_start(&sp, &s, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);

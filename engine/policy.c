@@ -38,23 +38,35 @@ int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep) {
 /* Prompt lookup (Saxena's "prompt lookup decoding", llama.cpp's lookup): in
  * text that copies its input (summaries, edits, code, lists) the tokens after
  * an earlier occurrence of the current n-gram are a good guess of what comes
- * next. Longer n-grams first: they are rarer and more often right. The most
- * recent occurrence wins, since a copy in progress sits there. */
+ * next. Among earlier occurrences of the last token, the one whose preceding
+ * tokens agree with the end of hist for longest, compared up to
+ * LLM_LOOKUP_CONTEXT_MAX tokens back, and the most recent among equals: a
+ * copy in progress sits there. Measured on SmolLM2 at depth 4k copying a
+ * 4,000-token list (scripts/lookup_bench.sh and two other lists), comparing
+ * up to 3 tokens back beat 6, 12 and 64 (2.90 vs 2.70 tokens per pass, 3.08
+ * vs 2.38): further back favours the source line, while the model often
+ * repeats the line it just wrote. */
 int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft) {
     if (!hist || !draft || n < 2 || max_draft < 1) return 0;
-    for (int32_t g = n - 1 < LLM_LOOKUP_NGRAM_MAX ? n - 1 : LLM_LOOKUP_NGRAM_MAX; g >= LLM_LOOKUP_NGRAM_MIN; g--) {
-        const int32_t *pat = hist + n - g;
-        for (int32_t i = n - g - 1; i >= 0; i--) {
-            int32_t j = 0;
-            while (j < g && hist[i + j] == pat[j]) j++;
-            if (j < g) continue;
-            int32_t from = i + g, k = 0; /* from <= n - 1: at least one token follows */
-            while (k < max_draft && from + k < n) {
-                draft[k] = hist[from + k];
-                k++;
-            }
-            return k;
-        }
+    const int32_t last = hist[n - 1];
+    int32_t best = -1, best_len = 0;
+    for (int32_t i = n - 2; i >= 0; i--) { /* i: where the candidate's context ends */
+        if (hist[i] != last) continue;
+        int32_t len = 1;
+        while (len < LLM_LOOKUP_CONTEXT_MAX && len <= i && hist[i - len] == hist[n - 1 - len]) len++;
+        if (len > best_len) best = i, best_len = len;
+        if (best_len == LLM_LOOKUP_CONTEXT_MAX) break; /* none can be longer; this is the most recent */
     }
-    return 0;
+    if (best_len < LLM_LOOKUP_NGRAM_MIN) return 0;
+    int32_t k = 0; /* best <= n - 2: at least one token follows */
+    while (k < max_draft && best + 1 + k < n) {
+        draft[k] = hist[best + 1 + k];
+        k++;
+    }
+    return k;
+}
+
+int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted) {
+    if (accepted < proposed) return accepted + 1 < n_max ? accepted + 1 : n_max;
+    return 2 * proposed < n_max ? 2 * proposed : n_max;
 }

@@ -7,9 +7,10 @@
  *                      kept keys move to new positions, their K re-rotated in
  *                      place (kv_seq_shift).
  *   prompt lookup      speculative decoding without a draft model: propose
- *                      the tokens that followed the last occurrence of the
- *                      current n-gram in prompt + output, verify them all in
- *                      one forward pass (T = n_draft + 1 rows over the cache)
+ *                      the tokens that followed the most recent earlier
+ *                      occurrence of the current n-gram (up to 3 tokens) in
+ *                      prompt + output, verify them all in one forward pass
+ *                      (T = n_draft + 1 rows over the cache)
  *                      and keep the longest run the model agrees with.
  *   session files      a sequence saved with the model's fingerprint and its
  *                      token ids, restored when those tokens begin a new prompt.
@@ -42,13 +43,24 @@ int32_t llm_shift_discard(int32_t n_ctx, int32_t n_keep);
 
 /* ---------------------------------------------------------------- prompt lookup */
 
-enum { LLM_LOOKUP_NGRAM_MAX = 3, LLM_LOOKUP_NGRAM_MIN = 1 };
+/* LLM_LOOKUP_NGRAM_MIN: tokens a match must share with the end of hist;
+ * LLM_LOOKUP_CONTEXT_MAX: how far back two matches are compared. */
+enum { LLM_LOOKUP_NGRAM_MIN = 1, LLM_LOOKUP_CONTEXT_MAX = 3 };
 
-/* Proposes up to max_draft tokens to follow hist [n]: for n-gram lengths g
- * from LLM_LOOKUP_NGRAM_MAX down to LLM_LOOKUP_NGRAM_MIN, the most recent
- * earlier occurrence of hist's last g tokens, and the tokens after it.
+/* Proposes up to max_draft tokens to follow hist [n]: the earlier occurrence
+ * of hist's last token whose preceding tokens agree with hist's for longest
+ * (compared up to LLM_LOOKUP_CONTEXT_MAX back; at least LLM_LOOKUP_NGRAM_MIN
+ * agree), the most recent among equals, and the tokens after it.
  * draft [max_draft]; returns how many were written (0: no match). */
 int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft);
+
+/* How many drafts to propose after a verify pass that proposed `proposed`
+ * and saw `accepted` of them taken, with at most n_max. A pass of T rows
+ * costs well over one decode step (the weight products are compute-bound:
+ * on SmolLM2 at depth 4k on 2 cores, T = 2 about 1.5 steps, T = 9 about 4),
+ * so a long draft pays only while drafts are being taken: all taken, twice
+ * as many next (at most n_max); a rejection, one more than were taken. */
+int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted);
 
 /* ---------------------------------------------------------------- session files */
 

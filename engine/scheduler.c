@@ -1,7 +1,9 @@
 /* engine/scheduler.c - continuous batching (see scheduler.h): the request and
  * sequence records, admission with prefix reuse, one ragged step, preemption
- * by recomputation, fork for n choices, and the thread-safe inbox. */
+ * by recomputation, fork for n choices, the cache policies (context shift,
+ * prompt-lookup drafts verified as extra rows), and the thread-safe inbox. */
 #include "scheduler.h"
+#include "policy.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -20,7 +22,10 @@ typedef struct {
     int32_t cap;
     int32_t n_generated;    /* tokens sampled and counted (not the end-of-generation token) */
     int32_t rows;           /* rows this sequence has in the batch being built */
-    int32_t out_row;        /* its logits row in that batch, or -1 */
+    int32_t out_row;        /* its (first) logits row in that batch, or -1 */
+    int32_t n_draft;        /* of its rows, drafts after the token fed (each row wants logits) */
+    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
+    int32_t max_tokens;     /* its text stream's limit; < 0: none */
     llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
     llm_sampler sampler;
     llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
@@ -57,7 +62,8 @@ struct llm_sched {
     int32_t *b_seqs, *b_rows, *b_tokens;
     uint8_t *b_want;
     sched_seq **b_ch;           /* [n_slots] the choice behind each batch entry */
-    float *logits;              /* [n_slots][V] */
+    float *logits;              /* [n_out_max][V]: one row per sequence, N + 1 with drafts */
+    int32_t n_out_max;
     float *lsm;                 /* [V] scratch for log-softmax */
     llm_sched_stats st;         /* counters, written here */
 
@@ -74,7 +80,8 @@ struct llm_sched {
 };
 
 llm_sched_params llm_sched_default_params(void) {
-    return (llm_sched_params){.batch_tokens = 512, .max_running = 0, .max_waiting = 256};
+    return (llm_sched_params){.batch_tokens = 512, .max_running = 0, .max_waiting = 256, .context_shift = 0,
+                              .n_keep = 0, .draft_lookup = 0};
 }
 
 static void req_free(sched_req *r) {
@@ -97,6 +104,10 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     llm_sched_params p = pp ? *pp : llm_sched_default_params();
     llm_context_params cp = llm_context_get_params(c);
     if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return LLM_ERR_PARAM;
+    if ((p.context_shift != 0 && p.context_shift != 1) || p.n_keep < 0 || p.draft_lookup < 0 ||
+        p.draft_lookup > LLM_MAX_DRAFT)
+        return LLM_ERR_PARAM;
+    if (p.n_keep < 4) p.n_keep = 4;
     if (p.batch_tokens > cp.n_batch) p.batch_tokens = cp.n_batch;
     llm_sched *s = calloc(1, sizeof *s);
     if (!s) return LLM_ERR_NOMEM;
@@ -113,7 +124,11 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     s->b_tokens = malloc(sizeof(int32_t) * nr);
     s->b_want = malloc(nr);
     s->b_ch = malloc(sizeof *s->b_ch * ns);
-    s->logits = malloc(sizeof(float) * ns * (size_t)s->V);
+    /* wanted rows: one per sequence, and the drafts' rows, within the batch */
+    int64_t n_out = (int64_t)ns * (1 + p.draft_lookup);
+    s->n_out_max = (int32_t)(n_out < (int64_t)p.batch_tokens ? n_out : p.batch_tokens);
+    if (s->n_out_max < (int32_t)ns) s->n_out_max = (int32_t)ns;
+    s->logits = malloc(sizeof(float) * (size_t)s->n_out_max * (size_t)s->V);
     s->lsm = malloc(sizeof(float) * (size_t)s->V);
     s->next_id = 1;
     if (!s->running || !s->b_seqs || !s->b_rows || !s->b_tokens || !s->b_want || !s->b_ch || !s->logits ||
@@ -163,9 +178,15 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
     q->top = r->top_logprobs;
     int64_t gen = r->max_tokens < 0 || r->max_tokens > s->n_ctx ? s->n_ctx : r->max_tokens;
     int32_t cap = (int32_t)(r->n_prompt + gen + 1);
+    /* with shifts the tokens kept never pass the context and one not fed; a
+     * request without a limit stops after n_ctx tokens, not never */
+    int32_t max_tokens = r->max_tokens;
+    if (s->p.context_shift) cap = s->n_ctx + 1, max_tokens = max_tokens < 0 ? s->n_ctx : max_tokens;
+    const int greedy = !(r->sampler.temp > 0);
     for (int32_t i = 0; i < r->n_choices; i++) {
         sched_seq *ch = &q->ch[i];
-        ch->seq = -1, ch->cap = cap, ch->out_row = -1;
+        ch->seq = -1, ch->cap = cap, ch->out_row = -1, ch->max_tokens = max_tokens;
+        ch->draft_len = greedy ? s->p.draft_lookup : 0;
         llm_sampler_params sp = r->sampler;
         sp.seed += (uint64_t)i;
         ch->tokens = malloc(sizeof(int32_t) * (size_t)cap);
@@ -175,7 +196,7 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
             return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
         }
         int ts = bad ? LLM_ERR_NOMEM
-                     : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, r->max_tokens, 0, &ch->ts);
+                     : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, max_tokens, 0, &ch->ts);
         if (ts) {
             req_free(q);
             return ts == LLM_ERR_NOMEM ? refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0)
@@ -388,26 +409,55 @@ static void preempt_newest(llm_sched *s) {
 
 /* ---------------------------------------------------------------- one step */
 
-/* Fills the batch: one row for every decoding sequence, then prompt chunks,
- * oldest request first, within the token budget. Returns the rows. */
+/* Drafts for a decoding choice, written after its fed token at rows: what
+ * the room allows (positions left in the context, tokens left to generate,
+ * rows and logits rows left once every later decoder has its one row). */
+static int32_t propose(llm_sched *s, sched_seq *ch, int32_t rows, int32_t n_out, int32_t later) {
+    if (ch->draft_len <= 0) return 0;
+    int64_t lim = ch->draft_len;
+    int64_t room[] = {s->n_ctx - ch->n_tokens, s->p.batch_tokens - rows - 1 - later, s->n_out_max - n_out - 1 - later,
+                      ch->max_tokens >= 0 ? (int64_t)ch->max_tokens - ch->n_generated - 1 : lim};
+    for (int i = 0; i < 4; i++) lim = room[i] < lim ? room[i] : lim;
+    return lim > 0 ? llm_lookup_draft(ch->tokens, ch->n_tokens, (int32_t)lim, s->b_tokens + rows + 1) : 0;
+}
+
+/* Live, in the cache, and one token (the last sampled) to feed. */
+static int decoding(const sched_seq *ch) {
+    return ch->seq >= 0 && ch->stop == LLM_STOP_NONE && ch->n_tokens - ch->n_cached == 1;
+}
+
+/* Fills the batch: one row for every decoding sequence (with its drafts, if
+ * any), then prompt chunks, oldest request first, within the token budget.
+ * Returns the rows. */
 static int32_t build_batch(llm_sched *s, int32_t *n_seqs, int32_t *n_out) {
-    int32_t rows = 0, nb = 0, no = 0;
+    int32_t rows = 0, nb = 0, no = 0, later = 0;
+    for (int32_t k = 0; k < s->n_running; k++)
+        for (int32_t i = 0; i < s->running[k]->n_choices; i++) later += decoding(&s->running[k]->ch[i]);
     s->b_rows[0] = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int32_t k = 0; k < s->n_running; k++) {
             sched_req *r = s->running[k];
             for (int32_t i = 0; i < r->n_choices; i++) {
                 sched_seq *ch = &r->ch[i];
-                if (pass == 0) ch->rows = 0, ch->out_row = -1;
+                if (pass == 0) ch->rows = 0, ch->out_row = -1, ch->n_draft = 0;
                 if (ch->seq < 0 || ch->stop != LLM_STOP_NONE || rows >= s->p.batch_tokens) continue;
                 int32_t left = ch->n_tokens - ch->n_cached;
                 if ((pass == 0) != (left == 1)) continue;
-                int32_t t = left < s->p.batch_tokens - rows ? left : s->p.batch_tokens - rows;
-                memcpy(s->b_tokens + rows, ch->tokens + ch->n_cached, sizeof(int32_t) * (size_t)t);
-                memset(s->b_want + rows, 0, (size_t)t);
-                if (ch->n_cached + t == ch->n_tokens) s->b_want[rows + t - 1] = 1, ch->out_row = no++;
-                rows += t;
-                ch->rows = t;
+                if (pass == 0) { /* the token to feed, then drafts: every row wants its logits */
+                    later--;
+                    ch->n_draft = propose(s, ch, rows, no, later);
+                    s->b_tokens[rows] = ch->tokens[ch->n_cached];
+                    memset(s->b_want + rows, 1, (size_t)(1 + ch->n_draft));
+                    ch->rows = 1 + ch->n_draft, ch->out_row = no;
+                    no += ch->rows, rows += ch->rows;
+                } else {
+                    int32_t t = left < s->p.batch_tokens - rows ? left : s->p.batch_tokens - rows;
+                    memcpy(s->b_tokens + rows, ch->tokens + ch->n_cached, sizeof(int32_t) * (size_t)t);
+                    memset(s->b_want + rows, 0, (size_t)t);
+                    if (ch->n_cached + t == ch->n_tokens) s->b_want[rows + t - 1] = 1, ch->out_row = no++;
+                    rows += t;
+                    ch->rows = t;
+                }
                 s->b_seqs[nb] = ch->seq, s->b_ch[nb] = ch;
                 s->b_rows[++nb] = rows;
             }
@@ -435,8 +485,8 @@ static float logprobs_of(llm_sched *s, const float *logits, int32_t token, int32
 }
 
 /* Samples choice i of r from logits, streams its text, ends it if a stop
- * condition is met. */
-static void sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *logits) {
+ * condition is met. Returns the token. */
+static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *logits) {
     sched_seq *ch = &r->ch[i];
     int32_t token = llm_sample(&ch->sampler, logits);
     int32_t ids[LLM_SCHED_MAX_TOP];
@@ -453,11 +503,40 @@ static void sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *lo
         s->st.generation_tokens++;
         ev.n_generated = ch->n_generated;
         ch->tokens[ch->n_tokens++] = token;
-        /* a token past the context can be shown but never fed */
-        if (why == LLM_STOP_NONE && (ch->n_tokens > s->n_ctx || ch->n_tokens >= ch->cap)) why = LLM_STOP_CONTEXT;
+        /* a token past the context can be shown but never fed (with shifts: not before a shift) */
+        if (why == LLM_STOP_NONE && !s->p.context_shift && (ch->n_tokens > s->n_ctx || ch->n_tokens >= ch->cap))
+            why = LLM_STOP_CONTEXT;
         r->cb(r->user, &ev);
     }
     if (why != LLM_STOP_NONE) finish_choice(s, r, i, why, NULL);
+    return token;
+}
+
+/* A verify pass: row j of the choice's logits follows the fed token and
+ * drafts 0 .. j-1 (at b_tokens[first + 1 ..]). Samples row after row while
+ * each sample equals the draft the next row was computed after, as plain
+ * decoding would have fed it; the drafts after the first that differs leave
+ * the cache. `before`: what the cache held before the pass. */
+static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const int32_t *draft) {
+    sched_seq *ch = &r->ch[i];
+    const int32_t nd = ch->n_draft;
+    int32_t j = 0;
+    s->st.drafted += (uint64_t)nd;
+    for (;; j++) {
+        int32_t tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
+        if (ch->stop != LLM_STOP_NONE) return;   /* its pages are gone with it */
+        if (j == nd || tok != draft[j]) break;
+        s->st.accepted++;
+    }
+    ch->draft_len = llm_lookup_next_len(s->p.draft_lookup, nd, j);
+    const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
+    if (keep < ch->n_cached) {
+        if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
+            finish_choice(s, r, i, LLM_STOP_ERROR, "rolling back rejected drafts failed");
+            return;
+        }
+        ch->n_cached = keep;
+    }
 }
 
 /* After the forward: advance each sequence; where its last token was fed,
@@ -465,6 +544,7 @@ static void sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *lo
 static void deliver(llm_sched *s, int32_t nb) {
     for (int32_t b = 0; b < nb; b++) {
         sched_seq *ch = s->b_ch[b];
+        const int32_t before = ch->n_cached;
         ch->n_cached += ch->rows;
         if (ch->out_row < 0) continue;
         const float *lg = s->logits + (size_t)ch->out_row * (size_t)s->V;
@@ -486,10 +566,40 @@ static void deliver(llm_sched *s, int32_t nb) {
             }
             for (int32_t j = 0; j < r->n_choices; j++)
                 if (r->ch[j].stop == LLM_STOP_NONE) sample_choice(s, r, j, lg);
+        } else if (ch->n_draft > 0) {
+            verify(s, r, i, before, s->b_tokens + s->b_rows[b] + 1);
         } else {
             sample_choice(s, r, i, lg);
         }
     }
+}
+
+/* Context shift (engine/policy.h) for every choice whose cache is full and
+ * has a token to feed: its first n_keep positions stay, half of the rest go
+ * (llm_context_shift re-rotates the kept keys and renumbers), the same
+ * tokens leave its list. Nothing to drop after the kept ones: it ends with
+ * LLM_STOP_CONTEXT. */
+static void shift_full(llm_sched *s) {
+    if (!s->p.context_shift) return;
+    for (int32_t k = 0; k < s->n_running; k++)
+        for (int32_t i = 0; i < s->running[k]->n_choices; i++) {
+            sched_req *r = s->running[k];
+            sched_seq *ch = &r->ch[i];
+            if (!decoding(ch) || ch->n_cached < s->n_ctx) continue;
+            const int32_t keep = s->p.n_keep;
+            if (keep >= ch->n_cached) {
+                finish_choice(s, r, i, LLM_STOP_CONTEXT, NULL);
+                continue;
+            }
+            const int32_t drop = llm_shift_discard(ch->n_cached, keep);
+            if (llm_context_shift(s->c, ch->seq, keep, drop) != LLM_OK) {
+                finish_choice(s, r, i, LLM_STOP_ERROR, "the context shift failed (out of KV pages for copies)");
+                continue;
+            }
+            memmove(ch->tokens + keep, ch->tokens + keep + drop, sizeof(int32_t) * (size_t)(ch->n_tokens - keep - drop));
+            ch->n_tokens -= drop, ch->n_cached -= drop;
+            s->st.shifts++;
+        }
 }
 
 static void snapshot(llm_sched *s) {
@@ -549,6 +659,7 @@ int llm_sched_step(llm_sched *s) {
     take_inbox(s);
     reap(s);
     admit(s);
+    shift_full(s);
     int32_t nb, no, rows;
     int rc = LLM_OK;
     for (;;) {

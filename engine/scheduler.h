@@ -44,9 +44,20 @@ typedef struct {
     int32_t batch_tokens;   /* rows one step may run at most (clipped to the context's n_batch) */
     int32_t max_running;    /* requests admitted at once; 0: as many as sequence slots allow */
     int32_t max_waiting;    /* submit refuses with LLM_ERR_QUEUE_FULL beyond this many waiting */
+    /* Cache policies (engine/policy.h), as llm_gen_params has them. */
+    int context_shift;      /* 1: a sequence that fills the context keeps its first n_keep
+                             * positions, drops half of the rest (llm_context_shift) and goes
+                             * on; a request without max_tokens then ends after n_ctx tokens
+                             * (LLM_STOP_LENGTH). 0: it ends with LLM_STOP_CONTEXT */
+    int32_t n_keep;         /* positions a shift keeps (the attention sinks); fewer than 4 count as 4 */
+    int32_t draft_lookup;   /* N > 0: greedy choices (temperature <= 0) decode by prompt lookup:
+                             * up to N drafts (llm_lookup_draft) ride in the step as N more rows
+                             * of the choice, the ones the model disagrees with are cut off by
+                             * llm_seq_truncate; the tokens are those of plain decoding.
+                             * 0 .. LLM_MAX_DRAFT */
 } llm_sched_params;
 
-/* batch_tokens 512, max_running 0, max_waiting 256. */
+/* batch_tokens 512, max_running 0, max_waiting 256, no shift (n_keep 0), no drafts. */
 llm_sched_params llm_sched_default_params(void);
 
 /* What a callback receives. A choice produces token events, then exactly one
@@ -95,6 +106,8 @@ typedef struct {
     uint64_t preemptions;
     uint64_t steps;                     /* forward passes run */
     uint64_t rows;                      /* rows those passes took */
+    uint64_t shifts;                    /* context shifts made */
+    uint64_t drafted, accepted;         /* prompt-lookup draft tokens verified, and of those taken */
 } llm_sched_stats;
 
 typedef struct llm_sched llm_sched;

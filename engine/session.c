@@ -238,13 +238,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
      * tokens. */
     float *cur = s->logits;  /* the logits to sample from */
     int32_t vk = 0, vi = 0;  /* drafts in the cache after n_cached, and how many were accepted */
-    /* Drafts to propose next: a pass of T rows costs about T times a decode
-     * step once the matrix products are compute-bound (measured on SmolLM2
-     * on 2 cores: 1.4x for T = 2, 3.6x for T = 9), so a long draft pays
-     * only where drafts are being accepted. After a pass that took all its
-     * drafts the next may be twice as long (up to N); after a rejection, one
-     * more than were taken. */
-    int32_t want_draft = n_draft_max;
+    int32_t want_draft = n_draft_max; /* drafts to propose next (llm_lookup_next_len) */
     while (rc == LLM_OK) {
         if (p->max_tokens == 0) {
             STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
@@ -314,7 +308,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             cur = rows + (size_t)++vi * (size_t)V;
             continue;
         }
-        if (vk) want_draft = vi == vk ? (2 * vk < n_draft_max ? 2 * vk : n_draft_max) : vi + 1;
+        if (vk) want_draft = llm_lookup_next_len(n_draft_max, vk, vi);
         if (vk && vi < vk && (rc = llm_seq_truncate(s->c, s->seq, s->n_cached)) != LLM_OK) { /* drafts from vi on: wrong */
             STOP(LLM_STOP_ERROR, rc, "rolling back rejected drafts failed: %s", llm_status_str(rc));
             break;

@@ -275,6 +275,7 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     llm_sched_params sp = llm_sched_default_params();
     if (s->p.batch_tokens > 0) sp.batch_tokens = s->p.batch_tokens;
     if (s->p.max_waiting > 0) sp.max_waiting = s->p.max_waiting;
+    sp.context_shift = s->p.context_shift, sp.n_keep = s->p.n_keep, sp.draft_lookup = s->p.draft_lookup;
     int rc = llm_sched_create(c, &sp, &s->sched);
     if (rc) return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
     if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {

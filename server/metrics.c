@@ -95,6 +95,10 @@ char *srv_metrics_page(srv *s) {
     metric(&pg, "kvcache_preemptions_total", "counter", "Requests preempted (pages freed, recomputed later)",
            (double)st.preemptions);
     metric(&pg, "kvcache_steps_total", "counter", "Batched forward passes", (double)st.steps);
+    metric(&pg, "kvcache_context_shifts_total", "counter", "Context shifts (--context-shift)", (double)st.shifts);
+    metric(&pg, "kvcache_draft_tokens_total", "counter", "Prompt-lookup draft tokens verified (--draft-lookup)",
+           (double)st.drafted);
+    metric(&pg, "kvcache_draft_accepted_total", "counter", "Of those, accepted", (double)st.accepted);
     pthread_mutex_lock(&s->metrics.mu);
     put(&pg, "# HELP kvcache_http_responses_total HTTP replies by status\n"
              "# TYPE kvcache_http_responses_total counter\n");

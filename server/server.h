@@ -23,6 +23,9 @@ typedef struct {
     int32_t max_waiting;       /* queued requests beyond which new ones get 503 */
     int32_t http_threads;      /* civetweb workers (one per open connection) */
     const char *model_id;      /* the name /v1/models reports */
+    int context_shift;         /* scheduler's cache policies (engine/scheduler.h llm_sched_params) */
+    int32_t n_keep;
+    int32_t draft_lookup;
 } srv_params;
 
 typedef struct srv srv;

@@ -168,6 +168,19 @@ TEST(policy_shift_discard_is_half_of_what_is_not_kept) {
 
 /* ---------------------------------------------------------------- prompt lookup */
 
+TEST(policy_lookup_drafts_after_the_longest_ngram_before_a_more_recent_shorter_one) {
+    int32_t d[8];
+    /* 1 2 3 4 5, then a "3" with other tokens before it (9 3 7), then 1 2 3:
+     * the 3-gram 1 2 3 wins over the more recent 1-gram, so 4 5 is proposed, not 7 */
+    const int32_t a[] = {1, 2, 3, 4, 5, 0, 9, 3, 7, 0, 1, 2, 3};
+    CHECK_EQ_INT(llm_lookup_draft(a, 13, 3, d), 3);
+    CHECK(d[0] == 4 && d[1] == 5 && d[2] == 0);
+    /* two earlier "3"s, each agreeing for that one token: the most recent, 8 */
+    const int32_t b[] = {5, 3, 7, 6, 3, 8, 4, 3};
+    CHECK_EQ_INT(llm_lookup_draft(b, 8, 1, d), 1);
+    CHECK(d[0] == 8);
+}
+
 TEST(policy_lookup_drafts_what_followed_the_most_recent_occurrence) {
     int32_t d[8];
     /* the 3-gram 5 6 7 occurred at 0: propose what followed, up to the end */
