@@ -128,10 +128,11 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
 	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
 
 # The sanitizer and scalar-kernel runs leave out the slowest real-model tests
-# (perplexity over the text file, Gemma's long window run, the attention bench):
+# (perplexity over the text file, Gemma's long window run, the attention bench,
+# the greedy runs on 1, 2 and 3 threads):
 # the plain run keeps them, and the same code paths run under the sanitizers
 # through the tiny models and the shorter real-model tests.
-SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy
+SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output
 
 test-asan: deps
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
@@ -142,8 +143,10 @@ test-asan: deps
 # under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
 TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
               LDFLAGS="-fsanitize=thread"
+# (fuzzer-no-link too: the fuzz targets link this same build, so the slow
+# sanitizer compile of the SIMD kernels happens once)
 ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
-              CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+              CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
               LDFLAGS="-fsanitize=address,undefined"
 PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider --capture=sys \
                    python/tests/test_threads.py
@@ -161,7 +164,7 @@ test-threads: deps $(PY_DEPS)
 # A portable build still runs the SIMD kernels (chosen by CPUID); the second
 # run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
 test-portable: deps
-	$(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 
 # ---------------------------------------------------------------- examples
@@ -240,15 +243,15 @@ install-python: lib
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from
 # tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
+# The libraries are test-asan's build (ASAN_FLAGS carries fuzzer-no-link).
 fuzz: deps
-	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 \
-	    CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-	    build-fuzz/libkvengine.a build-fuzz/libkvcache.a
+	$(MAKE) $(ASAN_FLAGS) build-asan/libkvengine.a build-asan/libkvcache.a
+	@mkdir -p build-fuzz
 	@for src in tests/fuzz/fuzz_*.c; do \
 	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
 	    extra=; case $$name in fuzz_request) extra="server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)";; esac; \
 	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	        -Iinclude -Iengine $$src $$extra build-fuzz/libkvengine.a build-fuzz/libkvcache.a -lm -lpthread \
+	        -Iinclude -Iengine $$src $$extra build-asan/libkvengine.a build-asan/libkvcache.a -lm -lpthread \
 	        -o build-fuzz/$$name || exit 1; \
 	    mkdir -p build-fuzz/corpus_$$name; \
 	    echo "== $$name: $(FUZZ_SECONDS) s"; \
