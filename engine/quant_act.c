@@ -179,14 +179,15 @@ float llm_act_lanes_sum(const float l[8]) {
 
 int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out) {
-    if (!llm_type_int8(type)) return -1;
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++) {
-            float lane[8] = {0};
-            for (int64_t b = 0; b < nb; b++) {
-                int32_t wi[QB], S = 0;
-                float wa, wb;
-                weight_block(type, w[r], b, wi, &wa, &wb);
+    if (!llm_type_int8(type) || nt < 1 || nt > 8) return -1;
+    for (int r = 0; r < nr; r++) {
+        float lane[8][8] = {{0}};   /* [X row][b % 8] */
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t wi[QB];
+            float wa, wb;
+            weight_block(type, w[r], b, wi, &wa, &wb);   /* once for every X row */
+            for (int t = 0; t < nt; t++) {
+                int32_t S = 0;
                 if (x[t].bits == LLM_ACT_Q8) {
                     const int8_t *q = (const int8_t *)x[t].q + b * QB;
                     for (int k = 0; k < QB; k++) S += wi[k] * q[k];
@@ -199,10 +200,11 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
                 float t2 = (float)x[t].s[b] * wb;
                 float u = t1 + t2;
                 float c = x[t].d[b] * u;
-                lane[b % 8] = lane[b % 8] + c;
+                lane[t][b % 8] = lane[t][b % 8] + c;
             }
-            out[r * nt + t] = llm_act_lanes_sum(lane);
         }
+        for (int t = 0; t < nt; t++) out[r * nt + t] = llm_act_lanes_sum(lane[t]);
+    }
     return 0;
 }
 

@@ -276,7 +276,7 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
 
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
                                    int64_t nb, float *out) {
-    if (nt < 1 || nt > 4) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    if (nt < 1 || nt > 4) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);   /* (the driver sends <= 4) */
     switch (type) {
     case LLM_TYPE_Q4_0: ACT_SHAPES(LLM_TYPE_Q4_0); return 0;
     case LLM_TYPE_Q4_1: ACT_SHAPES(LLM_TYPE_Q4_1); return 0;
