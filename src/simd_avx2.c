@@ -266,15 +266,10 @@ DECODE_INLINE softmax_full(const int32_t NV, const float *ks, const float *vs, f
     }
 }
 
-DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
-                          size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
-                          const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
-    dots_impl(t, nv < 4 ? nv : 4, q, d, k, stride, n, s);
-    if (nv > 4) dots_impl(t, nv - 4, q + 4 * (size_t)d, d, k, stride, n, s + 4);
-    if (n == 16 && kv_block_uniform(nv, lo, hi) && lo[0] == 0 && hi[0] == 15) {
-        softmax_full(nv, ks, vs, m, l, s, corr);
-        return;
-    }
+/* The online-softmax update of the vectors that see only part of the block
+ * (a window's edge, rows of a short prefill) or of a short block. */
+static void softmax_part(int32_t nv, const float *ks, const float *vs, const int32_t *lo, const int32_t *hi,
+                         float *m, float *l, float (*s)[16], float *corr) {
     const __m256i iota0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_epi32(iota0, _mm256_set1_epi32(8));
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) { /* sees none of the block: state unchanged, values skip it */
@@ -351,37 +346,77 @@ DECODE_INLINE values_group(const kv_dtype t, const int32_t NV, int32_t d, const 
     }
 }
 
-DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
-                          int32_t jlo, int32_t jhi, float (*w)[16], const float *corr, float *acc) {
-    values_group(t, nv < 4 ? nv : 4, d, v, stride, jlo, jhi, w, corr, acc);
-    if (nv > 4) values_group(t, nv - 4, d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d);
-}
+/* One out-of-line instance of each kernel per storage type and group size
+ * that it needs known at compile time, and no more: dots and values per
+ * (type, NV <= 4), a group of 5..8 vectors taking two of them; the full-block
+ * softmax per NV <= 8, whatever the type. (Inlining every kernel into each of
+ * the (type, NV <= 8) cases made this file the slowest of the build.) */
+typedef void dots_fn(const float *q, int32_t d, const unsigned char *k, size_t stride, int32_t n, float (*s)[16]);
+typedef void values_fn(int32_t d, const unsigned char *v, size_t stride, int32_t jlo, int32_t jhi, float (*w)[16],
+                       const float *corr, float *acc);
+typedef void softmax_fn(const float *ks, const float *vs, float *m, float *l, float (*s)[16], float *corr);
+
+#define DOTS(T, NV)                                                                                            \
+    static void dots_##T##_##NV(const float *q, int32_t d, const unsigned char *k, size_t stride, int32_t n,   \
+                                float (*s)[16]) {                                                              \
+        dots_impl(T, NV, q, d, k, stride, n, s);                                                               \
+    }                                                                                                          \
+    static void values_##T##_##NV(int32_t d, const unsigned char *v, size_t stride, int32_t jlo, int32_t jhi, \
+                                  float (*w)[16], const float *corr, float *acc) {                            \
+        values_group(T, NV, d, v, stride, jlo, jhi, w, corr, acc);                                            \
+    }
+#define DOTS_T(T) DOTS(T, 1) DOTS(T, 2) DOTS(T, 3) DOTS(T, 4)
+DOTS_T(KV_F32) DOTS_T(KV_F16) DOTS_T(KV_BF16) DOTS_T(KV_Q8)
+#undef DOTS_T
+#undef DOTS
+
+#define ROW(T, F) [T] = {F##_##T##_1, F##_##T##_2, F##_##T##_3, F##_##T##_4}
+static dots_fn *const dots_for[][4] = {ROW(KV_F32, dots), ROW(KV_F16, dots), ROW(KV_BF16, dots), ROW(KV_Q8, dots)};
+static values_fn *const values_for[][4] = {ROW(KV_F32, values), ROW(KV_F16, values), ROW(KV_BF16, values),
+                                           ROW(KV_Q8, values)};
+#undef ROW
+
+#define SOFTMAX(NV)                                                                                         \
+    static void softmax_##NV(const float *ks, const float *vs, float *m, float *l, float (*s)[16], float *corr) { \
+        softmax_full(NV, ks, vs, m, l, s, corr);                                                            \
+    }
+SOFTMAX(1) SOFTMAX(2) SOFTMAX(3) SOFTMAX(4) SOFTMAX(5) SOFTMAX(6) SOFTMAX(7) SOFTMAX(8)
+#undef SOFTMAX
+static softmax_fn *const softmax_for[KV_DECODE_VECS] = {softmax_1, softmax_2, softmax_3, softmax_4,
+                                                        softmax_5, softmax_6, softmax_7, softmax_8};
+
+static bool decode_type(kv_dtype t) { return t == KV_F32 || t == KV_F16 || t == KV_BF16 || t == KV_Q8; }
 
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
                           float *m, float *l, float (*w)[16], float *corr) {
-#define SCORES(T, NV) scores_impl(T, NV, q, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr)
-    KV_DECODE_SWITCH(SCORES)
-#undef SCORES
+    if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
+    dots_for[t][(nv < 4 ? nv : 4) - 1](q, d, k, stride, n, w);
+    if (nv > 4) dots_for[t][nv - 5](q + 4 * (size_t)d, d, k, stride, n, w + 4);
+    if (n == 16 && kv_block_uniform(nv, lo, hi) && lo[0] == 0 && hi[0] == 15)
+        softmax_for[nv - 1](ks, vs, m, l, w, corr);
+    else
+        softmax_part(nv, ks, vs, lo, hi, m, l, w, corr);
+}
+
+/* acc = acc * corr + sum_j w[j] v[j] over keys jlo..jhi, which all nv vectors see */
+static void values_seen(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t jlo,
+                        int32_t jhi, float (*w)[16], const float *corr, float *acc) {
+    values_for[t][(nv < 4 ? nv : 4) - 1](d, v, stride, jlo, jhi, w, corr, acc);
+    if (nv > 4) values_for[t][nv - 5](d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d);
 }
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
                           const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc) {
+    if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
     if (kv_block_uniform(nv, lo, hi)) {
-        if (lo[0] > hi[0]) return;
-#define VALUES(T, NV) values_impl(T, NV, d, v, stride, lo[0], hi[0], w, corr, acc)
-        KV_DECODE_SWITCH(VALUES)
-#undef VALUES
+        if (lo[0] <= hi[0]) values_seen(t, nv, d, v, stride, lo[0], hi[0], w, corr, acc);
         return;
     }
     /* vectors that see different keys (rows of a short prefill, a window's
      * edge): one at a time, each over its own keys */
-    for (int32_t i = 0; i < nv; i++) {
-        if (lo[i] > hi[i]) continue;
-#define ONE(T) case T: values_group(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d); break;
-        switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
-#undef ONE
-    }
+    for (int32_t i = 0; i < nv; i++)
+        if (lo[i] <= hi[i]) values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d);
     (void)n;
 }
 
