@@ -246,6 +246,34 @@ act_chunk(const int type, const uint8_t *row, int64_t b0, const int nv, const ll
     }
 }
 
+/* The row's last nv < 8 blocks, one X row at a time, out of line: once per
+ * weight type and width, not unrolled per T as well (which made this the
+ * slowest file of the build, for at most one chunk of each row). */
+#define ACT_TAIL(T_, W_)                                                                                  \
+    static void act_tail_##T_##_##W_(const uint8_t *row, int64_t b0, int nv, const llm_act_row *x, __m256 *acc) { \
+        act_chunk(T_, row, b0, nv, x, 1, acc, W_, 0);                                                     \
+    }
+#define ACT_TAILS(T_) ACT_TAIL(T_, 0) ACT_TAIL(T_, 1)
+ACT_TAILS(LLM_TYPE_Q4_0) ACT_TAILS(LLM_TYPE_Q4_1) ACT_TAILS(LLM_TYPE_Q5_0) ACT_TAILS(LLM_TYPE_Q8_0)
+ACT_TAILS(LLM_TYPE_Q4_K) ACT_TAILS(LLM_TYPE_Q5_K) ACT_TAILS(LLM_TYPE_Q6_K)
+#undef ACT_TAILS
+#undef ACT_TAIL
+
+static inline __attribute__((always_inline)) void act_tail(const int type, const uint8_t *row, int64_t b0, int nv,
+                                                           const llm_act_row *x, const int T, __m256 acc[4],
+                                                           const int W16) {
+#define CASE(T_) \
+    case T_: fn = W16 ? act_tail_##T_##_1 : act_tail_##T_##_0; break;
+    void (*fn)(const uint8_t *, int64_t, int, const llm_act_row *, __m256 *) = NULL;
+    switch (type) {
+        CASE(LLM_TYPE_Q4_0) CASE(LLM_TYPE_Q4_1) CASE(LLM_TYPE_Q5_0) CASE(LLM_TYPE_Q8_0)
+        CASE(LLM_TYPE_Q4_K) CASE(LLM_TYPE_Q5_K) CASE(LLM_TYPE_Q6_K)
+    default: return;
+    }
+#undef CASE
+    for (int t = 0; t < T; t++) fn(row, b0, nv, x + t, acc + t);
+}
+
 /* R weight rows against T X rows, each weight row streamed in order */
 static inline __attribute__((always_inline)) void
 act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row *x, const int T, int64_t nb,
@@ -254,7 +282,7 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         int64_t b0 = 0;
         for (; b0 + 8 <= nb; b0 += 8) act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
-        if (b0 < nb) act_chunk(type, w[r], b0, (int)(nb - b0), x, T, acc, W16, 0);
+        if (b0 < nb) act_tail(type, w[r], b0, (int)(nb - b0), x, T, acc, W16);
         UNROLL for (int t = 0; t < T; t++) out[r * T + t] = lanes_sum(acc[t]);
     }
 }
