@@ -1,15 +1,18 @@
 /* engine/scheduler.c - continuous batching (see scheduler.h): the request and
  * sequence records, admission with prefix reuse, one ragged step, preemption
  * by recomputation, fork for n choices, the cache policies (context shift,
- * prompt-lookup drafts verified as extra rows), and the thread-safe inbox. */
+ * prompt-lookup drafts verified as extra rows, session files restored at
+ * admission and saved at the end), and the thread-safe inbox. */
 #include "scheduler.h"
 #include "policy.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- records */
 
@@ -27,6 +30,7 @@ typedef struct {
     int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
     int32_t max_tokens;     /* its text stream's limit; < 0: none */
     llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
+    int shifted;            /* a context shift moved its cache: never saved to a session */
     llm_sampler sampler;
     llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
 } sched_seq;
@@ -40,7 +44,9 @@ typedef struct sched_req {
     int32_t top;                /* top_logprobs, < 0: none */
     int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
     int admitted;               /* has been admitted once (n_cached_first is known) */
-    int32_t n_cached_first;     /* prompt tokens the prefix cache held at first admission */
+    int32_t n_cached_first;     /* prompt tokens reused at first admission (prefix cache or session) */
+    int32_t n_restored;         /* of those, restored from the session file */
+    char *session;              /* the session file's path, or NULL */
     struct sched_req *next;     /* in the inbox or the waiting list */
     sched_seq ch[];             /* [n_choices] */
 } sched_req;
@@ -86,6 +92,7 @@ llm_sched_params llm_sched_default_params(void) {
 
 static void req_free(sched_req *r) {
     if (!r) return;
+    free(r->session);
     for (int32_t i = 0; i < r->n_choices; i++) {
         free(r->ch[i].tokens);
         llm_sampler_free(&r->ch[i].sampler);
@@ -176,6 +183,10 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
     if (!q) return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
     q->cb = r->cb, q->user = r->user, q->n_prompt = r->n_prompt, q->n_choices = r->n_choices;
     q->top = r->top_logprobs;
+    if (r->session && !(q->session = strdup(r->session))) {
+        free(q);
+        return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
+    }
     int64_t gen = r->max_tokens < 0 || r->max_tokens > s->n_ctx ? s->n_ctx : r->max_tokens;
     int32_t cap = (int32_t)(r->n_prompt + gen + 1);
     /* with shifts the tokens kept never pass the context and one not fed; a
@@ -252,6 +263,120 @@ llm_sched_stats llm_sched_get_stats(llm_sched *s) {
     return st;
 }
 
+/* ---------------------------------------------------------------- session files */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void sched_log(llm_sched *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sched_log(llm_sched *s, const char *fmt, ...) {
+    if (!s->p.log) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->p.log(s->p.log_user, line);
+}
+
+/* A restore reads (and checksums, twice) the whole file, whatever it shares
+ * with the prompt: on SmolLM2 (f16 K/V, 2 cores) a file of 1,500 positions
+ * took ~225 ms, a prefill of as many ~13 s, so a file position costs ~1/58
+ * of a prefilled token. The file is read only when the tokens it gives
+ * beyond the prefix cache's match are worth it with a margin: at least
+ * n_file / SESSION_READ_RATIO of them. Across restarts (an empty prefix
+ * cache) it always is; in one process, after a turn whose full pages the
+ * prefix cache kept, the file reaches less than a page further and is not
+ * read. */
+enum { SESSION_READ_RATIO = 32 };
+
+/* At the first admission of a request naming a session, choice 0 holds the
+ * prefix cache's match (ch->n_cached). When the file's tokens begin the
+ * prompt further (read from its header alone) by enough, the sequence is
+ * given up and the file restored into a new one; a file that cannot be used
+ * leaves the prompt to the prefix cache (matched again: the pages given up
+ * stay cached). need: pages the admission counted on. Returns 0, or -1 when
+ * no sequence could be had again (the caller undoes the admission). */
+static int session_restore(llm_sched *s, sched_req *r, int32_t need) {
+    sched_seq *ch = &r->ch[0];
+    char err[320];
+    int32_t common = 0, n_file = 0;
+    const double t0 = now_s();
+    int rc = llm_session_file_peek(s->c, r->session, ch->tokens, ch->n_tokens, &common, &n_file, err, sizeof err);
+    if (rc == 1) return 0;   /* no file yet: the session's first request */
+    if (rc != 0) {
+        sched_log(s, "session file ignored, the prompt runs without it: %s", err);
+        s->st.session_refused++;
+    } else if (common > ch->n_cached && (int64_t)(common - ch->n_cached) * SESSION_READ_RATIO >= n_file) {
+        /* the restore holds every page of the file until it is cut to the
+         * common prefix; with others running, only from room that is spare */
+        kv_cache_stats cs = llm_context_stats(s->c);
+        if (s->n_running > 0 && cs.pages_free + cs.pages_cached < pages_for(n_file, s->page_size) + need + s->n_pages / 100 + 1) {
+            sched_log(s, "session file %s ignored: the KV pool has no room to read its %d tokens now", r->session,
+                      (int)n_file);
+            s->st.session_refused++;
+        } else {
+            llm_seq_remove(s->c, ch->seq);
+            ch->seq = -1, ch->n_cached = 0;
+            int32_t seq = -1, got = 0;
+            if (llm_session_file_load(s->c, r->session, ch->tokens, ch->n_tokens, &seq, &got, err, sizeof err) == 0) {
+                ch->seq = seq, ch->n_cached = got, r->n_restored = got;
+                s->st.session_restores++, s->st.session_restored += (uint64_t)got;
+                sched_log(s, "session file %s: restored %d of %d prompt tokens (file of %d) in %.1f ms", r->session,
+                          (int)got, (int)ch->n_tokens, (int)n_file, 1e3 * (now_s() - t0));
+            } else {
+                sched_log(s, "session file ignored, the prompt runs without it: %s", err);
+                s->st.session_refused++;
+                if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
+                    ch->seq = -1;
+                    s->st.session_seconds += now_s() - t0;
+                    return -1;
+                }
+                int32_t matched = 0;
+                if (s->prefix && ch->n_tokens > 1)
+                    kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+                ch->n_cached = matched;
+            }
+        }
+    } else {
+        sched_log(s, "session file %s not read: the prefix cache holds %d of the %d prompt tokens it gives", r->session,
+                  (int)ch->n_cached, (int)common);
+    }
+    s->st.session_seconds += now_s() - t0;
+    return 0;
+}
+
+/* Saves what choice 0's cache holds of its tokens to the request's session
+ * file (before its pages go): the fed tokens, at most all it knows. */
+static void session_save(llm_sched *s, sched_req *r, sched_seq *ch) {
+    const double t0 = now_s();
+    const int32_t n = ch->n_cached < ch->n_tokens ? ch->n_cached : ch->n_tokens;
+    char err[320];
+    if (ch->shifted) {
+        sched_log(s, "session file %s not saved: the sequence context-shifted (its kept K/V were computed over "
+                     "tokens it dropped)", r->session);
+        s->st.session_save_failures++;
+        return;
+    }
+    if (n < 1) return;
+    if (llm_seq_length(s->c, ch->seq) != n && llm_seq_truncate(s->c, ch->seq, n) != LLM_OK) {
+        sched_log(s, "session file %s not saved: the sequence could not be cut to its %d tokens", r->session, (int)n);
+        s->st.session_save_failures++;
+        return;
+    }
+    if (llm_session_file_save(s->c, ch->seq, ch->tokens, n, r->session, err, sizeof err) != 0) {
+        sched_log(s, "session file not saved: %s", err);
+        s->st.session_save_failures++;
+    } else {
+        s->st.session_saves++;
+        sched_log(s, "session file %s: saved %d tokens in %.1f ms", r->session, (int)n, 1e3 * (now_s() - t0));
+    }
+    s->st.session_seconds += now_s() - t0;
+}
+
 /* ---------------------------------------------------------------- ending */
 
 static void release(llm_sched *s, sched_seq *ch) {
@@ -270,9 +395,12 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
     sched_seq *ch = &r->ch[i];
     if (ch->stop != LLM_STOP_NONE) return;
     ch->stop = why;
+    if (i == 0 && r->session && ch->seq >= 0 && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
+        session_save(s, r, ch);
     release(s, ch);
     llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first, .n_generated = ch->n_generated, .error = error};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored,
+                          .n_generated = ch->n_generated, .error = error};
     if (why != LLM_STOP_STRING && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
         llm_textstream_flush(ch->ts, &ev.text, &ev.text_len);
     r->cb(r->user, &ev);
@@ -281,7 +409,7 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
 /* The done event; the record is freed (the caller unlinks it first). */
 static void deliver_done(sched_req *r) {
     llm_sched_event ev = {.choice = -1, .token = -1, .text = "", .done = 1, .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored};
     for (int32_t i = 0; i < r->n_choices; i++) ev.n_generated += r->ch[i].n_generated;
     r->cb(r->user, &ev);
     req_free(r);
@@ -367,6 +495,7 @@ static int try_admit(llm_sched *s, sched_req *r) {
         /* a small watermark (vLLM's 1%): growth past it preempts the newest */
         if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
     }
+    if (!r->admitted && r->session && session_restore(s, r, need)) goto undo;
     if (!r->admitted) {
         r->admitted = 1;
         r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
@@ -492,7 +621,7 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float 
     int32_t ids[LLM_SCHED_MAX_TOP];
     float lps[LLM_SCHED_MAX_TOP];
     llm_sched_event ev = {.choice = i, .token = token, .text = "", .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored};
     if (r->top >= 0) {
         ev.logprob = logprobs_of(s, logits, token, r->top, ids, lps);
         ev.n_top = r->top, ev.top_ids = ids, ev.top_logprobs = lps;
@@ -519,10 +648,13 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float 
  * the cache. `before`: what the cache held before the pass. */
 static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const int32_t *draft) {
     sched_seq *ch = &r->ch[i];
-    const int32_t nd = ch->n_draft;
+    const int32_t nd = ch->n_draft, fed = ch->n_cached;   /* fed: before + 1 + nd */
     int32_t j = 0;
     s->st.drafted += (uint64_t)nd;
     for (;; j++) {
+        /* what the cache holds of the tokens so far, should this sample end
+         * the choice (a session saves that many): the drafts taken */
+        ch->n_cached = before + 1 + j;
         int32_t tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
         if (ch->stop != LLM_STOP_NONE) return;   /* its pages are gone with it */
         if (j == nd || tok != draft[j]) break;
@@ -530,7 +662,7 @@ static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const 
     }
     ch->draft_len = llm_lookup_next_len(s->p.draft_lookup, nd, j);
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
-    if (keep < ch->n_cached) {
+    if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
             finish_choice(s, r, i, LLM_STOP_ERROR, "rolling back rejected drafts failed");
             return;
@@ -598,6 +730,7 @@ static void shift_full(llm_sched *s) {
             }
             memmove(ch->tokens + keep, ch->tokens + keep + drop, sizeof(int32_t) * (size_t)(ch->n_tokens - keep - drop));
             ch->n_tokens -= drop, ch->n_cached -= drop;
+            ch->shifted = 1;
             s->st.shifts++;
         }
 }
