@@ -259,21 +259,26 @@ TEST(sched_refuses_bad_policy_parameters) {
 /* One greedy request (prompt [n], at most max_tokens) through a new
  * scheduler with params sp on c, naming session (or NULL); its record and the
  * scheduler's stats. The context, and so its prefix cache, outlives it. */
-static void run_one(llm_context *c, const llm_sched_params *sp, const int32_t *prompt, int32_t n, int32_t max_tokens,
-                    const char *session, rec_t *rec, llm_sched_stats *st) {
+static void run_stop(llm_context *c, const llm_sched_params *sp, const int32_t *prompt, int32_t n, int32_t max_tokens,
+                     const char *session, const char *stop, rec_t *rec, llm_sched_stats *st) {
     llm_sched *s = NULL;
     memset(rec, 0, sizeof *rec);
     CHECK_EQ_INT(llm_sched_create(c, sp, &s), LLM_OK);
     if (!s) return;
     llm_sched_request q = {.prompt = prompt, .n_prompt = n, .n_choices = 1, .max_tokens = max_tokens,
                            .sampler = llm_sampler_default_params(), .top_logprobs = 0, .cb = on_ev, .user = rec,
-                           .session = session};
+                           .session = session, .stops = stop ? &stop : NULL, .n_stops = stop != NULL};
     q.sampler.temp = 0;
     CHECK_EQ_INT(llm_sched_submit(s, &q, NULL, NULL, 0), 0);
     drain(s, rec, 1);
     *st = llm_sched_get_stats(s);
     llm_sched_free(s);
     CHECK_EQ_INT(kv_cache_get_stats(llm_context_cache(c)).pages_used, 0);
+}
+
+static void run_one(llm_context *c, const llm_sched_params *sp, const int32_t *prompt, int32_t n, int32_t max_tokens,
+                    const char *session, rec_t *rec, llm_sched_stats *st) {
+    run_stop(c, sp, prompt, n, max_tokens, session, NULL, rec, st);
 }
 
 /* Greedy tokens and log p of rec (after prompt [n]) against the float64
@@ -522,7 +527,7 @@ out:
 }
 
 TEST(sched_sessions_save_what_drafts_kept_and_never_a_cancelled_or_shifted_sequence) {
-    enum { N = 21, GEN = 13, EXTRA = 5 };
+    enum { N = 21, GEN = 16, EXTRA = 5 };
     fx_model fx;
     llm_model *m = load(&fx, &(fx_spec){.type = GW_F32, .seed = 75});
     if (!m) return;
@@ -537,28 +542,65 @@ TEST(sched_sessions_save_what_drafts_kept_and_never_a_cancelled_or_shifted_seque
     llm_sched_stats st;
     static rec_t r1, warm, cold;
     /* drafts: a choice that ends within a verify pass saves the positions of
-     * the drafts it took, not the ones it rejected */
-    llm_context *c = ctx(m, 96, 1, 0, 0);
-    run_one(c, &drafts, p, N, GEN, path, &r1, &st);
-    llm_context_free(c);
-    CHECK(st.drafted > 0);
-    CHECK_EQ_INT((int64_t)st.session_saves, 1);
-    const int32_t n2 = N + r1.n[0] + EXTRA;
-    memcpy(p + N, r1.tok[0], sizeof(int32_t) * (size_t)r1.n[0]);
-    for (int32_t j = N + r1.n[0]; j < n2; j++) p[j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
-    c = ctx(m, 96, 1, 0, 0);
-    run_one(c, &sp, p, n2, GEN, NULL, &cold, &st);
-    llm_context_free(c);
-    c = ctx(m, 96, 1, 0, 0);
-    run_one(c, &drafts, p, n2, GEN, path, &warm, &st);
-    llm_context_free(c);
-    CHECK_EQ_INT(warm.n_restored, N + r1.n[0] - (r1.finish[0] == LLM_STOP_EOG ? 0 : 1));
-    same_run(&warm, &cold, 0, "restored after drafts");
-    CHECK(vs_oracle(&fx, p, n2, &warm) <= 1e-4);
+     * the drafts it took, not the ones after; ends at every output length */
+    uint64_t drafted = 0, accepted = 0;
+    for (int32_t gen = 3; gen <= GEN; gen++) {
+        llm_context *c = ctx(m, 96, 1, 0, 0);
+        run_one(c, &drafts, p, N, gen, path, &r1, &st);
+        llm_context_free(c);
+        drafted += st.drafted, accepted += st.accepted;
+        CHECK_EQ_INT((int64_t)st.session_saves, 1);
+        const int32_t n2 = N + r1.n[0] + EXTRA;
+        memcpy(p + N, r1.tok[0], sizeof(int32_t) * (size_t)r1.n[0]);
+        for (int32_t j = N + r1.n[0]; j < n2; j++) p[j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+        c = ctx(m, 96, 1, 0, 0);
+        run_one(c, &sp, p, n2, GEN, NULL, &cold, &st);
+        llm_context_free(c);
+        c = ctx(m, 96, 1, 0, 0);
+        run_one(c, &drafts, p, n2, GEN, path, &warm, &st);
+        llm_context_free(c);
+        CHECK_EQ_INT(warm.n_restored, N + r1.n[0] - (r1.finish[0] == LLM_STOP_EOG ? 0 : 1));
+        same_run(&warm, &cold, 0, "restored after drafts");
+        CHECK(vs_oracle(&fx, p, n2, &warm) <= 1e-4);
+    }
+    CHECK(accepted > 0 && drafted > accepted);   /* drafts taken, and rejected */
+    /* a stop string can end the choice inside a verify pass, before its last
+     * row. A prompt that holds every token once, so that every step drafts;
+     * each printable byte the output shows first at t > 1 as the stop */
+    static int32_t every[FX_VOCAB - FX_BYTE0];
+    const int32_t n_every = FX_VOCAB - FX_BYTE0;
+    for (int32_t j = 0; j < n_every; j++) every[j] = FX_BYTE0 + j;
+    for (int32_t j = n_every - 1; j > 0; j--) {
+        int32_t k = test_rng_int(&g, 0, j), t = every[j];
+        every[j] = every[k], every[k] = t;
+    }
+    llm_context *c0 = ctx(m, 512, 1, 0, 0);
+    run_one(c0, &sp, every, n_every, GEN, NULL, &cold, &st);
+    llm_context_free(c0);
+    int stops = 0;
+    for (int32_t t = 2; t < cold.n[0]; t++) {
+        int32_t b = cold.tok[0][t] - FX_BYTE0, seen = 0;
+        for (int32_t u = 0; u < t; u++) seen |= cold.tok[0][u] == cold.tok[0][t];
+        if (seen || b < 0x21 || b > 0x7e) continue;
+        const char stop[2] = {(char)b, 0};
+        c0 = ctx(m, 512, 1, 0, 0);
+        run_stop(c0, &drafts, every, n_every, GEN, path, stop, &r1, &st);
+        drafted += st.drafted;
+        CHECK_EQ_INT(r1.finish[0], LLM_STOP_STRING);
+        CHECK_EQ_INT(r1.n[0], t + 1);
+        int32_t n_common = 0, n_file = 0;
+        CHECK_EQ_INT(llm_session_file_peek(c0, path, every, n_every, &n_common, &n_file, NULL, 0), 0);
+        llm_context_free(c0);
+        CHECK_EQ_INT(n_file, n_every + t);   /* the prompt and the tokens fed: all but the stop's own */
+        stops++;
+    }
+    CHECK(stops > 0);
+    printf("     drafts: %llu of %llu taken; %d stop strings\n", (unsigned long long)accepted,
+           (unsigned long long)drafted, stops);
 
     /* cancelled: no file */
     remove(path);
-    c = ctx(m, 96, 1, 0, 0);
+    llm_context *c = ctx(m, 96, 1, 0, 0);
     llm_sched *s = NULL;
     CHECK_EQ_INT(llm_sched_create(c, &sp, &s), LLM_OK);
     if (s) {
