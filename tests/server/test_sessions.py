@@ -37,7 +37,9 @@ def metric(server, name, want=None):
     for _ in range(200):
         v = server.metrics()[name]["samples"][0][2]
         if want is None or v == want:
-            return v
+            break
+        time.sleep(0.01)
+    return v
 
 
 def settle(server):
@@ -47,8 +49,6 @@ def settle(server):
         if m["kvcache_requests_running"]["samples"][0][2] == 0 and m["kvcache_requests_waiting"]["samples"][0][2] == 0:
             return
         time.sleep(0.01)
-        time.sleep(0.01)
-    return v
 
 
 def ask(server, messages, session=None, max_tokens=32, **kw):
@@ -83,19 +83,29 @@ def test_a_session_survives_a_restart_and_gives_the_text_of_a_server_without_ses
     finally:
         first.stop()
     assert sorted(os.listdir(tmp_path)) == ["chat-1.kvs"]   # no temporary file left behind
+    # a copy for a conversation that leaves the file's tokens after the system prompt
+    (tmp_path / "fork.kvs").write_bytes((tmp_path / "chat-1.kvs").read_bytes())
+    fork = [TURN1[0], {"role": "user", "content": "What does shelf 8 hold?"}]
     turn2 = TURN1 + [{"role": "assistant", "content": r1.choices[0].message.content},
                      {"role": "user", "content": "And shelf 9?"}]
     second = Server(*ARGS, "--session-dir", str(tmp_path))   # a new process: an empty prefix cache
     try:
+        n1 = r1.usage.prompt_tokens
+        # only the common prefix is restored: the system prompt, not the question
+        f = ask(second, fork, session="fork")
+        forked = f.usage.prompt_tokens_details.cached_tokens
+        assert 0 < forked < n1 - 3
+        assert metric(second, "kvcache_session_restores_total", 1) == 1
+        assert metric(second, "kvcache_prefix_cache_hits_total") == 0
+        assert f.choices[0].message.content == ask(server, fork).choices[0].message.content
+        # the next turn: at least the first turn's prompt comes from the file
+        # (the prefix cache has the system prompt's pages now), not more than there is
         r2 = ask(second, turn2, session="chat-1")
         cached = r2.usage.prompt_tokens_details.cached_tokens
-        n1 = r1.usage.prompt_tokens
-        # at least the first turn's prompt came from the file, not more than there is
         assert n1 <= cached < r2.usage.prompt_tokens
-        assert metric(second, "kvcache_session_restores_total", 1) == 1
-        assert metric(second, "kvcache_session_restored_tokens_total", cached) == cached
+        assert metric(second, "kvcache_session_restores_total", 2) == 2
+        assert metric(second, "kvcache_session_restored_tokens_total", forked + cached) == forked + cached
         assert metric(second, "kvcache_session_load_failures_total", 0) == 0
-        assert metric(second, "kvcache_prefix_cache_hits_total", 0) == 0
         assert metric(second, "kvcache_session_io_seconds_total") > 0
         # the same text as a server that keeps no sessions
         cold1, cold2 = ask(server, TURN1), ask(server, turn2)
