@@ -304,6 +304,7 @@ static int session_restore(llm_sched *s, sched_req *r, int32_t need) {
     sched_seq *ch = &r->ch[0];
     char err[320];
     int32_t common = 0, n_file = 0;
+    if (ch->n_tokens < 2) return 0;   /* one token is prefilled anyway: nothing a file could give */
     const double t0 = now_s();
     int rc = llm_session_file_peek(s->c, r->session, ch->tokens, ch->n_tokens, &common, &n_file, err, sizeof err);
     if (rc == 1) return 0;   /* no file yet: the session's first request */

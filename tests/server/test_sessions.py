@@ -247,3 +247,22 @@ def test_concurrent_requests_with_and_without_sessions_give_their_solo_texts(ser
     r = complete(sess, prompts[0] + solo[0], session="same", max_tokens=4)
     assert r.usage.prompt_tokens_details.cached_tokens > 0
     assert not [f for f in os.listdir(sess.dir) if not f.endswith(".kvs")]   # no temporary files
+
+
+def test_a_session_dir_that_cannot_be_used_is_refused_at_start(tmp_path):
+    afile = tmp_path / "file"
+    afile.write_text("not a directory")
+    for arg, rc, says in ((str(afile), 1, "not a directory"), ("", 2, "--session-dir"),
+                          (str(afile / "below"), 1, "cannot make it")):
+        out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--session-dir", arg], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == rc and says in out.stderr, (arg, out.returncode, out.stderr)
+    # a missing directory is made
+    out_dir = tmp_path / "new"
+    s = Server("-t", "2", "--session-dir", str(out_dir))
+    try:
+        assert out_dir.is_dir()
+        complete(s, "Hello", session="a", max_tokens=2)
+        assert (out_dir / "a.kvs").is_file()
+    finally:
+        s.stop()
