@@ -640,3 +640,66 @@ TEST(sched_sessions_save_what_drafts_kept_and_never_a_cancelled_or_shifted_seque
     llm_model_free(m);
     fx_free(&fx);
 }
+
+TEST(sched_sessions_under_preemption_give_the_tokens_of_cold_runs) {
+    enum { R = 8 };
+    fx_model fx;
+    llm_model *m = load(&fx, &(fx_spec){.type = GW_F32, .seed = 77});
+    if (!m) return;
+    static int32_t prompt[R][32];
+    int32_t n_prompt[R];
+    char path[R][160];
+    test_rng g = {31};
+    llm_sched_params sp = llm_sched_default_params();
+    sp.batch_tokens = 24;
+    llm_sched_stats st;
+    static rec_t rec[2][R];
+    /* the even requests name a session that holds the first 12 tokens of their prompt */
+    llm_context *big = ctx(m, 128, 1, 0, 0);
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = 14 + 2 * i;
+        for (int j = 0; j < n_prompt[i]; j++) prompt[i][j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+        char tag[16];
+        snprintf(tag, sizeof tag, "pre%d", i);
+        session_path(path[i], sizeof path[i], tag);
+        if (i % 2 == 0) run_one(big, &sp, prompt[i], 12, 1, path[i], &rec[0][i], &st);
+    }
+    llm_context_free(big);
+    uint64_t preempted[2] = {0, 0}, restores = 0;
+    for (int with = 0; with < 2; with++) {
+        /* 4 sequences on 24 pages of 4: the newest are preempted */
+        llm_context *c = ctx(m, 128, 4, 24, 0);
+        llm_sched *s = NULL;
+        CHECK_EQ_INT(llm_sched_create(c, &sp, &s), LLM_OK);
+        if (!s) break;
+        memset(rec[with], 0, sizeof rec[with]);
+        for (int i = 0; i < R; i++) {
+            llm_sched_request q = {.prompt = prompt[i], .n_prompt = n_prompt[i], .n_choices = 1,
+                                   .max_tokens = 20 + 2 * i, .sampler = llm_sampler_default_params(),
+                                   .top_logprobs = 0, .cb = on_ev, .user = &rec[with][i],
+                                   .session = with && i % 2 == 0 ? path[i] : NULL};
+            q.sampler.temp = 0;
+            CHECK_EQ_INT(llm_sched_submit(s, &q, NULL, NULL, 0), 0);
+            CHECK(llm_sched_step(s) >= 0);
+        }
+        drain(s, rec[with], R);
+        st = llm_sched_get_stats(s);
+        preempted[with] = st.preemptions;
+        if (with) restores = st.session_restores;
+        llm_sched_free(s);
+        CHECK_EQ_INT(kv_cache_get_stats(llm_context_cache(c)).pages_used, 0);
+        llm_context_free(c);
+    }
+    for (int i = 0; i < R; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "request %d", i);
+        same_run(&rec[1][i], &rec[0][i], 0, what);
+        remove(path[i]);
+    }
+    printf("     %llu restores; %llu and %llu preemptions\n", (unsigned long long)restores,
+           (unsigned long long)preempted[0], (unsigned long long)preempted[1]);
+    CHECK(restores >= 1);
+    CHECK(preempted[0] > 0 && preempted[1] > 0);
+    llm_model_free(m);
+    fx_free(&fx);
+}
