@@ -1,89 +1,19 @@
-/* engine/scheduler.c - continuous batching (see scheduler.h): the request and
- * sequence records, admission with prefix reuse, one ragged step, preemption
+/* engine/scheduler.c - continuous batching (see scheduler.h): create and
+ * submit, admission with prefix reuse, one ragged step, preemption
  * by recomputation, fork for n choices, the cache policies (context shift,
- * prompt-lookup drafts verified as extra rows, session files restored at
- * admission and saved at the end), and the thread-safe inbox. */
-#include "scheduler.h"
+ * prompt-lookup drafts verified as extra rows; session files are in
+ * scheduler_session.c), and the thread-safe inbox. The records are in
+ * scheduler_impl.h. */
+#include "scheduler_impl.h"
 #include "policy.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-/* ---------------------------------------------------------------- records */
-
-/* One choice of a request: a cache sequence while resident. */
-typedef struct {
-    int32_t seq;            /* cache sequence id; -1 when it holds no pages (waiting, preempted, done) */
-    int32_t *tokens;        /* [cap] the prompt, then every token sampled */
-    int32_t n_tokens;       /* tokens known */
-    int32_t n_cached;       /* of those, in the cache (the rest are fed by the next steps) */
-    int32_t cap;
-    int32_t n_generated;    /* tokens sampled and counted (not the end-of-generation token) */
-    int32_t rows;           /* rows this sequence has in the batch being built */
-    int32_t out_row;        /* its (first) logits row in that batch, or -1 */
-    int32_t n_draft;        /* of its rows, drafts after the token fed (each row wants logits) */
-    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
-    int32_t max_tokens;     /* its text stream's limit; < 0: none */
-    llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
-    int shifted;            /* a context shift moved its cache: never saved to a session */
-    llm_sampler sampler;
-    llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
-} sched_seq;
-
-typedef struct sched_req {
-    uint64_t id;                /* arrival order: larger is newer */
-    llm_sched_cb cb;
-    void *user;
-    int32_t n_prompt;
-    int32_t n_choices;
-    int32_t top;                /* top_logprobs, < 0: none */
-    int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
-    int admitted;               /* has been admitted once (n_cached_first is known) */
-    int32_t n_cached_first;     /* prompt tokens reused at first admission (prefix cache or session) */
-    int32_t n_restored;         /* of those, restored from the session file */
-    char *session;              /* the session file's path, or NULL */
-    struct sched_req *next;     /* in the inbox or the waiting list */
-    sched_seq ch[];             /* [n_choices] */
-} sched_req;
-
-struct llm_sched {
-    llm_context *c;
-    const llm_model *m;
-    kv_cache *cache;
-    llm_sched_params p;
-    int32_t n_ctx, n_slots, page_size, n_pages, V;
-    int prefix;                 /* one cache: prefix matching keeps every cache in step */
-
-    /* owned by the scheduler thread */
-    sched_req **running;        /* [n_slots] admitted requests, oldest first */
-    int32_t n_running;
-    sched_req *wait_head, *wait_tail;   /* FIFO; preempted requests go back to the head */
-    int32_t n_waiting;
-    /* the batch being built: at most n_slots sequences, batch_tokens rows */
-    int32_t *b_seqs, *b_rows, *b_tokens;
-    uint8_t *b_want;
-    sched_seq **b_ch;           /* [n_slots] the choice behind each batch entry */
-    float *logits;              /* [n_out_max][V]: one row per sequence, N + 1 with drafts */
-    int32_t n_out_max;
-    float *lsm;                 /* [V] scratch for log-softmax */
-    llm_sched_stats st;         /* counters, written here */
-
-    /* shared with other threads, under mu */
-    pthread_mutex_t mu;
-    pthread_cond_t wake;
-    sched_req *in_head, *in_tail;   /* submitted, not yet seen by a step */
-    int32_t n_inbox;
-    uint64_t next_id;
-    uint64_t *cancels;              /* [n_cancels] ids to cancel at the next step */
-    int32_t n_cancels, cap_cancels;
-    int stopping, idle;
-    llm_sched_stats snap;           /* st and the pool, at the end of the last step */
-};
+/* ---------------------------------------------------------------- create, submit */
 
 llm_sched_params llm_sched_default_params(void) {
     return (llm_sched_params){.batch_tokens = 512, .max_running = 0, .max_waiting = 256, .context_shift = 0,
@@ -100,10 +30,6 @@ static void req_free(sched_req *r) {
     }
     free(r);
 }
-
-static int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page - 1) / page; }
-
-/* ---------------------------------------------------------------- create, submit */
 
 int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out) {
     if (!c || !out) return LLM_ERR_NULL;
@@ -263,121 +189,6 @@ llm_sched_stats llm_sched_get_stats(llm_sched *s) {
     return st;
 }
 
-/* ---------------------------------------------------------------- session files */
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void sched_log(llm_sched *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sched_log(llm_sched *s, const char *fmt, ...) {
-    if (!s->p.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    s->p.log(s->p.log_user, line);
-}
-
-/* A restore reads (and checksums, twice) the whole file, whatever it shares
- * with the prompt: on SmolLM2 (f16 K/V, 23 KB a position, 2 shared cores) a
- * file of ~1,000 positions took 100-110 ms, a prefill of as many 7-10 s, so
- * a file position costs under 1/60 of a prefilled token. The file is read
- * only when the tokens it gives beyond the prefix cache's match are worth it
- * with a margin: at least n_file / SESSION_READ_RATIO of them. Across
- * restarts (an empty prefix cache) it always is; in one process, after a
- * turn whose full pages the prefix cache kept, the file reaches less than a
- * page further, and one of more than 32 x 15 positions is not read. */
-enum { SESSION_READ_RATIO = 32 };
-
-/* At the first admission of a request naming a session, choice 0 holds the
- * prefix cache's match (ch->n_cached). When the file's tokens begin the
- * prompt further (read from its header alone) by enough, the sequence is
- * given up and the file restored into a new one; a file that cannot be used
- * leaves the prompt to the prefix cache (matched again: the pages given up
- * stay cached). need: pages the admission counted on. Returns 0, or -1 when
- * no sequence could be had again (the caller undoes the admission). */
-static int session_restore(llm_sched *s, sched_req *r, int32_t need) {
-    sched_seq *ch = &r->ch[0];
-    char err[320];
-    int32_t common = 0, n_file = 0;
-    if (ch->n_tokens < 2) return 0;   /* one token is prefilled anyway: nothing a file could give */
-    const double t0 = now_s();
-    int rc = llm_session_file_peek(s->c, r->session, ch->tokens, ch->n_tokens, &common, &n_file, err, sizeof err);
-    if (rc == 1) return 0;   /* no file yet: the session's first request */
-    if (rc != 0) {
-        sched_log(s, "session file ignored, the prompt runs without it: %s", err);
-        s->st.session_refused++;
-    } else if (common > ch->n_cached && (int64_t)(common - ch->n_cached) * SESSION_READ_RATIO >= n_file) {
-        /* the restore holds every page of the file until it is cut to the
-         * common prefix; with others running, only from room that is spare */
-        kv_cache_stats cs = llm_context_stats(s->c);
-        if (s->n_running > 0 && cs.pages_free + cs.pages_cached < pages_for(n_file, s->page_size) + need + s->n_pages / 100 + 1) {
-            sched_log(s, "session file %s ignored: the KV pool has no room to read its %d tokens now", r->session,
-                      (int)n_file);
-            s->st.session_refused++;
-        } else {
-            llm_seq_remove(s->c, ch->seq);
-            ch->seq = -1, ch->n_cached = 0;
-            int32_t seq = -1, got = 0;
-            if (llm_session_file_load(s->c, r->session, ch->tokens, ch->n_tokens, &seq, &got, err, sizeof err) == 0) {
-                ch->seq = seq, ch->n_cached = got, r->n_restored = got;
-                s->st.session_restores++, s->st.session_restored += (uint64_t)got;
-                sched_log(s, "session file %s: restored %d of %d prompt tokens (file of %d) in %.1f ms", r->session,
-                          (int)got, (int)ch->n_tokens, (int)n_file, 1e3 * (now_s() - t0));
-            } else {
-                sched_log(s, "session file ignored, the prompt runs without it: %s", err);
-                s->st.session_refused++;
-                if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
-                    ch->seq = -1;
-                    s->st.session_seconds += now_s() - t0;
-                    return -1;
-                }
-                int32_t matched = 0;
-                if (s->prefix && ch->n_tokens > 1)
-                    kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
-                ch->n_cached = matched;
-            }
-        }
-    } else {
-        sched_log(s, "session file %s not read: the prefix cache holds %d of the %d prompt tokens it gives", r->session,
-                  (int)ch->n_cached, (int)common);
-    }
-    s->st.session_seconds += now_s() - t0;
-    return 0;
-}
-
-/* Saves what choice 0's cache holds of its tokens to the request's session
- * file (before its pages go): the fed tokens, at most all it knows. */
-static void session_save(llm_sched *s, sched_req *r, sched_seq *ch) {
-    const double t0 = now_s();
-    const int32_t n = ch->n_cached < ch->n_tokens ? ch->n_cached : ch->n_tokens;
-    char err[320];
-    if (ch->shifted) {
-        sched_log(s, "session file %s not saved: the sequence context-shifted (its kept K/V were computed over "
-                     "tokens it dropped)", r->session);
-        s->st.session_save_failures++;
-        return;
-    }
-    if (n < 1) return;
-    if (llm_seq_length(s->c, ch->seq) != n && llm_seq_truncate(s->c, ch->seq, n) != LLM_OK) {
-        sched_log(s, "session file %s not saved: the sequence could not be cut to its %d tokens", r->session, (int)n);
-        s->st.session_save_failures++;
-        return;
-    }
-    if (llm_session_file_save(s->c, ch->seq, ch->tokens, n, r->session, err, sizeof err) != 0) {
-        sched_log(s, "session file not saved: %s", err);
-        s->st.session_save_failures++;
-    } else {
-        s->st.session_saves++;
-        sched_log(s, "session file %s: saved %d tokens in %.1f ms", r->session, (int)n, 1e3 * (now_s() - t0));
-    }
-    s->st.session_seconds += now_s() - t0;
-}
-
 /* ---------------------------------------------------------------- ending */
 
 static void release(llm_sched *s, sched_seq *ch) {
@@ -397,7 +208,7 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
     if (ch->stop != LLM_STOP_NONE) return;
     ch->stop = why;
     if (i == 0 && r->session && ch->seq >= 0 && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
-        session_save(s, r, ch);
+        llm_sched_session_save(s, r, ch);
     release(s, ch);
     llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
                           .n_cached = r->n_cached_first, .n_restored = r->n_restored,
@@ -496,7 +307,7 @@ static int try_admit(llm_sched *s, sched_req *r) {
         /* a small watermark (vLLM's 1%): growth past it preempts the newest */
         if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
     }
-    if (!r->admitted && r->session && session_restore(s, r, need)) goto undo;
+    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need)) goto undo;
     if (!r->admitted) {
         r->admitted = 1;
         r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
