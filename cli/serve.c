@@ -1,11 +1,14 @@
 /* cli/serve.c - `kvcache serve`: options, then listen (health says "loading"),
  * load the model, serve until SIGINT or SIGTERM, shut down cleanly. The HTTP
  * and scheduling work is in server/ and engine/scheduler.c. */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "../engine/model.h"
@@ -15,7 +18,7 @@
 static void usage(void) {
     printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
            "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
-           "                     [--context-shift [--keep N]] [--draft-lookup N]\n"
+           "                     [--context-shift [--keep N]] [--draft-lookup N] [--session-dir DIR]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
            "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n\n"
@@ -35,6 +38,10 @@ static void usage(void) {
            "  --draft-lookup N   greedy requests (temperature 0) decode by prompt lookup: up to N\n"
            "                     tokens from the prompt and output verified in one step; the same\n"
            "                     tokens as without it (default 0: off; at most 64)\n"
+           "  --session-dir DIR  keep sessions on disk (made if missing): a request with \"session\": \"NAME\"\n"
+           "                     (1-128 of A-Z a-z 0-9 . _ -, not starting with '.') restores DIR/NAME.kvs\n"
+           "                     when its tokens begin the prompt, and saves its sequence there when it\n"
+           "                     ends (not when cancelled); without this option such a request gets 400\n"
            "  -m, --model PATH   GGUF model (default $KVCACHE_MODEL or " CLI_DEFAULT_MODEL ")\n"
            "  -t, --threads N    threads for the forward pass (default: one per core)\n"
            "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n");
@@ -51,7 +58,7 @@ static void model_id(const char *path, char *out, size_t cap) {
 
 int cmd_serve(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
-    const char *host = "127.0.0.1", *api_key = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL;
     int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
     int shift = 0;
     for (int i = 0; i < argc; i++) {
@@ -64,6 +71,7 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_int(argc, argv, &i, NULL, "--kv-pages", &mo.kv_pages)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--max-queue", &max_queue)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &api_key)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--session-dir", &session_dir)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &draft)) continue;
         if (!strcmp(argv[i], "--context-shift")) { shift = 1; continue; }
@@ -79,6 +87,22 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     mo.batch = batch_tokens;   /* one step is one forward pass of at most this many rows */
+    if (session_dir) {   /* checked now, not at the first request that names a session */
+        struct stat st;
+        if (!*session_dir || strlen(session_dir) > 3000) {
+            fprintf(stderr, "kvcache serve: --session-dir needs a directory path of at most 3000 bytes\n");
+            return 2;
+        }
+        if (mkdir(session_dir, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "kvcache serve: --session-dir %s: cannot make it: %s\n", session_dir, strerror(errno));
+            return 1;
+        }
+        if (stat(session_dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(session_dir, R_OK | W_OK | X_OK) != 0) {
+            fprintf(stderr, "kvcache serve: --session-dir %s: not a directory this process can read and write\n",
+                    session_dir);
+            return 1;
+        }
+    }
 
     /* Signals go to sigwait below, never to a worker thread; a client that
      * closes its socket is a failed write, not a SIGPIPE. */
@@ -94,7 +118,8 @@ int cmd_serve(int argc, char **argv) {
     srv_params sp = {.host = host, .port = (int)port, .api_key = api_key, .batch_tokens = (int32_t)batch_tokens,
                      .max_waiting = (int32_t)max_queue,
                      .http_threads = (int32_t)(2 * parallel + 48 > 1024 ? 1024 : 2 * parallel + 48), .model_id = id,
-                     .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft};
+                     .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
+                     .session_dir = session_dir};
     srv *s;
     if (srv_start(&sp, &s, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);

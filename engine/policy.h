@@ -70,8 +70,12 @@ uint64_t llm_model_fingerprint(const llm_model *m);
 
 /* Writes seq (holding tokens [n], n = its length) to path: a header with the
  * model's fingerprint and name, the K/V type and the token ids, then the
- * library's sequence file. Written to path.tmp and renamed, so a failed save
- * leaves an older file whole. 0, or -1 with the reason in err. */
+ * library's sequence file. Written to a temporary file of its own beside path
+ * (path.XXXXXX, mkstemp: mode 0600) and renamed over path, so a reader sees
+ * the old file or the new one whole, a failed save leaves the older file, and
+ * concurrent writers of one path end with one of their files (the last
+ * renamed). Not fsync'ed: a power cut may leave a file the checksums refuse.
+ * 0, or -1 with the reason in err. */
 int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, const char *path,
                           char *err, size_t errlen);
 
@@ -84,5 +88,14 @@ int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, in
  * was: the caller goes on cold. */
 int llm_session_file_load(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
                           int32_t *seq, int32_t *n_restored, char *err, size_t errlen);
+
+/* What llm_session_file_load would restore, reading only the engine's header
+ * and token ids (n_file x 4 bytes, no K/V): *n_common tokens of path begin
+ * prompt [n_prompt] (at most n_prompt - 1), of the *n_file it holds. 0; 1
+ * when there is no such file; or -1 with the reason (as llm_session_file_load
+ * gives it, but the K/V are not read: a file that passes may still be
+ * refused by the load). */
+int llm_session_file_peek(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
+                          int32_t *n_common, int32_t *n_file, char *err, size_t errlen);
 
 #endif

@@ -1,8 +1,10 @@
-/* engine/scheduler.c - continuous batching (see scheduler.h): the request and
- * sequence records, admission with prefix reuse, one ragged step, preemption
+/* engine/scheduler.c - continuous batching (see scheduler.h): create and
+ * submit, admission with prefix reuse, one ragged step, preemption
  * by recomputation, fork for n choices, the cache policies (context shift,
- * prompt-lookup drafts verified as extra rows), and the thread-safe inbox. */
-#include "scheduler.h"
+ * prompt-lookup drafts verified as extra rows; session files are in
+ * scheduler_session.c), and the thread-safe inbox. The records are in
+ * scheduler_impl.h. */
+#include "scheduler_impl.h"
 #include "policy.h"
 
 #include <math.h>
@@ -11,73 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- records */
-
-/* One choice of a request: a cache sequence while resident. */
-typedef struct {
-    int32_t seq;            /* cache sequence id; -1 when it holds no pages (waiting, preempted, done) */
-    int32_t *tokens;        /* [cap] the prompt, then every token sampled */
-    int32_t n_tokens;       /* tokens known */
-    int32_t n_cached;       /* of those, in the cache (the rest are fed by the next steps) */
-    int32_t cap;
-    int32_t n_generated;    /* tokens sampled and counted (not the end-of-generation token) */
-    int32_t rows;           /* rows this sequence has in the batch being built */
-    int32_t out_row;        /* its (first) logits row in that batch, or -1 */
-    int32_t n_draft;        /* of its rows, drafts after the token fed (each row wants logits) */
-    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
-    int32_t max_tokens;     /* its text stream's limit; < 0: none */
-    llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
-    llm_sampler sampler;
-    llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
-} sched_seq;
-
-typedef struct sched_req {
-    uint64_t id;                /* arrival order: larger is newer */
-    llm_sched_cb cb;
-    void *user;
-    int32_t n_prompt;
-    int32_t n_choices;
-    int32_t top;                /* top_logprobs, < 0: none */
-    int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
-    int admitted;               /* has been admitted once (n_cached_first is known) */
-    int32_t n_cached_first;     /* prompt tokens the prefix cache held at first admission */
-    struct sched_req *next;     /* in the inbox or the waiting list */
-    sched_seq ch[];             /* [n_choices] */
-} sched_req;
-
-struct llm_sched {
-    llm_context *c;
-    const llm_model *m;
-    kv_cache *cache;
-    llm_sched_params p;
-    int32_t n_ctx, n_slots, page_size, n_pages, V;
-    int prefix;                 /* one cache: prefix matching keeps every cache in step */
-
-    /* owned by the scheduler thread */
-    sched_req **running;        /* [n_slots] admitted requests, oldest first */
-    int32_t n_running;
-    sched_req *wait_head, *wait_tail;   /* FIFO; preempted requests go back to the head */
-    int32_t n_waiting;
-    /* the batch being built: at most n_slots sequences, batch_tokens rows */
-    int32_t *b_seqs, *b_rows, *b_tokens;
-    uint8_t *b_want;
-    sched_seq **b_ch;           /* [n_slots] the choice behind each batch entry */
-    float *logits;              /* [n_out_max][V]: one row per sequence, N + 1 with drafts */
-    int32_t n_out_max;
-    float *lsm;                 /* [V] scratch for log-softmax */
-    llm_sched_stats st;         /* counters, written here */
-
-    /* shared with other threads, under mu */
-    pthread_mutex_t mu;
-    pthread_cond_t wake;
-    sched_req *in_head, *in_tail;   /* submitted, not yet seen by a step */
-    int32_t n_inbox;
-    uint64_t next_id;
-    uint64_t *cancels;              /* [n_cancels] ids to cancel at the next step */
-    int32_t n_cancels, cap_cancels;
-    int stopping, idle;
-    llm_sched_stats snap;           /* st and the pool, at the end of the last step */
-};
+/* ---------------------------------------------------------------- create, submit */
 
 llm_sched_params llm_sched_default_params(void) {
     return (llm_sched_params){.batch_tokens = 512, .max_running = 0, .max_waiting = 256, .context_shift = 0,
@@ -86,6 +22,7 @@ llm_sched_params llm_sched_default_params(void) {
 
 static void req_free(sched_req *r) {
     if (!r) return;
+    free(r->session);
     for (int32_t i = 0; i < r->n_choices; i++) {
         free(r->ch[i].tokens);
         llm_sampler_free(&r->ch[i].sampler);
@@ -93,10 +30,6 @@ static void req_free(sched_req *r) {
     }
     free(r);
 }
-
-static int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page - 1) / page; }
-
-/* ---------------------------------------------------------------- create, submit */
 
 int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out) {
     if (!c || !out) return LLM_ERR_NULL;
@@ -176,6 +109,10 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
     if (!q) return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
     q->cb = r->cb, q->user = r->user, q->n_prompt = r->n_prompt, q->n_choices = r->n_choices;
     q->top = r->top_logprobs;
+    if (r->session && !(q->session = strdup(r->session))) {
+        free(q);
+        return refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0);
+    }
     int64_t gen = r->max_tokens < 0 || r->max_tokens > s->n_ctx ? s->n_ctx : r->max_tokens;
     int32_t cap = (int32_t)(r->n_prompt + gen + 1);
     /* with shifts the tokens kept never pass the context and one not fed; a
@@ -270,9 +207,12 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
     sched_seq *ch = &r->ch[i];
     if (ch->stop != LLM_STOP_NONE) return;
     ch->stop = why;
+    if (i == 0 && r->session && ch->seq >= 0 && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
+        llm_sched_session_save(s, r, ch);
     release(s, ch);
     llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first, .n_generated = ch->n_generated, .error = error};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored,
+                          .n_generated = ch->n_generated, .error = error};
     if (why != LLM_STOP_STRING && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
         llm_textstream_flush(ch->ts, &ev.text, &ev.text_len);
     r->cb(r->user, &ev);
@@ -281,7 +221,7 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
 /* The done event; the record is freed (the caller unlinks it first). */
 static void deliver_done(sched_req *r) {
     llm_sched_event ev = {.choice = -1, .token = -1, .text = "", .done = 1, .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored};
     for (int32_t i = 0; i < r->n_choices; i++) ev.n_generated += r->ch[i].n_generated;
     r->cb(r->user, &ev);
     req_free(r);
@@ -367,6 +307,7 @@ static int try_admit(llm_sched *s, sched_req *r) {
         /* a small watermark (vLLM's 1%): growth past it preempts the newest */
         if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
     }
+    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need)) goto undo;
     if (!r->admitted) {
         r->admitted = 1;
         r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
@@ -492,7 +433,7 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float 
     int32_t ids[LLM_SCHED_MAX_TOP];
     float lps[LLM_SCHED_MAX_TOP];
     llm_sched_event ev = {.choice = i, .token = token, .text = "", .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first};
+                          .n_cached = r->n_cached_first, .n_restored = r->n_restored};
     if (r->top >= 0) {
         ev.logprob = logprobs_of(s, logits, token, r->top, ids, lps);
         ev.n_top = r->top, ev.top_ids = ids, ev.top_logprobs = lps;
@@ -519,10 +460,13 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float 
  * the cache. `before`: what the cache held before the pass. */
 static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const int32_t *draft) {
     sched_seq *ch = &r->ch[i];
-    const int32_t nd = ch->n_draft;
+    const int32_t nd = ch->n_draft, fed = ch->n_cached;   /* fed: before + 1 + nd */
     int32_t j = 0;
     s->st.drafted += (uint64_t)nd;
     for (;; j++) {
+        /* what the cache holds of the tokens so far, should this sample end
+         * the choice (a session saves that many): the drafts taken */
+        ch->n_cached = before + 1 + j;
         int32_t tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
         if (ch->stop != LLM_STOP_NONE) return;   /* its pages are gone with it */
         if (j == nd || tok != draft[j]) break;
@@ -530,7 +474,7 @@ static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const 
     }
     ch->draft_len = llm_lookup_next_len(s->p.draft_lookup, nd, j);
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
-    if (keep < ch->n_cached) {
+    if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
             finish_choice(s, r, i, LLM_STOP_ERROR, "rolling back rejected drafts failed");
             return;
@@ -598,6 +542,7 @@ static void shift_full(llm_sched *s) {
             }
             memmove(ch->tokens + keep, ch->tokens + keep + drop, sizeof(int32_t) * (size_t)(ch->n_tokens - keep - drop));
             ch->n_tokens -= drop, ch->n_cached -= drop;
+            ch->shifted = 1;
             s->st.shifts++;
         }
 }

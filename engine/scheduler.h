@@ -22,6 +22,11 @@
  *   text         each choice runs an llm_textstream (engine/session.h): the
  *                stop strings, max tokens, end of generation and UTF-8 rules
  *                are those of every other command.
+ *   sessions     a request may name a session file (engine/policy.h): at its
+ *                first admission the file's longest common prefix with the
+ *                prompt is restored when it reaches further than the prefix
+ *                cache; when choice 0 ends normally its sequence is saved
+ *                there. Both run on the scheduler thread, between steps.
  *
  * Threads: llm_sched_submit, _cancel, _stop and _get_stats may be called from
  * any thread; llm_sched_step / llm_sched_run run on one thread (the one that
@@ -55,9 +60,14 @@ typedef struct {
                              * of the choice, the ones the model disagrees with are cut off by
                              * llm_seq_truncate; the tokens are those of plain decoding.
                              * 0 .. LLM_MAX_DRAFT */
+    /* One line about a session file: restored or saved (with the time it
+     * took), or ignored / not saved and why. Called on the scheduler thread;
+     * NULL: silent. */
+    void (*log)(void *user, const char *line);
+    void *log_user;
 } llm_sched_params;
 
-/* batch_tokens 512, max_running 0, max_waiting 256, no shift (n_keep 0), no drafts. */
+/* batch_tokens 512, max_running 0, max_waiting 256, no shift (n_keep 0), no drafts, no log. */
 llm_sched_params llm_sched_default_params(void);
 
 /* What a callback receives. A choice produces token events, then exactly one
@@ -76,7 +86,9 @@ typedef struct {
     int done;                   /* the request's last event */
     /* usage, final on the done event */
     int32_t n_prompt;           /* prompt tokens */
-    int32_t n_cached;           /* of those, found in the prefix cache at first admission */
+    int32_t n_cached;           /* of those, reused at first admission (not prefilled): from
+                                 * the prefix cache or the session file */
+    int32_t n_restored;         /* of n_cached, read from the session file (0: none) */
     int32_t n_generated;        /* this choice's tokens (done event: all choices') */
     const char *error;          /* with LLM_STOP_ERROR: what failed */
 } llm_sched_event;
@@ -94,6 +106,19 @@ typedef struct {
     int32_t top_logprobs;         /* < 0: no logprobs; 0 .. LLM_SCHED_MAX_TOP alternatives */
     llm_sched_cb cb;              /* required */
     void *user;
+    /* A session file (path, copied), or NULL. At first admission, when the
+     * file is valid for this model and context (llm_session_file_peek) and
+     * its tokens begin the prompt further than the prefix cache's match, that
+     * prefix is restored (llm_session_file_load) and only the rest prefilled;
+     * a file that cannot be used is ignored (logged) and the prompt runs as
+     * without it. When choice 0 ends by end of turn, a stop string, max
+     * tokens or a full context, the tokens its cache holds (prompt and
+     * output, the last sampled token not fed) are saved there atomically
+     * (llm_session_file_save); not when it is cancelled or fails, nor when it
+     * has context-shifted (its kept K/V were computed over the dropped
+     * tokens, so a restore would not equal a cold run). A preempted request
+     * is recomputed from the prefix cache, not the file. */
+    const char *session;
 } llm_sched_request;
 
 typedef struct {
@@ -108,6 +133,14 @@ typedef struct {
     uint64_t rows;                      /* rows those passes took */
     uint64_t shifts;                    /* context shifts made */
     uint64_t drafted, accepted;         /* prompt-lookup draft tokens verified, and of those taken */
+    uint64_t session_restores;          /* requests that restored a prefix from their session file */
+    uint64_t session_restored;          /* tokens those restores gave */
+    uint64_t session_refused;           /* session files present but ignored (corrupt, truncated,
+                                         * another model or configuration, nothing in common,
+                                         * no room in the pool) */
+    uint64_t session_saves;             /* session files written */
+    uint64_t session_save_failures;     /* saves that failed or were skipped (after a shift) */
+    double session_seconds;             /* scheduler-thread time in session file I/O */
 } llm_sched_stats;
 
 typedef struct llm_sched llm_sched;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char MAGIC[8] = {'K', 'V', 'C', 'S', 'E', 'S', 'S', '1'};
 enum { VERSION = 1, NAME_LEN = 128 };
@@ -76,11 +77,16 @@ int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, in
     memcpy(h.magic, MAGIC, sizeof MAGIC);
     snprintf(h.name, sizeof h.name, "%s", m->name);
     uint64_t sum = fnv(fnv(FNV0, &h, sizeof h), tokens, sizeof(int32_t) * (size_t)n);
+    /* a temporary name of this writer's own in the same directory (mkstemp),
+     * renamed over path when whole: readers see the old file or the new one,
+     * and two writers of one path never write into each other's file */
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fail(err, errlen, "path too long", path);
-    FILE *f = fopen(tmp, "wb");
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return fail(err, errlen, "path too long", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
-        if (errlen) snprintf(err, errlen, "%s: cannot write: %s", tmp, strerror(errno));
+        if (errlen) snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+        if (fd >= 0) close(fd), remove(tmp);
         return -1;
     }
     int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(tokens, sizeof(int32_t), (size_t)n, f) == (size_t)n &&
@@ -141,29 +147,59 @@ static int read_header(llm_context *c, FILE *f, const char *path, file_header *h
     return 0;
 }
 
+/* Opens path and checks its header (*h) against c; *common: how many of its
+ * tokens begin prompt [n_prompt] (at most n_prompt - 1). Returns the stream
+ * just after the engine's header (the library's sequences follow), or NULL
+ * with the reason (*missing: 1 when there is no such file). */
+static FILE *open_checked(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
+                          file_header *h, int32_t *common, int *missing, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    *missing = !f && errno == ENOENT;
+    if (!f) {
+        if (errlen) snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    int32_t *tokens;
+    if (read_header(c, f, path, h, &tokens, err, errlen)) {
+        fclose(f);
+        return NULL;
+    }
+    int32_t k = 0;
+    while (k < h->n_tokens && k < n_prompt - 1 && tokens[k] == prompt[k]) k++;
+    free(tokens);
+    if (k == 0) {
+        fclose(f);
+        fail(err, errlen, "shares no prefix with this prompt", path);
+        return NULL;
+    }
+    *common = k;
+    return f;
+}
+
+int llm_session_file_peek(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
+                          int32_t *n_common, int32_t *n_file, char *err, size_t errlen) {
+    if (n_common) *n_common = 0;
+    if (n_file) *n_file = 0;
+    if (!c || !path || !n_common || (n_prompt > 0 && !prompt)) return fail(err, errlen, "bad arguments", path ? path : "");
+    file_header h;
+    int missing;
+    FILE *f = open_checked(c, path, prompt, n_prompt, &h, n_common, &missing, err, errlen);
+    if (!f) return missing ? 1 : -1;
+    fclose(f);
+    if (n_file) *n_file = h.n_tokens;
+    return 0;
+}
+
 int llm_session_file_load(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
                           int32_t *seq, int32_t *n_restored, char *err, size_t errlen) {
     if (seq) *seq = -1;
     if (n_restored) *n_restored = 0;
     if (!c || !path || !seq || !n_restored || (n_prompt > 0 && !prompt)) return fail(err, errlen, "bad arguments", path ? path : "");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errlen) snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
     file_header h;
-    int32_t *tokens;
-    if (read_header(c, f, path, &h, &tokens, err, errlen)) {
-        fclose(f);
-        return -1;
-    }
     int32_t common = 0;
-    while (common < h.n_tokens && common < n_prompt - 1 && tokens[common] == prompt[common]) common++;
-    free(tokens);
-    if (common == 0) {
-        fclose(f);
-        return fail(err, errlen, "shares no prefix with this prompt", path);
-    }
+    int missing;
+    FILE *f = open_checked(c, path, prompt, n_prompt, &h, &common, &missing, err, errlen);
+    if (!f) return -1;
     /* one sequence per cache, which must get the same id in each */
     int32_t got[LLM_MAX_GROUPS], n_got = 0, rc = KV_OK;
     const char *why = h.n_caches != llm_context_n_caches(c) ? "made for another cache layout" : NULL;

@@ -321,6 +321,14 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     srv_request r;
     srv_error e;
     if (srv_request_parse(kind, body, len, &r, &e)) return srv_reply_error(s, conn, &e);
+    char path[sizeof s->session_dir + SRV_MAX_SESSION_NAME + 8];   /* DIR/NAME.kvs */
+    if (r.session && !s->session_dir[0]) {
+        srv_error_set(&e, 400, "invalid_request_error",
+                      "'session' needs a server started with --session-dir (this one keeps no sessions)");
+        srv_request_free(&r);
+        return srv_reply_error(s, conn, &e);
+    }
+    if (r.session) snprintf(path, sizeof path, "%s/%s.kvs", s->session_dir, r.session);   /* a name, never a path */
     int32_t *ids = NULL, n_ids = 0;
     if (srv_prompt_tokens(s, &r, &ids, &n_ids, &e)) {
         srv_request_free(&r);
@@ -338,6 +346,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                                       .top_p = (float)r.top_p,
                                       .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial};
     char msg[200];
+    sr.session = r.session ? path : NULL;
     int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;
     free(ids);
     int status;

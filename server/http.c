@@ -235,6 +235,10 @@ int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
     snprintf(s->host, sizeof s->host, "%s", p->host ? p->host : "127.0.0.1");
     snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : "model");
     snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key ? p->api_key : "");
+    if (p->session_dir && snprintf(s->session_dir, sizeof s->session_dir, "%s", p->session_dir) >= (int)sizeof s->session_dir) {
+        free(s);
+        return snprintf(err, errlen, "the session directory's path is too long"), -1;
+    }
     s->created = (int64_t)time(NULL);
     atomic_init(&s->state, SRV_LOADING);
     atomic_init(&s->next_id, 1);
@@ -266,6 +270,12 @@ int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
 
 int srv_port(const srv *s) { return s->port; }
 
+/* The scheduler's lines about session files, on its thread. */
+static void sched_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "kvcache serve: %s\n", line);
+}
+
 static void *sched_main(void *arg) {
     llm_sched_run(arg);
     return NULL;
@@ -276,6 +286,7 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     if (s->p.batch_tokens > 0) sp.batch_tokens = s->p.batch_tokens;
     if (s->p.max_waiting > 0) sp.max_waiting = s->p.max_waiting;
     sp.context_shift = s->p.context_shift, sp.n_keep = s->p.n_keep, sp.draft_lookup = s->p.draft_lookup;
+    sp.log = sched_log;
     int rc = llm_sched_create(c, &sp, &s->sched);
     if (rc) return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
     if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {

@@ -51,6 +51,7 @@ struct srv {
     char host[64];
     char model_id[128];
     char api_key[256];
+    char session_dir[3072];            /* --session-dir, "" when off */
     struct mg_context *mg;
     int port;
     atomic_int state;                  /* SRV_LOADING, SRV_READY, SRV_STOPPING */

@@ -99,6 +99,18 @@ char *srv_metrics_page(srv *s) {
     metric(&pg, "kvcache_draft_tokens_total", "counter", "Prompt-lookup draft tokens verified (--draft-lookup)",
            (double)st.drafted);
     metric(&pg, "kvcache_draft_accepted_total", "counter", "Of those, accepted", (double)st.accepted);
+    metric(&pg, "kvcache_session_restores_total", "counter", "Requests that restored a prefix from their session file",
+           (double)st.session_restores);
+    metric(&pg, "kvcache_session_restored_tokens_total", "counter", "Prompt tokens restored from session files",
+           (double)st.session_restored);
+    metric(&pg, "kvcache_session_load_failures_total", "counter",
+           "Session files present but ignored (corrupt, foreign, nothing in common, no room)",
+           (double)st.session_refused);
+    metric(&pg, "kvcache_session_saves_total", "counter", "Session files written", (double)st.session_saves);
+    metric(&pg, "kvcache_session_save_failures_total", "counter",
+           "Session saves that failed or were skipped (after a context shift)", (double)st.session_save_failures);
+    metric(&pg, "kvcache_session_io_seconds_total", "counter", "Scheduler-thread time spent reading and writing session files",
+           st.session_seconds);
     pthread_mutex_lock(&s->metrics.mu);
     put(&pg, "# HELP kvcache_http_responses_total HTTP replies by status\n"
              "# TYPE kvcache_http_responses_total counter\n");

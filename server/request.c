@@ -95,6 +95,27 @@ static int get_stops(json_t *o, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* "session": a name that is one file in the session directory, whatever
+ * the client sends: 1 .. SRV_MAX_SESSION_NAME characters of [A-Za-z0-9._-]
+ * (no separator, so no path), not starting with '.' (no "..", no hidden
+ * or temporary files). */
+static int get_session(json_t *o, srv_request *r, srv_error *e) {
+    if (get_str(o, "session", &r->session, e)) return -1;
+    if (!r->session) return 0;
+    size_t n = json_string_length(field(o, "session"));
+    int ok = n >= 1 && n <= SRV_MAX_SESSION_NAME && r->session[0] != '.';
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char ch = (unsigned char)r->session[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+             ch == '_' || ch == '-';
+    }
+    if (!ok)
+        return srv_error_set(e, 400, "invalid_request_error",
+                             "'session' must be 1 to %d characters of A-Z a-z 0-9 . _ - not starting with '.'",
+                             SRV_MAX_SESSION_NAME);
+    return 0;
+}
+
 /* An array of token ids into r->tokens. */
 static int get_ids(json_t *v, const char *name, srv_request *r, srv_error *e) {
     size_t n = json_array_size(v);
@@ -201,6 +222,7 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     int64_t seed = 0;
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
+    if (get_session(o, r, e)) return -1;
     json_t *so = field(o, "stream_options");
     if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
     if (so && get_bool(so, "include_usage", &r->include_usage, e)) return -1;

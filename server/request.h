@@ -33,7 +33,7 @@ typedef struct {
 int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20 };
+enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128 };
 
 typedef struct {
     srv_kind kind;
@@ -63,6 +63,9 @@ typedef struct {
     int stream, include_usage;
     int logprobs;                /* return logprobs of the chosen tokens */
     int64_t top_logprobs;        /* alternatives per position, 0 .. 20 */
+    const char *session;         /* "session" (an extension): a session name, already checked
+                                  * to be 1 .. SRV_MAX_SESSION_NAME of [A-Za-z0-9._-], not
+                                  * starting with '.'; NULL when absent */
 } srv_request;
 
 /* Parses and validates body[0..len) as a request of `kind`. 0, or -1 with

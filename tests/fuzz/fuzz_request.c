@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz_request.c - libFuzzer target: any bytes as the body of each
  * kind of server request (server/request.c). The parse must return a valid
  * request or a 400 with a message, never crash or leak; a valid request's
- * fields must be within the ranges the scheduler is promised. */
+ * fields must be within the ranges the scheduler is promised (a session name
+ * is one file name). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if ((kind == SRV_COMPLETION || kind == SRV_TOKENIZE) && !r.prompt && !r.tokens) abort();
         for (int32_t i = 0; i < r.n_tokens; i++)
             if (r.tokens[i] < 0) abort();
+        if (r.session) { /* one file name in the session directory, never a path */
+            size_t n = strlen(r.session);
+            if (n < 1 || n > SRV_MAX_SESSION_NAME || r.session[0] == '.' || strchr(r.session, '/')) abort();
+            for (size_t i = 0; i < n; i++)
+                if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", r.session[i])) abort();
+        }
         srv_request_free(&r);
     }
     return 0;
