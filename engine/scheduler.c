@@ -282,6 +282,17 @@ static int32_t choices_to_place(const sched_req *r) {
     return n;
 }
 
+int llm_sched_place(llm_sched *s, sched_seq *ch) {
+    if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
+        ch->seq = -1;
+        return -1;
+    }
+    int32_t matched = 0;
+    if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+    ch->n_cached = matched;
+    return 0;
+}
+
 /* Gives r sequences, reusing the longest cached prefix of each choice. Fails
  * (leaving r as it was) when the pool cannot hold the rest while others
  * run. Returns 1 when admitted. */
@@ -294,13 +305,9 @@ static int try_admit(llm_sched *s, sched_req *r) {
         sched_seq *ch = &r->ch[i];
         if (ch->stop != LLM_STOP_NONE) continue;
         placed++;
-        if (llm_seq_new(s->c, &ch->seq) != LLM_OK) { ch->seq = -1; goto undo; }
-        int32_t matched = 0;
-        /* keep one token to feed: its logits choose the next token */
-        if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
-        ch->n_cached = matched;
-        queried += ch->n_tokens - 1, hit += matched;
-        need += pages_for(ch->n_tokens + 1, s->page_size) - matched / s->page_size;
+        if (llm_sched_place(s, ch)) goto undo;
+        queried += ch->n_tokens - 1, hit += ch->n_cached;
+        need += pages_for(ch->n_tokens + 1, s->page_size) - ch->n_cached / s->page_size;
     }
     if (s->n_running > 0) {
         kv_cache_stats cs = llm_context_stats(s->c);

@@ -76,15 +76,10 @@ int llm_sched_session_restore(llm_sched *s, sched_req *r, int32_t need) {
             } else {
                 sched_log(s, "session file ignored, the prompt runs without it: %s", err);
                 s->st.session_refused++;
-                if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
-                    ch->seq = -1;
+                if (llm_sched_place(s, ch)) {
                     s->st.session_seconds += now_s() - t0;
                     return -1;
                 }
-                int32_t matched = 0;
-                if (s->prefix && ch->n_tokens > 1)
-                    kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
-                ch->n_cached = matched;
             }
         }
     } else {
