@@ -182,16 +182,19 @@ int cmd_bench_model(int argc, char **argv) {
             printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
                    "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
                    "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"act_bits\": %d, "
-                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"kv_bytes_in_use\": [",
+                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"packed_bytes\": %llu, "
+                   "\"kv_bytes_in_use\": [",
                    (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
                    ppm, pps, tgm, tgs, llm_quant_kernels(), (int)llm_context_get_params(c).act_bits, floor_mb * 1e6,
-                   read_gbs, floor_tps);
+                   read_gbs, floor_tps, (unsigned long long)llm_model_packed_bytes(m));
             for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
             printf("]}\n");
         } else {
             int ab = llm_context_get_params(c).act_bits;
-            printf("model %s (%.1f MB of weights), %d threads, %s K/V, %s kernels, %s activations, %lld runs each\n",
-                   llm_model_name(m), (double)llm_model_weight_bytes(m) / 1e6, (int)threads, kvt, llm_quant_kernels(),
+            printf("model %s (%.1f MB of weights, %.1f MB of them packed), %d threads, %s K/V, %s kernels, %s "
+                   "activations, %lld runs each\n",
+                   llm_model_name(m), (double)llm_model_weight_bytes(m) / 1e6, (double)llm_model_packed_bytes(m) / 1e6,
+                   (int)threads, kvt, llm_quant_kernels(),
                    ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
             printf("  %-20s %12s\n", "test", "tokens/s");
             if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);

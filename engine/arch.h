@@ -32,6 +32,7 @@ enum {
 typedef struct {
     int type;                /* LLM_TYPE_* (engine/quant.h) */
     const void *data;        /* [rows] rows of llm_row_bytes(type, cols) bytes */
+    const void *packed;      /* the rows in groups of 8 (llm_pack_rows) in m->packed, or NULL */
     int64_t rows;            /* outputs */
     int64_t cols;            /* inputs: the contiguous dimension, GGUF dims[0] */
 } llm_matrix;
@@ -86,6 +87,8 @@ struct llm_model {
     int tied_output;             /* 1 when the file has no output.weight */
     llm_layer_weights *layers;   /* [L] */
     float *norms;                /* every decoded norm vector, one allocation (the arch's layout) */
+    void *packed;                /* every llm_matrix.packed, one allocation; NULL if none */
+    uint64_t packed_bytes;       /* its size */
     llm_tokenizer *tok;          /* from tokenizer.ggml.* */
     llm_chat_format chat;        /* kind LLM_CHAT_UNKNOWN when no format was recognised */
     uint64_t weight_bytes;       /* bytes of every tensor in the file */

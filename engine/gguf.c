@@ -470,6 +470,16 @@ void llm_gguf_close(llm_gguf *g) {
     free(g);
 }
 
+void llm_gguf_release(const llm_gguf *g, const void *p, size_t n) {
+    if (!g || !g->map || !p) return;
+    uintptr_t lo = (uintptr_t)g->map, hi = lo + (size_t)g->size, a = (uintptr_t)p, b = a + n;
+    if (a < lo || b > hi || b < a) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 uint32_t llm_gguf_version(const llm_gguf *g) { return g->version; }
 uint32_t llm_gguf_alignment(const llm_gguf *g) { return g->alignment; }
 uint64_t llm_gguf_data_offset(const llm_gguf *g) { return g->data_start; }

@@ -91,6 +91,12 @@ int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen);
 int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *err, size_t errlen);
 /* Free everything; unmap if llm_gguf_open mapped the file. NULL is fine. */
 void llm_gguf_close(llm_gguf *g);
+/* The pages wholly inside [p, p + n) of a file opened by llm_gguf_open are
+ * given back to the kernel (madvise MADV_DONTNEED on the read-only private
+ * mapping): they read the same afterwards, from the page cache or the file,
+ * but stop counting in the process's memory until touched again. A no-op
+ * for a caller's buffer (llm_gguf_open_memory). */
+void llm_gguf_release(const llm_gguf *g, const void *p, size_t n);
 
 uint32_t llm_gguf_version(const llm_gguf *g);
 uint32_t llm_gguf_alignment(const llm_gguf *g);

@@ -76,6 +76,8 @@ const llm_chat_format *llm_model_chat(const llm_model *m); /* kind LLM_CHAT_UNKN
 const char *llm_model_name(const llm_model *m);            /* general.name, or the file name */
 const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
+/* bytes of the weights' packed copy (quant.h, llm_pack_rows; KVCACHE_PACK=0: none) */
+uint64_t llm_model_packed_bytes(const llm_model *m);
 int32_t llm_model_n_vocab(const llm_model *m);
 /* The layer groups: layers that share a sliding window share one cache, and
  * a context makes one cache per group, in this order (llm_context_cache_at).

@@ -174,12 +174,31 @@ int llm_act_default_bits(void);
  * other bits or a buffer too small. */
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes);
 /* As llm_matmul_rows for the rows of a (n_in == a->n): integer products for
- * the block formats unless a->bits == 0, f32 ones otherwise. */
-void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
-                    float *Y, int64_t ldy);
+ * the block formats unless a->bits == 0, f32 ones otherwise. P is NULL or
+ * the same rows packed by llm_pack_rows (faster; the same bits). */
+void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
+                    const llm_act *a, float *Y, int64_t ldy);
 /* 1 if llm_matmul_act takes integer products for this type. */
 int llm_type_int8(int type);
 
+/* ---- weights packed in groups of 8 rows ----
+ * An integer-activation product reads a matrix of Q4_0, Q4_1, Q5_0 or Q8_0
+ * fastest with its rows in groups of 8 interleaved block by block: one
+ * memory stream feeds 8 rows, their 8 scales come in one load, and 8 rows'
+ * block sums fill one vector (no partial chunk at a row's end). Block b of
+ * group g holds the 8 rows' scale halves d[8], for Q4_1 then their offset
+ * halves m[8], then for each of the 8 rows in turn the rest of its block b
+ * (Q4_0, Q4_1: 16 nibble bytes; Q5_0: 4 fifth-bit bytes and 16 nibble bytes;
+ * Q8_0: 32 quants). A group takes the bytes of 8 rows; rows past the last
+ * one pad its last group as zeros. Every row's product follows the
+ * reference's arithmetic, so packed and plain rows give the same bits. */
+/* Bytes of the packed form of rows x cols, or 0 if this type is not packed
+ * (the K-quants, whose 256-element super-blocks end no row early, and the
+ * float types) or the shape is bad. */
+int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols);
+/* Pack W (rows x cols of `type`) into P (llm_packed_bytes bytes). Returns 0,
+ * or -1 (P untouched) if the type is not packed or the shape is bad. */
+int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P);
 /* Kernels are chosen at first use by CPU feature, like the library's: the
  * best of "avx512" (256-bit vectors with 32 registers; 512-bit ones in
  * -DLLM_QUANT_ZMM builds), "avx2" and "scalar", or the one named by the

@@ -177,6 +177,23 @@ float llm_act_lanes_sum(const float l[8]) {
     return g0 + g1;
 }
 
+/* Block b's term for one activation row: the exact block sum S, then the
+ * float part one operation per statement, so that no compiler may fuse them */
+static float act_term(const int32_t wi[QB], float wa, float wb, const llm_act_row *x, int64_t b) {
+    int32_t S = 0;
+    if (x->bits == LLM_ACT_Q8) {
+        const int8_t *q = (const int8_t *)x->q + b * QB;
+        for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+    } else {   /* |wi| <= 32 * 128 (Q6_K), |q| <= 16383: 32 products fit in int32 */
+        const int16_t *q = (const int16_t *)x->q + b * QB;
+        for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+    }
+    float t1 = (float)S * wa;
+    float t2 = (float)x->s[b] * wb;
+    float u = t1 + t2;
+    return x->d[b] * u;
+}
+
 int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out) {
     if (!llm_type_int8(type) || nt < 1 || nt > 8) return -1;
@@ -186,24 +203,77 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
             int32_t wi[QB];
             float wa, wb;
             weight_block(type, w[r], b, wi, &wa, &wb);   /* once for every X row */
-            for (int t = 0; t < nt; t++) {
-                int32_t S = 0;
-                if (x[t].bits == LLM_ACT_Q8) {
-                    const int8_t *q = (const int8_t *)x[t].q + b * QB;
-                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
-                } else {   /* |wi| <= 32 * 128 (Q6_K), |q| <= 16383: 32 products fit in int32 */
-                    const int16_t *q = (const int16_t *)x[t].q + b * QB;
-                    for (int k = 0; k < QB; k++) S += wi[k] * q[k];
-                }
-                /* one operation per statement: no compiler may fuse them */
-                float t1 = (float)S * wa;
-                float t2 = (float)x[t].s[b] * wb;
-                float u = t1 + t2;
-                float c = x[t].d[b] * u;
-                lane[t][b % 8] = lane[t][b % 8] + c;
-            }
+            for (int t = 0; t < nt; t++) lane[t][b % 8] = lane[t][b % 8] + act_term(wi, wa, wb, &x[t], b);
         }
         for (int t = 0; t < nt; t++) out[r * nt + t] = llm_act_lanes_sum(lane[t]);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ packed rows */
+
+int llm_type_packed(int type) {
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0;
+}
+
+int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
+    int64_t rb = llm_type_packed(type) ? llm_row_bytes(type, cols) : -1;
+    if (rb <= 0 || rows < 1 || rows > INT64_MAX / 8 / rb - 1) return 0;
+    return (rows + 7) / 8 * 8 * rb;
+}
+
+/* Block b of W's rows 8g .. 8g+7 into the packed block at dst (sizes as
+ * constants, so that every copy is a few moves) */
+static inline void pack_block(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t b, uint8_t *dst,
+                              const int bb, const int hd) {
+    for (int r = 0; r < 8; r++) {
+        uint8_t *d = dst + 2 * r, *m = dst + 16 + 2 * r, *rest = dst + 8 * hd + r * (bb - hd);
+        if (g * 8 + r >= rows) {   /* padding: a zero row */
+            memset(d, 0, 2);
+            if (hd == 4) memset(m, 0, 2);
+            memset(rest, 0, (size_t)(bb - hd));
+            continue;
+        }
+        const uint8_t *blk = src + (g * 8 + r) * rb + b * bb;
+        memcpy(d, blk, 2);
+        if (hd == 4) memcpy(m, blk + 2, 2);
+        memcpy(rest, blk + hd, (size_t)(bb - hd));
+    }
+}
+
+int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) {
+    int64_t bytes = llm_packed_bytes(type, rows, cols);
+    if (!bytes || !W || !P) return -1;
+    const int64_t bb = llm_type_block_bytes(type), nb = cols / QB, rb = nb * bb;
+    uint8_t *dst = P;
+    for (int64_t g = 0; g < (rows + 7) / 8; g++)
+        for (int64_t b = 0; b < nb; b++, dst += 8 * bb) switch (type) {
+            case LLM_TYPE_Q4_0: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q4_0), 2); break;
+            case LLM_TYPE_Q4_1: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q4_1), 4); break;
+            case LLM_TYPE_Q5_0: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q5_0), 2); break;
+            default: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q8_0), 2); break;
+            }
+    return 0;
+}
+
+int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]) {
+    if (!llm_type_packed(type)) return -1;
+    const int64_t bb = llm_type_block_bytes(type);
+    const int hd = llm_packed_head(type);
+    for (int r = 0; r < 8; r++) {
+        float lane[8] = {0};
+        for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
+            const uint8_t *p = group + b * 8 * bb;
+            uint8_t blk[sizeof(llm_block_q8_0)];
+            memcpy(blk, p + 2 * r, 2);
+            if (hd == 4) memcpy(blk + 2, p + 16 + 2 * r, 2);
+            memcpy(blk + hd, p + 8 * hd + r * (bb - hd), (size_t)(bb - hd));
+            int32_t wi[QB];
+            float wa, wb;
+            weight_block(type, blk, 0, wi, &wa, &wb);
+            lane[b % 8] = lane[b % 8] + act_term(wi, wa, wb, x, b);
+        }
+        out[r] = llm_act_lanes_sum(lane);
     }
     return 0;
 }
@@ -212,8 +282,14 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
 
 enum { JB = 64, TR = 4, TX = 4 };   /* X rows per L2 block; prefill tile rows x X rows */
 
-void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t row1, const llm_act *a,
-                    float *Y, int64_t ldy) {
+/* X row j of a as one kernel row */
+static llm_act_row act_row(const llm_act *a, int64_t j) {
+    int64_t nb = a->n / QB;
+    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb};
+}
+
+void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
+                    const llm_act *a, float *Y, int64_t ldy) {
     int64_t rb = llm_row_bytes(type, n_in);
     if (a->bits == LLM_ACT_F32 || !llm_type_int8(type) || rb < 0 || n_in != a->n) {
         llm_matmul_rows(type, W, n_in, row0, row1, a->x, a->m, Y, ldy);
@@ -225,8 +301,24 @@ void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t
     int64_t nb = n_in / QB, m = a->m;
     llm_act_row xr[TX];
     float out[8 * TX];
+    if (P && llm_type_packed(type)) {
+        /* each group of 8 rows (8 * rb bytes, in L1 after the first X row)
+         * against the X rows one at a time: for prefill too, this measured
+         * faster than the tiles below, which share each decoded weight block
+         * among 4 X rows but read 4 rows' streams and reduce every 8 blocks */
+        for (int64_t g = row0 / 8; g * 8 < row1; g++) {
+            const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
+            int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
+            for (int64_t j = 0; j < m; j++) {
+                xr[0] = act_row(a, j);
+                if (k->act_dot_packed(type, grp, nb, xr, out) != 0) llm_act_dot_packed_scalar(type, grp, nb, xr, out);
+                for (int64_t i = i0; i < i1; i++) Y[j * ldy + g * 8 + i] = out[i];
+            }
+        }
+        return;
+    }
     if (m == 1) {   /* decode: rows in groups of 8 against the one X row */
-        xr[0] = (llm_act_row){a->q, a->bits, a->d, a->s};
+        xr[0] = act_row(a, 0);
         for (int64_t r0 = row0; r0 < row1; r0 += 8) {
             int nr = (int)(row1 - r0 < 8 ? row1 - r0 : 8);
             const uint8_t *w[8];
@@ -245,10 +337,7 @@ void llm_matmul_act(int type, const void *W, int64_t n_in, int64_t row0, int64_t
             for (int i = 0; i < nr; i++) w[i] = Wb + (r0 + i) * rb;
             for (int64_t j = jb; j < je; j += TX) {
                 int nt = (int)(je - j < TX ? je - j : TX);
-                for (int t = 0; t < nt; t++) {
-                    const char *q = (const char *)a->q + (j + t) * n_in * (a->bits / 8);
-                    xr[t] = (llm_act_row){q, a->bits, a->d + (j + t) * nb, a->s + (j + t) * nb};
-                }
+                for (int t = 0; t < nt; t++) xr[t] = act_row(a, j + t);
                 k->act_dot(type, w, nr, xr, nt, nb, out);
                 for (int i = 0; i < nr; i++)
                     for (int t = 0; t < nt; t++) Y[(j + t) * ldy + r0 + i] = out[i * nt + t];

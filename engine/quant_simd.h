@@ -30,22 +30,26 @@ static inline float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* The 32 quants q (0..31) of a Q5_0 block: elements 0..15 in *lo, 16..31 in
- * *hi. Byte i of each half picks the fifth bit i of its 16 with a shuffle
- * (byte i/8 of the bit field) and a per-byte bit mask. */
-static inline void q5_0_unsigned(const uint8_t *p, __m128i *lo, __m128i *hi) {
+/* The 32 quants q (0..31) of a Q5_0 block from its fifth bits qh[4] and
+ * nibbles qs[16]: elements 0..15 in *lo, 16..31 in *hi. Byte i of each half
+ * picks the fifth bit i of its 16 with a shuffle (byte i/8 of the bit field)
+ * and a per-byte bit mask. q5_0_unsigned: the same from a whole block. */
+static inline void q5_0_bits(const uint8_t *qh, const uint8_t *qs, __m128i *lo, __m128i *hi) {
     const __m128i m4 = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
     const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
     uint32_t h;
-    memcpy(&h, p + offsetof(llm_block_q5_0, qh), 4);
+    memcpy(&h, qh, 4);
     __m128i hv = _mm_cvtsi32_si128((int)h);
     __m128i h0 = _mm_shuffle_epi8(hv, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     __m128i h1 = _mm_shuffle_epi8(hv, _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h0, bit), bit), sixteen);
     h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h1, bit), bit), sixteen);
-    __m128i q = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q5_0, qs)));
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
     *lo = _mm_or_si128(_mm_and_si128(q, m4), h0);
     *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), h1);
+}
+static inline void q5_0_unsigned(const uint8_t *p, __m128i *lo, __m128i *hi) {
+    q5_0_bits(p + offsetof(llm_block_q5_0, qh), p + offsetof(llm_block_q5_0, qs), lo, hi);
 }
 
 #endif

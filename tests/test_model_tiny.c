@@ -232,6 +232,39 @@ TEST(model_tiny_integer_activations_are_bit_identical_for_threads_and_close_unde
     ctx_act_bits = LLM_ACT_F32;
 }
 
+/* The weights' packed copy (KVCACHE_PACK, quant.h llm_pack_rows) changes no
+ * bit of the logits, on either integer width, tied output or not. */
+TEST(model_tiny_packed_weights_give_the_logits_of_the_mapped_rows) {
+    static const int types[] = {GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0};
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = FX_BYTE0 + (i * 53) % 256;
+    for (int i = 0; i < 4; i++) {
+        fx_model fx;
+        if (fx_build(&(fx_spec){.type = types[i], .seed = 70 + (uint64_t)i, .tied = i % 2}, &fx)) return;
+        setenv("KVCACHE_PACK", "0", 1);
+        llm_model *plain = fx_load(&fx);
+        unsetenv("KVCACHE_PACK");
+        llm_model *packed = fx_load(&fx);
+        CHECK(plain && packed);
+        if (!plain || !packed) return;
+        CHECK(llm_model_packed_bytes(plain) == 0 && llm_model_packed_bytes(packed) > 0);
+        float *a = malloc(sizeof(float) * (size_t)fx.vocab), *b = malloc(sizeof(float) * (size_t)fx.vocab);
+        for (int bits = 8; bits <= 16; bits += 8) {
+            ctx_act_bits = bits;
+            llm_context *ca = make_ctx(plain, 2, KV_F16, 16, 1), *cb = make_ctx(packed, 2, KV_F16, 16, 1);
+            CHECK_EQ_INT(eval_last(ca, toks, 40, a), KV_OK);
+            CHECK_EQ_INT(eval_last(cb, toks, 40, b), KV_OK);
+            if (memcmp(a, b, sizeof(float) * (size_t)fx.vocab))
+                test_fail(__FILE__, __LINE__, "%s, bits %d: packed weights changed the logits", llm_type_name(types[i]), bits);
+            llm_context_free(ca), llm_context_free(cb);
+        }
+        ctx_act_bits = LLM_ACT_F32;
+        free(a), free(b);
+        llm_model_free(plain), llm_model_free(packed);
+        fx_free(&fx);
+    }
+}
+
 /* Three sequences of different lengths in one forward call (and then one
  * decode step for all three at different positions) give each the logits it
  * gets alone. */

@@ -144,9 +144,20 @@ static void free_problem(problem *p) { free(p->W); free(p->X); free(p->ab.buf); 
 
 static float *product(const problem *p) {
     float *Y = malloc((size_t)(p->m * p->rows) * sizeof *Y);
-    llm_matmul_act(p->type, p->W, p->n, 0, p->rows, &p->ab.a, Y, p->rows);
+    llm_matmul_act(p->type, p->W, NULL, p->n, 0, p->rows, &p->ab.a, Y, p->rows);
     return Y;
 }
+
+/* W in groups of 8 (llm_pack_rows), or NULL for a type that is not packed */
+static void *packed_of(const problem *p) {
+    int64_t bytes = llm_packed_bytes(p->type, p->rows, p->n);
+    if (!bytes) return NULL;
+    void *P = malloc((size_t)bytes);
+    CHECK(llm_pack_rows(p->type, p->W, p->rows, p->n, P) == 0);
+    return P;
+}
+
+static int llm_block_elems_32(int type) { return llm_type_block_elems(type) == 32; }
 
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
     test_rng r = {32};
@@ -163,6 +174,13 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
                     make_problem(&p, &r, type, 19, n, ms[mi], bits);
                     float *Y = product(&p);
                     check_against_oracle(type, bits, p.W, p.rb, p.rows, p.X, p.m, n, Y, p.rows);
+                    void *P = packed_of(&p);
+                    CHECK_EQ_INT(P != NULL, llm_block_elems_32(type));
+                    if (P) {   /* the packed rows against the oracle too */
+                        llm_matmul_act(type, p.W, P, n, 0, p.rows, &p.ab.a, Y, p.rows);
+                        check_against_oracle(type, bits, p.W, p.rb, p.rows, p.X, p.m, n, Y, p.rows);
+                    }
+                    free(P);
                     free(Y);
                     free_problem(&p);
                 }
@@ -190,13 +208,29 @@ TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
         for (int ki = 0; ki < 3; ki++) {
             if (llm_quant_select(kernels[ki]) != 0) continue;
             float y;
-            llm_matmul_act(type, W, n, 0, 1, &ab.a, &y, 1);
+            llm_matmul_act(type, W, NULL, n, 0, 1, &ab.a, &y, 1);
             CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
         }
         free(ab.buf);
         free(W);
     }
     llm_quant_select("auto");
+}
+
+/* 1 if the product of p's rows (P: packed, or NULL) in uneven pieces, as
+ * threads split them, one X row at a time (decode), equals Y0 bit for bit */
+static int decode_in_pieces_equals(const problem *p, const void *P, const float *Y0, float *Y1, int bits) {
+    static const int64_t cut[] = {0, 1, 6, 9, 16, 21};
+    CHECK(p->rows == cut[5]);
+    memset(Y1, 0xff, (size_t)(p->m * p->rows) * sizeof *Y1);
+    for (int c = 0; c < 5; c++)
+        for (int64_t j = 0; j < p->m; j++) {
+            act_buf one;
+            CHECK(quantize(&one, p->X + j * p->n, 1, p->n, bits) == 0);
+            llm_matmul_act(p->type, p->W, P, p->n, cut[c], cut[c + 1], &one.a, Y1 + j * p->rows, p->rows);
+            free(one.buf);
+        }
+    return memcmp(Y0, Y1, (size_t)(p->m * p->rows) * sizeof *Y0) == 0;
 }
 
 /* The integer arithmetic is exact and the float part follows one stated
@@ -219,18 +253,22 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
             float *Y1 = product(&p);
             if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
                 test_fail(__FILE__, __LINE__, "%s: %s differs from scalar", llm_type_name(type), kernels[ki]);
-            /* rows in uneven pieces (as threads split them), X rows one at a time (decode) */
-            static const int64_t cut[] = {0, 1, 6, 9, 16, 21};
-            for (int c = 0; c < 5; c++)
-                for (int64_t j = 0; j < p.m; j++) {
-                    act_buf one;
-                    CHECK(quantize(&one, p.X + j * n, 1, n, bits) == 0);
-                    llm_matmul_act(type, p.W, n, cut[c], cut[c + 1], &one.a, Y1 + j * p.rows, p.rows);
-                    free(one.buf);
-                }
-            if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
+            if (!decode_in_pieces_equals(&p, NULL, Y0, Y1, bits))
                 test_fail(__FILE__, __LINE__, "%s (%s): decode or row split differs from prefill",
                           llm_type_name(type), kernels[ki]);
+            /* packed rows (21: the last group padded), all X rows at once, then in pieces */
+            void *P = packed_of(&p);
+            if (P) {
+                memset(Y1, 0xff, (size_t)(p.m * p.rows) * sizeof *Y1);
+                llm_matmul_act(type, p.W, P, n, 0, p.rows, &p.ab.a, Y1, p.rows);
+                if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
+                    test_fail(__FILE__, __LINE__, "%s (%s): packed rows differ from plain ones", llm_type_name(type),
+                              kernels[ki]);
+                if (!decode_in_pieces_equals(&p, P, Y0, Y1, bits))
+                    test_fail(__FILE__, __LINE__, "%s (%s): packed rows in pieces differ", llm_type_name(type),
+                              kernels[ki]);
+            }
+            free(P);
             free(Y1);
         }
         CHECK(tried >= 1);
@@ -238,6 +276,44 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
         free_problem(&p);
     }
     llm_quant_select("auto");
+}
+
+/* The packed form: which types have it, its size, the padding of a last
+ * group, and bad arguments (nothing written). */
+TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
+    test_rng r = {36};
+    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0};
+    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q4_K, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
+    for (int i = 0; i < 6; i++) CHECK(llm_packed_bytes(plain[i], 8, 256) == 0);
+    for (int i = 0; i < 4; i++) {
+        int type = packed[i];
+        int64_t n = 96, rows = 11, rb = llm_row_bytes(type, n);
+        CHECK(llm_packed_bytes(type, rows, n) == 16 * rb);   /* 2 groups of 8 */
+        CHECK(llm_packed_bytes(type, 8, n) == 8 * rb);
+        CHECK(llm_packed_bytes(type, 0, n) == 0 && llm_packed_bytes(type, 8, 33) == 0);
+        CHECK(llm_packed_bytes(type, INT64_MAX / 4, n) == 0);
+        uint8_t *W = malloc((size_t)(rows * rb)), *P = malloc((size_t)(16 * rb));
+        for (int64_t j = 0; j < rows; j++) random_row(&r, type, n, W + j * rb);
+        memset(P, 0x5a, (size_t)(16 * rb));
+        CHECK(llm_pack_rows(type, W, rows, 33, P) == -1 && llm_pack_rows(type, NULL, rows, n, P) == -1);
+        CHECK(llm_pack_rows(LLM_TYPE_Q6_K, W, rows, 256, P) == -1);
+        CHECK(P[0] == 0x5a && P[16 * rb - 1] == 0x5a);
+        CHECK(llm_pack_rows(type, W, rows, n, P) == 0);
+        /* the same bytes, moved: each byte of W once, and the 5 padding rows zero */
+        uint64_t sw = 0, sp = 0;
+        for (int64_t k = 0; k < rows * rb; k++) sw += W[k];
+        for (int64_t k = 0; k < 16 * rb; k++) sp += P[k];
+        CHECK(sw == sp);
+        /* the padding rows' products are not written; the real rows' equal the plain ones */
+        float x[96], y0[11], y1[11];
+        for (int k = 0; k < 96; k++) x[k] = (float)test_rng_normal(&r);
+        act_buf ab;
+        CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
+        llm_matmul_act(type, W, NULL, n, 0, rows, &ab.a, y0, rows);
+        llm_matmul_act(type, W, P, n, 0, rows, &ab.a, y1, rows);
+        CHECK(memcmp(y0, y1, sizeof y0) == 0);
+        free(ab.buf), free(W), free(P);
+    }
 }
 
 TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
@@ -253,7 +329,7 @@ TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
         llm_matmul_rows(type, W, n, 0, rows, X, m, Y0, rows);
         act_buf ab;
         CHECK(quantize(&ab, X, m, n, llm_type_int8(type) ? LLM_ACT_F32 : LLM_ACT_Q8) == 0);
-        llm_matmul_act(type, W, n, 0, rows, &ab.a, Y1, rows);
+        llm_matmul_act(type, W, NULL, n, 0, rows, &ab.a, Y1, rows);
         CHECK(memcmp(Y0, Y1, (size_t)(m * rows) * sizeof *Y0) == 0);
         CHECK_EQ_INT(llm_type_int8(type), type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q6_K);
         free(ab.buf); free(W); free(X); free(Y0); free(Y1);
@@ -274,8 +350,16 @@ TEST(quant_act_nan_and_inf_inputs_give_non_finite_products) {
             x[40] = k ? INFINITY : NAN;
             act_buf ab;
             CHECK(quantize(&ab, x, 1, n, bits) == 0);
-            llm_matmul_act(LLM_TYPE_Q8_0, W, n, 0, rows, &ab.a, y, rows);
+            llm_matmul_act(LLM_TYPE_Q8_0, W, NULL, n, 0, rows, &ab.a, y, rows);
             for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
+            uint8_t P[8 * 68];   /* one packed group */
+            CHECK(llm_pack_rows(LLM_TYPE_Q8_0, W, rows, n, P) == 0);
+            for (int ki = 0; ki < 3; ki++) {
+                if (llm_quant_select(kernels[ki]) != 0) continue;
+                llm_matmul_act(LLM_TYPE_Q8_0, W, P, n, 0, rows, &ab.a, y, rows);
+                for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
+            }
+            llm_quant_select("auto");
             free(ab.buf);
         }
     free(W);
