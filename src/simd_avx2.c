@@ -175,7 +175,9 @@ static inline __m256 load8(kv_dtype t, const unsigned char *row, int32_t e) {
 
 /* Raw scores of keys j..j+KP-1 against NV <= 4 vectors, into tmp [NV][16][8]
  * lane sums: NV * KP independent FMA chains (FMA latency 4 x 2 pipes wants
- * at least 8), each K element converted once, q read from L1. */
+ * at least 8), each K element converted once, each 8 elements of q loaded
+ * once for the KP keys (NV + 1 + NV * KP registers of 16: loads, at most two
+ * 256-bit ones a cycle, would bound the FMAs if q came from L1 per key). */
 DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, const float *q, int32_t d,
                         const unsigned char *k, size_t stride, int32_t j, float (*tmp)[16][8]) {
     __m256 a[4][6];
@@ -185,11 +187,17 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
         for (int32_t kk = 0; kk < KP; kk++) a[i][kk] = _mm256_setzero_ps();
     const unsigned char *row = k + (size_t)j * stride;
     for (int32_t e = 0; e < d; e += 8) {
+        __m256 qv[4];
+#pragma GCC unroll 4
+        for (int32_t i = 0; i < NV; i++) {
+            qv[i] = _mm256_loadu_ps(q + (size_t)i * d + e);
+            __asm__("" : "+x"(qv[i]));   /* kept in a register: gcc would fold it into every FMA again */
+        }
 #pragma GCC unroll 6
         for (int32_t kk = 0; kk < KP; kk++) {
             const __m256 kv = load8(t, row + (size_t)kk * stride, e);
 #pragma GCC unroll 4
-            for (int32_t i = 0; i < NV; i++) a[i][kk] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)i * d + e), kv, a[i][kk]);
+            for (int32_t i = 0; i < NV; i++) a[i][kk] = _mm256_fmadd_ps(qv[i], kv, a[i][kk]);
         }
     }
 #pragma GCC unroll 4
@@ -203,7 +211,7 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
 DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int32_t d, const unsigned char *k,
                         size_t stride, int32_t n, float (*s)[16]) {
     enum { KP_MAX = 6 };
-    const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 4 : 3;
+    const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 3 : 2;
     float tmp[4][16][8] __attribute__((aligned(32)));
     int32_t j = 0;
     for (; j + KP <= n; j += KP) dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
