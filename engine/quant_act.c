@@ -256,10 +256,11 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
     return 0;
 }
 
-int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]) {
-    if (!llm_type_packed(type)) return -1;
+int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out) {
+    if (!llm_type_packed(type) || nt < 1) return -1;
     const int64_t bb = llm_type_block_bytes(type);
     const int hd = llm_packed_head(type);
+    for (int t = 0; t < nt; t++, x++, out += 8)
     for (int r = 0; r < 8; r++) {
         float lane[8] = {0};
         for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
@@ -302,17 +303,19 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     llm_act_row xr[TX];
     float out[8 * TX];
     if (P && llm_type_packed(type)) {
-        /* each group of 8 rows (8 * rb bytes, in L1 after the first X row)
-         * against the X rows one at a time: for prefill too, this measured
-         * faster than the tiles below, which share each decoded weight block
-         * among 4 X rows but read 4 rows' streams and reduce every 8 blocks */
-        for (int64_t g = row0 / 8; g * 8 < row1; g++) {
-            const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
-            int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
-            for (int64_t j = 0; j < m; j++) {
-                xr[0] = act_row(a, j);
-                if (k->act_dot_packed(type, grp, nb, xr, out) != 0) llm_act_dot_packed_scalar(type, grp, nb, xr, out);
-                for (int64_t i = i0; i < i1; i++) Y[j * ldy + g * 8 + i] = out[i];
+        /* each group of 8 rows against blocks of JB X rows (kept in L2) */
+        llm_act_row xs[JB];
+        float outs[8 * JB];
+        for (int64_t jb = 0; jb < m; jb += JB) {
+            int nt = (int)(m - jb < JB ? m - jb : JB);
+            for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
+            for (int64_t g = row0 / 8; g * 8 < row1; g++) {
+                const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
+                int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
+                if (k->act_dot_packed(type, grp, nb, xs, nt, outs) != 0)
+                    llm_act_dot_packed_scalar(type, grp, nb, xs, nt, outs);
+                for (int t = 0; t < nt; t++)
+                    for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = outs[8 * t + i];
             }
         }
         return;

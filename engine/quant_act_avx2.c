@@ -324,34 +324,90 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
  * sum as one int32 vector; hsum8 turns the 8 vectors into one lane per row,
  * so the reference's float part runs on 8 rows at once, into acc[b % 8]. */
 
-/* Int32 lanes summing to one row's block sum against x (xa: the 32 int8
- * quants, or with W16 the int16 quants of elements 0..15 and xb of 16..31);
- * before Q4_0's and Q5_0's offset. rest: the row's block after its header. */
-static inline __attribute__((always_inline)) __m256i
-packed_dot(const int type, const uint8_t *rest, __m256i xa, __m256i xb, const int W16) {
+/* One row's block b as the integer vectors the products take: with W16 its
+ * 32 weights as int16 (elements 0..15 in *w0, 16..31 in *w1), else as 32
+ * bytes in *w0 (unsigned quants; Q8_0 signed). rest: the row's block after
+ * its header; Q4_0's and Q5_0's offsets are taken off the sums later. */
+static inline __attribute__((always_inline)) void
+packed_weights(const int type, const uint8_t *rest, const int W16, __m256i *w0, __m256i *w1) {
     if (type == LLM_TYPE_Q8_0) {
-        if (W16)
-            return _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rest)), xa),
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rest + 16))), xb));
-        return dot32(type, _mm256_loadu_si256((const __m256i *)rest), xa, _mm256_setzero_si256());
+        if (W16) {
+            *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rest));
+            *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rest + 16)));
+        } else {
+            *w0 = _mm256_loadu_si256((const __m256i *)rest);
+        }
+        return;
     }
     __m128i lo, hi;
     if (type == LLM_TYPE_Q5_0) {
         q5_0_bits(rest, rest + 4, &lo, &hi);
     } else if (W16) {   /* Q4_0, Q4_1: each nibble byte widened once, split in the int16 lanes */
         __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rest));
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(q, _mm256_set1_epi16(15)), xa),
-                                _mm256_madd_epi16(_mm256_srli_epi16(q, 4), xb));
+        *w0 = _mm256_and_si256(q, _mm256_set1_epi16(15));
+        *w1 = _mm256_srli_epi16(q, 4);
+        return;
     } else {
         __m128i q = _mm_loadu_si128((const __m128i *)rest), m4 = _mm_set1_epi8(15);
         lo = _mm_and_si128(q, m4);
         hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
     }
-    if (W16)
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), xa),
-                                _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), xb));
-    return dot32(type, join(lo, hi), xa, _mm256_setzero_si256());
+    if (W16) {
+        *w0 = _mm256_cvtepu8_epi16(lo);
+        *w1 = _mm256_cvtepu8_epi16(hi);
+    } else {
+        *w0 = join(lo, hi);
+    }
+}
+
+/* Int32 lanes summing to the block sum of weights (w0, w1) against the
+ * activation block (xa, xb) */
+static inline __attribute__((always_inline)) __m256i
+packed_dot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
+    if (W16) return _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xb));
+    return dot32(type, w0, xa, _mm256_setzero_si256());
+}
+
+/* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
+ * quants of elements 0..15 in *xa and 16..31 in *xb */
+static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, int64_t b, const int W16, __m256i *xa,
+                                                         __m256i *xb) {
+    if (W16) {
+        const int16_t *q = (const int16_t *)x->q + 32 * b;
+        *xa = _mm256_loadu_si256((const __m256i *)q);
+        *xb = _mm256_loadu_si256((const __m256i *)(q + 16));
+    } else {
+        *xa = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->q + 32 * b));
+        *xb = _mm256_setzero_si256();
+    }
+}
+
+/* The 8 rows' terms of block b, S their block sums and p the packed block
+ * (scales first), by the reference's operations in its order:
+ * t1 = S wa, t2 = B wb, c = d (t1 + t2) */
+static inline __attribute__((always_inline)) __m256
+block_terms(const int type, __m256i S, const uint8_t *p, const llm_act_row *x, int64_t b) {
+    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
+    __m256i Bv = _mm256_set1_epi32(x->s[b]);
+    if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
+    __m256 wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))
+                                      : _mm256_setzero_ps();
+    __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
+    __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+    return _mm256_mul_ps(_mm256_set1_ps(x->d[b]), _mm256_add_ps(t1, t2));
+}
+
+/* (l0+l4 + l2+l6) + (l1+l5 + l3+l7) of the lane sums acc[b % 8], 8 rows at once */
+static inline void lanes_final(const __m256 acc[8], float out[8]) {
+    __m256 h0 = _mm256_add_ps(acc[0], acc[4]), h1 = _mm256_add_ps(acc[1], acc[5]);
+    __m256 h2 = _mm256_add_ps(acc[2], acc[6]), h3 = _mm256_add_ps(acc[3], acc[7]);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)));
+}
+
+static inline int64_t packed_block_bytes(const int type) {
+    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
 }
 
 /* Bytes ahead of the block in use that a packed group prefetches: a group
@@ -360,71 +416,92 @@ packed_dot(const int type, const uint8_t *rest, __m256i xa, __m256i xb, const in
  * core streaming a 30 MB packed Q8_0 matrix: 7.5-8 GB/s without, 9-14 GB/s
  * at 2-4 KB ahead, less again at 6 KB (Zen 3). */
 enum { PF_AHEAD = 3072 };
+
+/* One activation row (decode): each row's weights decoded in registers */
 static inline __attribute__((always_inline)) void
 packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, float out[8], const int W16) {
-    const int64_t bb = type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
-                     : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
-                     : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
+    const int64_t bb = packed_block_bytes(type);
     const int hd = llm_packed_head(type), rest = (int)bb - hd;
-    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
     __m256 acc[8];   /* [b % 8], a lane per row: the reference's lane sums */
     UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = grp + b * 8 * bb;
         for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
-        __m256i xa, xb = _mm256_setzero_si256();
-        if (W16) {
-            const int16_t *q = (const int16_t *)x->q + 32 * b;
-            xa = _mm256_loadu_si256((const __m256i *)q);
-            xb = _mm256_loadu_si256((const __m256i *)(q + 16));
-        } else {
-            xa = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->q + 32 * b));
+        __m256i xa, xb, v[8];
+        x_block(x, b, W16, &xa, &xb);
+        UNROLL for (int r = 0; r < 8; r++) {
+            __m256i w0, w1 = _mm256_setzero_si256();
+            packed_weights(type, p + 8 * hd + r * rest, W16, &w0, &w1);
+            v[r] = packed_dot(type, w0, w1, xa, xb, W16);
         }
-        __m256i v[8];
-        UNROLL for (int r = 0; r < 8; r++) v[r] = packed_dot(type, p + 8 * hd + r * rest, xa, xb, W16);
-        __m256i S = hsum8_epi32(v), Bv = _mm256_set1_epi32(x->s[b]);
-        if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-        __m256 wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        __m256 wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))
-                                          : _mm256_setzero_ps();
-        /* the reference's operations, in its order: t1 = S wa, t2 = B wb, c = d (t1 + t2), lane += c */
-        __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
-        __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
-        __m256 c = _mm256_mul_ps(_mm256_set1_ps(x->d[b]), _mm256_add_ps(t1, t2));
-        acc[b % 8] = _mm256_add_ps(acc[b % 8], c);
+        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, hsum8_epi32(v), p, x, b));
     }
-    /* (l0+l4 + l2+l6) + (l1+l5 + l3+l7), for the 8 rows at once */
-    __m256 h0 = _mm256_add_ps(acc[0], acc[4]), h1 = _mm256_add_ps(acc[1], acc[5]);
-    __m256 h2 = _mm256_add_ps(acc[2], acc[6]), h3 = _mm256_add_ps(acc[3], acc[7]);
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)));
+    lanes_final(acc, out);
+}
+
+/* Several activation rows (prefill, batches): the group's weights decoded
+ * once, CB blocks at a time, into an L1-resident buffer that every row then
+ * reads, so a format's decoding (Q5_0's fifth bits most of all) is not paid
+ * again per row. The rows' lane sums wait in acc between chunks. */
+enum { CB = 64, NT_MAX = 64 };
+static inline __attribute__((always_inline)) void
+packed_group_rows(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out,
+                  const int W16) {
+    const int64_t bb = packed_block_bytes(type);
+    const int hd = llm_packed_head(type), rest = (int)bb - hd;
+    __m256i wbuf[CB][8][2];   /* [block][row]: the vectors of packed_weights (32 KB) */
+    __m256 acc[NT_MAX][8];
+    for (int t = 0; t < nt; t++)
+        UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += CB) {
+        const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
+        for (int64_t b = c0; b < c1; b++) {
+            const uint8_t *p = grp + b * 8 * bb;
+            UNROLL for (int r = 0; r < 8; r++) {
+                wbuf[b - c0][r][1] = _mm256_setzero_si256();
+                packed_weights(type, p + 8 * hd + r * rest, W16, &wbuf[b - c0][r][0], &wbuf[b - c0][r][1]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            for (int64_t b = c0; b < c1; b++) {
+                __m256i xa, xb, v[8];
+                x_block(&x[t], b, W16, &xa, &xb);
+                UNROLL for (int r = 0; r < 8; r++)
+                    v[r] = packed_dot(type, wbuf[b - c0][r][0], wbuf[b - c0][r][1], xa, xb, W16);
+                acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], block_terms(type, hsum8_epi32(v), grp + b * 8 * bb, &x[t], b));
+            }
+    }
+    for (int t = 0; t < nt; t++) lanes_final(acc[t], out + 8 * t);
 }
 
 #define PACKED(T_, W_)                                                                                 \
-    static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, float *out) { \
-        packed_group(T_, grp, nb, x, out, W_);                                                         \
+    static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
+        if (nt == 1) packed_group(T_, grp, nb, x, out, W_);                                            \
+        else packed_group_rows(T_, grp, nb, x, nt, out, W_);                                           \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
 #undef PACKED_W
 #undef PACKED
 
-int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x,
-                                          float out[8]) {
+int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                          float *out) {
+    if (nt < 1 || nt > NT_MAX) return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
     int w16 = x->bits == LLM_ACT_Q16;
     switch (type) {
-    case LLM_TYPE_Q4_0: (w16 ? packed_LLM_TYPE_Q4_0_1 : packed_LLM_TYPE_Q4_0_0)(group, nb, x, out); return 0;
-    case LLM_TYPE_Q4_1: (w16 ? packed_LLM_TYPE_Q4_1_1 : packed_LLM_TYPE_Q4_1_0)(group, nb, x, out); return 0;
-    case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, out); return 0;
-    case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, out); return 0;
-    default: return llm_act_dot_packed_scalar(type, group, nb, x, out);
+    case LLM_TYPE_Q4_0: (w16 ? packed_LLM_TYPE_Q4_0_1 : packed_LLM_TYPE_Q4_0_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q4_1: (w16 ? packed_LLM_TYPE_Q4_1_1 : packed_LLM_TYPE_Q4_1_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
+    default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
     }
 }
 
 #else
 
-int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x,
-                                          float out[8]) {
-    return llm_act_dot_packed_scalar(type, group, nb, x, out);
+int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                          float *out) {
+    return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
 }
 
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,

@@ -36,9 +36,9 @@ typedef struct {
     int (*act_dot)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                    float *out);
     /* The same products for one packed group of 8 weight rows (llm_pack_rows)
-     * against one activation row: out[r] for r < 8, by the same arithmetic;
-     * -1 if the type is not packed. */
-    int (*act_dot_packed)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]);
+     * against nt activation rows: out[8*t + r] for t < nt, r < 8, by the same
+     * arithmetic; -1 if the type is not packed. */
+    int (*act_dot_packed)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 } llm_qkern;
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
@@ -61,9 +61,9 @@ int llm_act_dot_avx2(int type, const uint8_t *const *w, int nr, const llm_act_ro
                      float *out);
 int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out);
-int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]);
-int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]);
-int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, float out[8]);
+int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 
 /* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds, and
  * the header bytes each row's block keeps in front (the scale halves) */

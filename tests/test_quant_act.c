@@ -304,6 +304,17 @@ TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
         for (int64_t k = 0; k < rows * rb; k++) sw += W[k];
         for (int64_t k = 0; k < 16 * rb; k++) sp += P[k];
         CHECK(sw == sp);
+        /* 70 X rows: two blocks of the packed path's 64, each against every group */
+        {
+            problem q;
+            make_problem(&q, &r, type, 11, n, 70, LLM_ACT_Q16);
+            float *Y0 = product(&q), *Y1 = malloc((size_t)(q.m * q.rows) * sizeof *Y1);
+            void *Q = packed_of(&q);
+            llm_matmul_act(type, q.W, Q, n, 0, q.rows, &q.ab.a, Y1, q.rows);
+            CHECK(memcmp(Y0, Y1, (size_t)(q.m * q.rows) * sizeof *Y0) == 0);
+            free(Y0), free(Y1), free(Q);
+            free_problem(&q);
+        }
         /* the padding rows' products are not written; the real rows' equal the plain ones */
         float x[96], y0[11], y1[11];
         for (int k = 0; k < 96; k++) x[k] = (float)test_rng_normal(&r);
