@@ -196,17 +196,19 @@ static float act_term(const int32_t wi[QB], float wa, float wb, const llm_act_ro
 
 int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out) {
-    if (!llm_type_int8(type) || nt < 1 || nt > 8) return -1;
-    for (int r = 0; r < nr; r++) {
-        float lane[8][8] = {{0}};   /* [X row][b % 8] */
-        for (int64_t b = 0; b < nb; b++) {
-            int32_t wi[QB];
-            float wa, wb;
-            weight_block(type, w[r], b, wi, &wa, &wb);   /* once for every X row */
-            for (int t = 0; t < nt; t++) lane[t][b % 8] = lane[t][b % 8] + act_term(wi, wa, wb, &x[t], b);
+    if (!llm_type_int8(type) || nt < 1) return -1;
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < nt; t0 += 8) {   /* X rows 8 at a time */
+            int n = nt - t0 < 8 ? nt - t0 : 8;
+            float lane[8][8] = {{0}};   /* [X row][b % 8] */
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t wi[QB];
+                float wa, wb;
+                weight_block(type, w[r], b, wi, &wa, &wb);   /* once for every X row */
+                for (int t = 0; t < n; t++) lane[t][b % 8] = lane[t][b % 8] + act_term(wi, wa, wb, &x[t0 + t], b);
+            }
+            for (int t = 0; t < n; t++) out[r * nt + t0 + t] = llm_act_lanes_sum(lane[t]);
         }
-        for (int t = 0; t < nt; t++) out[r * nt + t] = llm_act_lanes_sum(lane[t]);
-    }
     return 0;
 }
 
@@ -281,7 +283,7 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
 
 /* ------------------------------------------------------------ the product */
 
-enum { JB = 64, TR = 4, TX = 4 };   /* X rows per L2 block; prefill tile rows x X rows */
+enum { JB = 64 };   /* X rows per L2 block */
 
 /* X row j of a as one kernel row */
 static llm_act_row act_row(const llm_act *a, int64_t j) {
@@ -299,52 +301,32 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     if (row0 < 0 || row1 <= row0) return;
     const llm_qkern *k = llm_qkern_active();
     const uint8_t *Wb = W;
-    int64_t nb = n_in / QB, m = a->m;
-    llm_act_row xr[TX];
-    float out[8 * TX];
-    if (P && llm_type_packed(type)) {
-        /* each group of 8 rows against blocks of JB X rows (kept in L2) */
-        llm_act_row xs[JB];
-        float outs[8 * JB];
-        for (int64_t jb = 0; jb < m; jb += JB) {
-            int nt = (int)(m - jb < JB ? m - jb : JB);
-            for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
+    const int64_t nb = n_in / QB, m = a->m;
+    const int packed = P && llm_type_packed(type);
+    llm_act_row xs[JB];
+    float out[8 * JB];
+    /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
+     * kernels decode the 8 rows once for all the block's X rows */
+    for (int64_t jb = 0; jb < m; jb += JB) {
+        int nt = (int)(m - jb < JB ? m - jb : JB);
+        for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
+        if (packed) {
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
                 int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
-                if (k->act_dot_packed(type, grp, nb, xs, nt, outs) != 0)
-                    llm_act_dot_packed_scalar(type, grp, nb, xs, nt, outs);
+                if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0) llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
                 for (int t = 0; t < nt; t++)
-                    for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = outs[8 * t + i];
+                    for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = out[8 * t + i];
             }
+            continue;
         }
-        return;
-    }
-    if (m == 1) {   /* decode: rows in groups of 8 against the one X row */
-        xr[0] = act_row(a, 0);
         for (int64_t r0 = row0; r0 < row1; r0 += 8) {
             int nr = (int)(row1 - r0 < 8 ? row1 - r0 : 8);
             const uint8_t *w[8];
             for (int i = 0; i < nr; i++) w[i] = Wb + (r0 + i) * rb;
-            k->act_dot(type, w, nr, xr, 1, nb, out);
-            for (int i = 0; i < nr; i++) Y[r0 + i] = out[i];
-        }
-        return;
-    }
-    /* prefill: tiles of up to 4 weight rows x 4 X rows within blocks of JB X rows */
-    for (int64_t jb = 0; jb < m; jb += JB) {
-        int64_t je = m - jb < JB ? m : jb + JB;
-        for (int64_t r0 = row0; r0 < row1; r0 += TR) {
-            int nr = (int)(row1 - r0 < TR ? row1 - r0 : TR);
-            const uint8_t *w[TR];
-            for (int i = 0; i < nr; i++) w[i] = Wb + (r0 + i) * rb;
-            for (int64_t j = jb; j < je; j += TX) {
-                int nt = (int)(je - j < TX ? je - j : TX);
-                for (int t = 0; t < nt; t++) xr[t] = act_row(a, j + t);
-                k->act_dot(type, w, nr, xr, nt, nb, out);
-                for (int i = 0; i < nr; i++)
-                    for (int t = 0; t < nt; t++) Y[(j + t) * ldy + r0 + i] = out[i * nt + t];
-            }
+            if (k->act_dot(type, w, nr, xs, nt, nb, out) != 0) llm_act_dot_scalar(type, w, nr, xs, nt, nb, out);
+            for (int i = 0; i < nr; i++)
+                for (int t = 0; t < nt; t++) Y[(jb + t) * ldy + r0 + i] = out[i * nt + t];
         }
     }
 }

@@ -139,6 +139,34 @@ wwords(const int type, const uint8_t *row, int64_t b, __m256i *lo, __m256i *hi) 
 
 static inline int rd32(const uint8_t *p) { int h; memcpy(&h, p, 4); return h; }
 
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
+static inline int64_t block32_bytes(const int type) {
+    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
+}
+
+/* The scale and offset of block b of one weight row as the reference's
+ * weight_block gives them */
+static inline void plain_scales(const int type, const uint8_t *row, int64_t b, float *wa, float *wb) {
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K) {
+        const size_t kb = type == LLM_TYPE_Q6_K ? sizeof(llm_block_q6_k)
+                        : type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+        const uint8_t *sb = row + (b / 8) * kb;
+        if (type == LLM_TYPE_Q6_K) {
+            *wa = half_at(sb + offsetof(llm_block_q6_k, d)), *wb = 0.0f;
+            return;
+        }
+        uint8_t sc, mn;
+        llm_k_scale_min(sb + offsetof(llm_block_q4_k, scales), (int)(b % 8), &sc, &mn);
+        *wa = half_at(sb + offsetof(llm_block_q4_k, d)) * (float)sc;   /* exact: 11 x 6 bits */
+        *wb = -(half_at(sb + offsetof(llm_block_q4_k, dmin)) * (float)mn);
+        return;
+    }
+    const uint8_t *p = row + b * block32_bytes(type);
+    *wa = half_at(p);
+    *wb = type == LLM_TYPE_Q4_1 ? half_at(p + offsetof(llm_block_q4_1, m)) : 0.0f;
+}
+
 /* Scale and offset (wa, wb) of blocks b0 .. b0+7 of one weight row as the
  * reference's weight_block gives them, one lane per block; lanes >= nv are 0.
  * The 32-bit formats' headers (scale half, then Q4_1's offset half) come in
@@ -147,22 +175,8 @@ static inline __attribute__((always_inline)) void
 chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
     if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K) {
         /* chunks start at multiples of 8 blocks: one chunk is one super-block */
-        const size_t kb = type == LLM_TYPE_Q6_K   ? sizeof(llm_block_q6_k)
-                        : type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
-        const uint8_t *sb = row + (b0 / 8) * kb;
-        if (type == LLM_TYPE_Q6_K) {
-            *wa = _mm256_set1_ps(half_at(sb + offsetof(llm_block_q6_k, d)));
-            *wb = _mm256_setzero_ps();
-            return;
-        }
-        float d = half_at(sb + offsetof(llm_block_q4_k, d)), dmin = half_at(sb + offsetof(llm_block_q4_k, dmin));
         _Alignas(32) float a[8], c[8];
-        for (int s = 0; s < 8; s++) {
-            uint8_t sc, mn;
-            llm_k_scale_min(sb + offsetof(llm_block_q4_k, scales), s, &sc, &mn);
-            a[s] = d * (float)sc;          /* exact: 11 x 6 bits */
-            c[s] = -(dmin * (float)mn);
-        }
+        for (int s = 0; s < 8; s++) plain_scales(type, row, b0 + s, &a[s], &c[s]);
         *wa = _mm256_load_ps(a);
         *wb = _mm256_load_ps(c);
         return;
@@ -304,9 +318,13 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
         else ACT_T(T_, 0);                                 \
     } while (0)
 
+static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out);
+
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
                                    int64_t nb, float *out) {
-    if (nt < 1 || nt > 4) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);   /* (the driver sends <= 4) */
+    if (nt > 4) return many_rows(type, w, nr, x, nt, nb, out);
+    if (nt < 1) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
     switch (type) {
     case LLM_TYPE_Q4_0: ACT_SHAPES(LLM_TYPE_Q4_0); return 0;
     case LLM_TYPE_Q4_1: ACT_SHAPES(LLM_TYPE_Q4_1); return 0;
@@ -382,17 +400,21 @@ static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, 
     }
 }
 
-/* The 8 rows' terms of block b, S their block sums and p the packed block
- * (scales first), by the reference's operations in its order:
- * t1 = S wa, t2 = B wb, c = d (t1 + t2) */
+/* The scales (wa) and offsets (wb) of the 8 rows of a packed block p */
+static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *p, __m256 *wa,
+                                                                __m256 *wb) {
+    *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) : _mm256_setzero_ps();
+}
+
+/* The 8 rows' terms of block b, S their block sums (unsigned quants for
+ * Q4_0 and Q5_0) and wa, wb their scales and offsets, by the reference's
+ * operations in its order: t1 = S wa, t2 = B wb, c = d (t1 + t2) */
 static inline __attribute__((always_inline)) __m256
-block_terms(const int type, __m256i S, const uint8_t *p, const llm_act_row *x, int64_t b) {
+block_terms(const int type, __m256i S, __m256 wa, __m256 wb, const llm_act_row *x, int64_t b) {
     const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
     __m256i Bv = _mm256_set1_epi32(x->s[b]);
     if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-    __m256 wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    __m256 wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))
-                                      : _mm256_setzero_ps();
     __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
     __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
     return _mm256_mul_ps(_mm256_set1_ps(x->d[b]), _mm256_add_ps(t1, t2));
@@ -405,10 +427,6 @@ static inline void lanes_final(const __m256 acc[8], float out[8]) {
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)));
 }
 
-static inline int64_t packed_block_bytes(const int type) {
-    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
-         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
-}
 
 /* Bytes ahead of the block in use that a packed group prefetches: a group
  * is one stream, but a matmul task is only 4 groups (11 KB of a 576-wide
@@ -420,7 +438,7 @@ enum { PF_AHEAD = 3072 };
 /* One activation row (decode): each row's weights decoded in registers */
 static inline __attribute__((always_inline)) void
 packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, float out[8], const int W16) {
-    const int64_t bb = packed_block_bytes(type);
+    const int64_t bb = block32_bytes(type);
     const int hd = llm_packed_head(type), rest = (int)bb - hd;
     __m256 acc[8];   /* [b % 8], a lane per row: the reference's lane sums */
     UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
@@ -434,50 +452,143 @@ packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *
             packed_weights(type, p + 8 * hd + r * rest, W16, &w0, &w1);
             v[r] = packed_dot(type, w0, w1, xa, xb, W16);
         }
-        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, hsum8_epi32(v), p, x, b));
+        __m256 wa, wb;
+        packed_scales(type, p, &wa, &wb);
+        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, hsum8_epi32(v), wa, wb, x, b));
     }
     lanes_final(acc, out);
 }
 
-/* Several activation rows (prefill, batches): the group's weights decoded
- * once, CB blocks at a time, into an L1-resident buffer that every row then
- * reads, so a format's decoding (Q5_0's fifth bits most of all) is not paid
- * again per row. The rows' lane sums wait in acc between chunks. */
+/* Several activation rows (prefill, batches): 8 rows' weights decoded once,
+ * CB blocks at a time, into an L1-resident buffer that every activation row
+ * then reads, so a format's decoding (Q5_0's fifth bits, the K-quants'
+ * scales) is not paid again per row. The rows' lane sums wait in acc between
+ * chunks. */
 enum { CB = 64, NT_MAX = 64 };
+typedef struct {
+    __m256i w[CB][8][2];   /* [block][row]: the vectors of packed_weights (32 KB) */
+    __m256 wa[CB], wb[CB]; /* [block]: the 8 rows' scales and offsets */
+} rows_buf;
+
 static inline __attribute__((always_inline)) void
-packed_group_rows(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out,
-                  const int W16) {
-    const int64_t bb = packed_block_bytes(type);
+rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const llm_act_row *x, int nt,
+               __m256 (*acc)[8], const int W16) {
+    for (int t = 0; t < nt; t++)
+        for (int64_t b = c0; b < c1; b++) {
+            __m256i xa, xb, v[8];
+            x_block(&x[t], b, W16, &xa, &xb);
+            UNROLL for (int r = 0; r < 8; r++) v[r] = packed_dot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8],
+                                          block_terms(type, hsum8_epi32(v), rb->wa[b - c0], rb->wb[b - c0], &x[t], b));
+        }
+}
+
+/* Block b of a packed group into slot i of the buffer */
+static inline __attribute__((always_inline)) void
+packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
+    const int64_t bb = block32_bytes(type);
     const int hd = llm_packed_head(type), rest = (int)bb - hd;
-    __m256i wbuf[CB][8][2];   /* [block][row]: the vectors of packed_weights (32 KB) */
+    const uint8_t *p = grp + b * 8 * bb;
+    UNROLL for (int r = 0; r < 8; r++) {
+        rb->w[i][r][1] = _mm256_setzero_si256();
+        packed_weights(type, p + 8 * hd + r * rest, W16, &rb->w[i][r][0], &rb->w[i][r][1]);
+    }
+    packed_scales(type, p, &rb->wa[i], &rb->wb[i]);
+}
+
+/* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i, as int16
+ * weights as dot32w widens them */
+static inline __attribute__((always_inline)) void
+plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, rows_buf *rb, int64_t i) {
+    _Alignas(32) float wa[8] = {0}, wb[8] = {0};
+    for (int r = 0; r < 8; r++) {
+        __m256i *v = rb->w[i][r];
+        if (r >= nr) {
+            v[0] = v[1] = _mm256_setzero_si256();
+            continue;
+        }
+        if (!wwords(type, w[r], b, &v[0], &v[1])) {
+            __m256i sc16 = _mm256_setzero_si256(), wv = wbytes(type, w[r], b, &sc16);
+            __m128i w0 = _mm256_castsi256_si128(wv), w1 = _mm256_extracti128_si256(wv, 1);
+            int sgn = type == LLM_TYPE_Q6_K;
+            v[0] = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
+            v[1] = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
+            if (type == LLM_TYPE_Q6_K) {
+                v[0] = _mm256_mullo_epi16(v[0], _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
+                v[1] = _mm256_mullo_epi16(v[1], _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
+            }
+        }
+        plain_scales(type, w[r], b, &wa[r], &wb[r]);
+    }
+    rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
+}
+
+/* The group (PACKED) or the nr plain rows w against nt activation rows:
+ * out[8*t + r] for a group, out[r*nt + t] for plain rows (16-bit only) */
+static inline __attribute__((always_inline)) void
+group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *const *w, int nr, int64_t nb,
+           const llm_act_row *x, int nt, float *out, const int W16) {
+    rows_buf rb;
     __m256 acc[NT_MAX][8];
     for (int t = 0; t < nt; t++)
         UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
     for (int64_t c0 = 0; c0 < nb; c0 += CB) {
         const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
         for (int64_t b = c0; b < c1; b++) {
-            const uint8_t *p = grp + b * 8 * bb;
-            UNROLL for (int r = 0; r < 8; r++) {
-                wbuf[b - c0][r][1] = _mm256_setzero_si256();
-                packed_weights(type, p + 8 * hd + r * rest, W16, &wbuf[b - c0][r][0], &wbuf[b - c0][r][1]);
-            }
+            if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16);
+            else plain_block_into(type, w, nr, b, &rb, b - c0);
         }
-        for (int t = 0; t < nt; t++)
-            for (int64_t b = c0; b < c1; b++) {
-                __m256i xa, xb, v[8];
-                x_block(&x[t], b, W16, &xa, &xb);
-                UNROLL for (int r = 0; r < 8; r++)
-                    v[r] = packed_dot(type, wbuf[b - c0][r][0], wbuf[b - c0][r][1], xa, xb, W16);
-                acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], block_terms(type, hsum8_epi32(v), grp + b * 8 * bb, &x[t], b));
-            }
+        rows_against_x(type, &rb, c0, c1, x, nt, acc, W16);
     }
-    for (int t = 0; t < nt; t++) lanes_final(acc[t], out + 8 * t);
+    for (int t = 0; t < nt; t++) {
+        _Alignas(32) float o[8];
+        lanes_final(acc[t], o);
+        for (int r = 0; r < nr; r++) out[PACKED ? 8 * t + r : r * nt + t] = o[r];
+    }
+}
+
+#define ROWS16(T_)                                                                                         \
+    static void rows16_##T_(const uint8_t *const *w, int nr, int64_t nb, const llm_act_row *x, int nt, float *out) { \
+        group_rows(T_, 0, NULL, w, nr, nb, x, nt, out, 1);                                                       \
+    }
+ROWS16(LLM_TYPE_Q4_0) ROWS16(LLM_TYPE_Q4_1) ROWS16(LLM_TYPE_Q5_0) ROWS16(LLM_TYPE_Q8_0)
+ROWS16(LLM_TYPE_Q4_K) ROWS16(LLM_TYPE_Q5_K) ROWS16(LLM_TYPE_Q6_K)
+#undef ROWS16
+
+/* nt > 4 X rows against nr <= 8 rows: 16-bit activations through the
+ * decoded-rows buffer, 8-bit ones as tiles of 4 X rows */
+static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out) {
+    if (nr > 8 || nt > NT_MAX) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    if (x[0].bits != LLM_ACT_Q16) {
+        float part[8 * 4];
+        for (int t0 = 0; t0 < nt; t0 += 4) {
+            int n = nt - t0 < 4 ? nt - t0 : 4;
+            QK_CAT(llm_act_dot_, QK_TABLE)(type, w, nr, x + t0, n, nb, part);
+            for (int r = 0; r < nr; r++)
+                for (int t = 0; t < n; t++) out[r * nt + t0 + t] = part[r * n + t];
+        }
+        return 0;
+    }
+    void (*fn)(const uint8_t *const *, int, int64_t, const llm_act_row *, int, float *) = NULL;
+    switch (type) {
+    case LLM_TYPE_Q4_0: fn = rows16_LLM_TYPE_Q4_0; break;
+    case LLM_TYPE_Q4_1: fn = rows16_LLM_TYPE_Q4_1; break;
+    case LLM_TYPE_Q5_0: fn = rows16_LLM_TYPE_Q5_0; break;
+    case LLM_TYPE_Q8_0: fn = rows16_LLM_TYPE_Q8_0; break;
+    case LLM_TYPE_Q4_K: fn = rows16_LLM_TYPE_Q4_K; break;
+    case LLM_TYPE_Q5_K: fn = rows16_LLM_TYPE_Q5_K; break;
+    case LLM_TYPE_Q6_K: fn = rows16_LLM_TYPE_Q6_K; break;
+    default: return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    }
+    fn(w, nr, nb, x, nt, out);
+    return 0;
 }
 
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         if (nt == 1) packed_group(T_, grp, nb, x, out, W_);                                            \
-        else packed_group_rows(T_, grp, nb, x, nt, out, W_);                                           \
+        else group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_);                                           \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
