@@ -151,14 +151,17 @@ static void swiglu_task(void *ctx, int32_t task, int32_t thread) {
     }
 }
 
-/* gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), the tanh form Gemma uses */
+/* gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), the tanh form
+ * Gemma uses, computed as g sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)) (the
+ * same function: 1 + tanh(u) = 2 / (1 + e^-2u)): one expf, where glibc's
+ * tanhf cost three times as much and was a tenth of a Gemma prefill. */
 static void geglu_task(void *ctx, int32_t task, int32_t thread) {
     (void)thread;
     const glu_job *j = ctx;
     int32_t r1 = (task + 1) * EW_ROWS < j->rows ? (task + 1) * EW_ROWS : j->rows;
     for (size_t i = (size_t)task * EW_ROWS * (size_t)j->F; i < (size_t)r1 * (size_t)j->F; i++) {
         float g = j->gate[i];
-        j->gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * j->up[i];
+        j->gate[i] = g / (1.0f + expf(-1.5957691216f * (g + 0.044715f * g * g * g))) * j->up[i];
     }
 }
 
