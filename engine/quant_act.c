@@ -60,6 +60,13 @@ static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, fl
     *s = sum;
 }
 
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+    int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+    for (int64_t i = 0; i < nblocks; i++)
+        quantize_block(x + i * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)q + i * QB : NULL,
+                       bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i]);
+}
+
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
     if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16))
         return -1;
@@ -72,13 +79,8 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
     size_t nb = (size_t)(n / QB), qsize = bits == LLM_ACT_Q8 ? 1 : 2;
     float *d = (float *)(p + round64((size_t)m * (size_t)n * qsize));
     int32_t *s = (int32_t *)((uintptr_t)d + round64((size_t)m * nb * sizeof(float)));
-    int top = bits == LLM_ACT_Q8 ? 127 : 16383;
-    for (int64_t j = 0; j < m; j++)
-        for (size_t b = 0; b < nb; b++) {
-            size_t i = (size_t)j * nb + b;
-            quantize_block(x + (size_t)j * (size_t)n + b * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)p + i * QB : NULL,
-                           bits == LLM_ACT_Q16 ? (int16_t *)p + i * QB : NULL, &d[i], &s[i]);
-        }
+    /* rows of whole blocks: the m rows are m * nb consecutive blocks */
+    llm_qkern_active()->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s);
     *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
     return 0;
 }

@@ -17,6 +17,8 @@
 #include "quant_kern.h"
 #include "quant_simd.h"
 
+#include <math.h>
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 /* lane i of the result = the sum of the 8 int32 lanes of v[i] (exact) */
@@ -608,7 +610,59 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     }
 }
 
+/* ---- quantizing activation rows: quantize_block (quant_act.c), 32 floats
+ * in 4 vectors: the same max (vmaxps with the running max second skips a
+ * NaN, as the scalar comparison does), the same scalar d and 1/d, the same
+ * product rounded to nearest even, clamp, and a NaN quant made 0. */
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+    const int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+    const float ft = (float)top;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), fmax = _mm256_set1_ps(3.402823466e38f);
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + 32 * i;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        int finite = 1;
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            __m256 a = _mm256_and_ps(v[k], absmask);
+            amax = _mm256_max_ps(a, amax);
+            finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float am = _mm_cvtss_f32(h), dd = finite ? am / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        const __m256 idv = _mm256_set1_ps(id), hi = _mm256_set1_ps(ft), lo = _mm256_set1_ps(-ft);
+        __m256i iv[4], sum = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+            iv[k] = _mm256_cvttps_epi32(c);
+            sum = _mm256_add_epi32(sum, iv[k]);
+        }
+        /* the packs work per 128-bit half: the permute puts the elements back in order */
+        __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xD8);
+        __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xD8);
+        if (bits == LLM_ACT_Q8) {
+            __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8);
+            _mm256_storeu_si256((__m256i *)((int8_t *)q + 32 * i), b);
+        } else {
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i), w01);
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i + 16), w23);
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        d[i] = dd;
+        s[i] = _mm_cvtsi128_si32(s4);
+    }
+}
+
 #else
+
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+    llm_act_quantize_scalar(x, nblocks, bits, q, d, s);
+}
 
 int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
                                           float *out) {

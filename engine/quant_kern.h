@@ -39,6 +39,10 @@ typedef struct {
      * against nt activation rows: out[8*t + r] for t < nt, r < 8, by the same
      * arithmetic; -1 if the type is not packed. */
     int (*act_dot_packed)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+    /* llm_act_quantize's blocks: nblocks consecutive blocks of 32 floats of x
+     * into quants q (int8 or int16 by bits), scales d and sums s, each block
+     * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
+    void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 } llm_qkern;
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
@@ -61,6 +65,9 @@ int llm_act_dot_avx2(int type, const uint8_t *const *w, int nr, const llm_act_ro
                      float *out);
 int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out);
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx2(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx512(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);

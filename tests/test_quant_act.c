@@ -86,6 +86,41 @@ TEST(quant_act_quantizer_keeps_every_element_within_half_a_step) {
     free(x);
 }
 
+/* Every kernel's quantizer gives the scalar one's bytes, on blocks with a
+ * NaN, an infinity, all zeros, the largest floats, subnormals, and values
+ * that land halfway between two quants (rounded to even). */
+TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
+    test_rng r = {37};
+    int64_t m = 2, n = 32 * 12;
+    float *x = random_x(&r, m, n);
+    x[32 * 1 + 3] = NAN;                                  /* block 1 */
+    x[32 * 2 + 7] = -INFINITY;                            /* block 2 */
+    memset(x + 32 * 3, 0, 32 * sizeof *x);                /* block 3 */
+    for (int k = 0; k < 32; k++) x[32 * 4 + k] = (k % 2 ? -3.4e38f : 3.3e38f);
+    for (int k = 0; k < 32; k++) x[32 * 5 + k] = ldexpf((float)(k - 16), -140);   /* subnormals */
+    for (int k = 0; k < 32; k++) x[32 * 6 + k] = (float)(k - 16) + 0.5f;          /* ties at bits 8: max 16.5 */
+    x[32 * 6 + 31] = 127.0f;                              /* d = 1 exactly: every x.5 a tie */
+    x[32 * 7 + 0] = -0.0f;
+    for (int bits = 8; bits <= 16; bits += 8) {
+        act_buf a0, a1;
+        llm_quant_select("scalar");
+        CHECK(quantize(&a0, x, m, n, bits) == 0);
+        for (int ki = 1; ki < 3; ki++) {
+            if (llm_quant_select(kernels[ki]) != 0) continue;
+            CHECK(quantize(&a1, x, m, n, bits) == 0);
+            size_t nb = (size_t)(m * n / 32);
+            if (memcmp(a0.a.q, a1.a.q, (size_t)(m * n) * (size_t)(bits / 8)) ||
+                memcmp(a0.a.d, a1.a.d, nb * sizeof(float)) || memcmp(a0.a.s, a1.a.s, nb * sizeof(int32_t)))
+                test_fail(__FILE__, __LINE__, "bits %d: the %s quantizer differs from the scalar one", bits, kernels[ki]);
+            free(a1.buf);
+        }
+        CHECK(isnan(a0.a.d[1]) && isnan(a0.a.d[2]) && a0.a.d[3] == 0);
+        free(a0.buf);
+    }
+    llm_quant_select("auto");
+    free(x);
+}
+
 /* Y[j][i] against the f64 oracle. Bound: the integer product is exactly
  * sum_k w_k * d_b q_k up to f32 rounding, and |x_k - d_b q_k| <= d_b / 2 with
  * d_b = max_b|x| / top, top = 127 (int8) or 16383 (int16) (the quantizer's
