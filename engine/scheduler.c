@@ -52,6 +52,7 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     if (!s->p.max_running || s->p.max_running > s->n_slots) s->p.max_running = s->n_slots;
     size_t ns = (size_t)s->n_slots, nr = (size_t)p.batch_tokens;
     s->running = calloc(ns, sizeof *s->running);
+    s->ended = calloc(ns, sizeof *s->ended);
     s->b_seqs = malloc(sizeof(int32_t) * ns);
     s->b_rows = malloc(sizeof(int32_t) * (ns + 1));
     s->b_tokens = malloc(sizeof(int32_t) * nr);
@@ -64,9 +65,9 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     s->logits = malloc(sizeof(float) * (size_t)s->n_out_max * (size_t)s->V);
     s->lsm = malloc(sizeof(float) * (size_t)s->V);
     s->next_id = 1;
-    if (!s->running || !s->b_seqs || !s->b_rows || !s->b_tokens || !s->b_want || !s->b_ch || !s->logits ||
+    if (!s->running || !s->ended || !s->b_seqs || !s->b_rows || !s->b_tokens || !s->b_want || !s->b_ch || !s->logits ||
         !s->lsm || pthread_mutex_init(&s->mu, NULL)) {
-        free(s->running), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
+        free(s->running), free(s->ended), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
         free(s->b_ch), free(s->logits), free(s->lsm), free(s);
         return LLM_ERR_NOMEM;
     }
@@ -236,14 +237,22 @@ static void unlink_running(llm_sched *s, int32_t k) {
     s->n_running--;
 }
 
-/* Running requests whose every choice ended: done events, slots back. */
+static void snapshot(llm_sched *s);
+
+/* Running requests whose every choice ended: slots back, then done events.
+ * The counters are published in between, so a client that has its response
+ * reads metrics that count its ending (its pages freed, its tokens). */
 static void reap(llm_sched *s) {
+    int32_t n = 0;
     for (int32_t k = 0; k < s->n_running;) {
         sched_req *r = s->running[k];
         if (!req_finished(r)) { k++; continue; }
         unlink_running(s, k);
-        deliver_done(r);
+        s->ended[n++] = r;
     }
+    if (!n) return;
+    snapshot(s);
+    for (int32_t i = 0; i < n; i++) deliver_done(s->ended[i]);
 }
 
 static void cancel_id(llm_sched *s, uint64_t id) {
@@ -664,7 +673,7 @@ void llm_sched_free(llm_sched *s) {
     if (!s) return;
     take_inbox(s);
     end_all(s);
-    free(s->running), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
+    free(s->running), free(s->ended), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
     free(s->b_ch), free(s->logits), free(s->lsm), free(s->cancels);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);

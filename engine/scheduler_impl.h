@@ -56,6 +56,7 @@ struct llm_sched {
 
     /* owned by the scheduler thread */
     sched_req **running;        /* [n_slots] admitted requests, oldest first */
+    sched_req **ended;          /* [n_slots] reap's finished requests, before their done events */
     int32_t n_running;
     sched_req *wait_head, *wait_tail;   /* FIFO; preempted requests go back to the head */
     int32_t n_waiting;
