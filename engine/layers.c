@@ -59,7 +59,8 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     const llm_matrix *w = j->part[i].w;
     int64_t r0 = (int64_t)(task - j->part[i].first_task) * MM_ROWS;
     int64_t r1 = r0 + MM_ROWS < w->rows ? r0 + MM_ROWS : w->rows;
-    llm_matmul_act(w->type, w->data, w->packed, w->cols, r0, r1, &j->act[j->part[i].input], j->part[i].y, j->part[i].ldy);
+    llm_matmul_act(w->type, w->data, w->packed, w->cols, r0, r1, &j->act[j->part[i].input], j->part[i].y,
+                   j->part[i].ldy);
 }
 
 llm_mm_job llm_mm_begin(int32_t m) { return (llm_mm_job){.m = m}; }

@@ -264,21 +264,22 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
     if (!llm_type_packed(type) || nt < 1) return -1;
     const int64_t bb = llm_type_block_bytes(type);
     const int hd = llm_packed_head(type);
-    for (int t = 0; t < nt; t++, x++, out += 8)
-    for (int r = 0; r < 8; r++) {
-        float lane[8] = {0};
-        for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
-            const uint8_t *p = group + b * 8 * bb;
-            uint8_t blk[sizeof(llm_block_q8_0)];
-            memcpy(blk, p + 2 * r, 2);
-            if (hd == 4) memcpy(blk + 2, p + 16 + 2 * r, 2);
-            memcpy(blk + hd, p + 8 * hd + r * (bb - hd), (size_t)(bb - hd));
-            int32_t wi[QB];
-            float wa, wb;
-            weight_block(type, blk, 0, wi, &wa, &wb);
-            lane[b % 8] = lane[b % 8] + act_term(wi, wa, wb, x, b);
+    for (int t = 0; t < nt; t++, x++, out += 8) {
+        for (int r = 0; r < 8; r++) {
+            float lane[8] = {0};
+            for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
+                const uint8_t *p = group + b * 8 * bb;
+                uint8_t blk[sizeof(llm_block_q8_0)];
+                memcpy(blk, p + 2 * r, 2);
+                if (hd == 4) memcpy(blk + 2, p + 16 + 2 * r, 2);
+                memcpy(blk + hd, p + 8 * hd + r * (bb - hd), (size_t)(bb - hd));
+                int32_t wi[QB];
+                float wa, wb;
+                weight_block(type, blk, 0, wi, &wa, &wb);
+                lane[b % 8] = lane[b % 8] + act_term(wi, wa, wb, x, b);
+            }
+            out[r] = llm_act_lanes_sum(lane);
         }
-        out[r] = llm_act_lanes_sum(lane);
     }
     return 0;
 }
@@ -316,7 +317,8 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
                 int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
-                if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0) llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
+                if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
+                    llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
                 for (int t = 0; t < nt; t++)
                     for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = out[8 * t + i];
             }

@@ -143,7 +143,8 @@ static inline int rd32(const uint8_t *p) { int h; memcpy(&h, p, 4); return h; }
 
 /* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
 static inline int64_t block32_bytes(const int type) {
-    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
+         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
          : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
 }
 
@@ -479,7 +480,8 @@ rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const
         for (int64_t b = c0; b < c1; b++) {
             __m256i xa, xb, v[8];
             x_block(&x[t], b, W16, &xa, &xb);
-            UNROLL for (int r = 0; r < 8; r++) v[r] = packed_dot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
+            UNROLL for (int r = 0; r < 8; r++)
+                v[r] = packed_dot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
             acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8],
                                           block_terms(type, hsum8_epi32(v), rb->wa[b - c0], rb->wb[b - c0], &x[t], b));
         }

@@ -255,7 +255,8 @@ TEST(model_tiny_packed_weights_give_the_logits_of_the_mapped_rows) {
             CHECK_EQ_INT(eval_last(ca, toks, 40, a), KV_OK);
             CHECK_EQ_INT(eval_last(cb, toks, 40, b), KV_OK);
             if (memcmp(a, b, sizeof(float) * (size_t)fx.vocab))
-                test_fail(__FILE__, __LINE__, "%s, bits %d: packed weights changed the logits", llm_type_name(types[i]), bits);
+                test_fail(__FILE__, __LINE__, "%s, bits %d: packed weights changed the logits", llm_type_name(types[i]),
+                          bits);
             llm_context_free(ca), llm_context_free(cb);
         }
         ctx_act_bits = LLM_ACT_F32;

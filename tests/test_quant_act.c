@@ -111,7 +111,8 @@ TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
             size_t nb = (size_t)(m * n / 32);
             if (memcmp(a0.a.q, a1.a.q, (size_t)(m * n) * (size_t)(bits / 8)) ||
                 memcmp(a0.a.d, a1.a.d, nb * sizeof(float)) || memcmp(a0.a.s, a1.a.s, nb * sizeof(int32_t)))
-                test_fail(__FILE__, __LINE__, "bits %d: the %s quantizer differs from the scalar one", bits, kernels[ki]);
+                test_fail(__FILE__, __LINE__, "bits %d: the %s quantizer differs from the scalar one", bits,
+                          kernels[ki]);
             free(a1.buf);
         }
         CHECK(isnan(a0.a.d[1]) && isnan(a0.a.d[2]) && a0.a.d[3] == 0);
