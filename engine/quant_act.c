@@ -231,7 +231,8 @@ int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
 static inline void pack_block(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t b, uint8_t *dst,
                               const int bb, const int hd) {
     for (int r = 0; r < 8; r++) {
-        uint8_t *d = dst + 2 * r, *m = dst + 16 + 2 * r, *rest = dst + 8 * hd + r * (bb - hd);
+        uint8_t *d = dst + llm_packed_scale(r), *m = dst + llm_packed_offset(r);
+        uint8_t *rest = dst + llm_packed_rest(bb, hd, r);
         if (g * 8 + r >= rows) {   /* padding: a zero row */
             memset(d, 0, 2);
             if (hd == 4) memset(m, 0, 2);
@@ -270,9 +271,9 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
             for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
                 const uint8_t *p = group + b * 8 * bb;
                 uint8_t blk[sizeof(llm_block_q8_0)];
-                memcpy(blk, p + 2 * r, 2);
-                if (hd == 4) memcpy(blk + 2, p + 16 + 2 * r, 2);
-                memcpy(blk + hd, p + 8 * hd + r * (bb - hd), (size_t)(bb - hd));
+                memcpy(blk, p + llm_packed_scale(r), 2);
+                if (hd == 4) memcpy(blk + 2, p + llm_packed_offset(r), 2);
+                memcpy(blk + hd, p + llm_packed_rest((int)bb, hd, r), (size_t)(bb - hd));
                 int32_t wi[QB];
                 float wa, wb;
                 weight_block(type, blk, 0, wi, &wa, &wb);

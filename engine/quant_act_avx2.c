@@ -38,29 +38,61 @@ static inline __m256i lanes_below(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
+static inline int64_t block32_bytes(const int type) {
+    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
+         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
+}
+
+/* The 32 quants of a Q4_0, Q4_1, Q5_0 or Q8_0 block as the integer vectors
+ * the products take: with W16 as int16 (elements 0..15 in *w0, 16..31 in
+ * *w1), else as 32 bytes in *w0 (unsigned quants; Q8_0 signed). rest: the
+ * block's bytes after its scale halves, laid out alike in plain rows and in
+ * packed groups; Q4_0's and Q5_0's offsets are taken off the sums later. */
+static inline __attribute__((always_inline)) void
+block32_quants(const int type, const uint8_t *rest, const int W16, __m256i *w0, __m256i *w1) {
+    if (type == LLM_TYPE_Q8_0) {
+        if (W16) {
+            *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rest));
+            *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rest + 16)));
+        } else {
+            *w0 = _mm256_loadu_si256((const __m256i *)rest);
+        }
+        return;
+    }
+    __m128i lo, hi;
+    if (type == LLM_TYPE_Q5_0) {
+        q5_0_bits(rest, rest + 4, &lo, &hi);
+    } else if (W16) {   /* Q4_0, Q4_1: each nibble byte widened once, split in the int16 lanes */
+        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rest));
+        *w0 = _mm256_and_si256(q, _mm256_set1_epi16(15));
+        *w1 = _mm256_srli_epi16(q, 4);
+        return;
+    } else {
+        __m128i q = _mm_loadu_si128((const __m128i *)rest), m4 = _mm_set1_epi8(15);
+        lo = _mm_and_si128(q, m4);
+        hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    }
+    if (W16) {
+        *w0 = _mm256_cvtepu8_epi16(lo);
+        *w1 = _mm256_cvtepu8_epi16(hi);
+    } else {
+        *w0 = join(lo, hi);
+    }
+}
+
 /* Block b of one weight row: its 32 weight bytes in element order (unsigned
  * quants for the formats with an offset, signed values for Q8_0 and Q6_K)
  * and (Q6_K) the int16 sub-block scales for vpmaddwd; the scales come by
  * chunk_scales. */
 static inline __attribute__((always_inline)) __m256i
 wbytes(const int type, const uint8_t *row, int64_t b, __m256i *sc16) {
-    const __m128i m4 = _mm_set1_epi8(15);
     switch (type) {
-    case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: {
-        const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
-        __m128i q = _mm_loadu_si128((const __m128i *)(p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs)
-                                                                                 : offsetof(llm_block_q4_1, qs))));
-        return join(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
-    }
-    case LLM_TYPE_Q5_0: {
-        const uint8_t *p = row + b * sizeof(llm_block_q5_0);
-        __m128i lo, hi;
-        q5_0_unsigned(p, &lo, &hi);
-        return join(lo, hi);
-    }
-    case LLM_TYPE_Q8_0: {
-        const uint8_t *p = row + b * sizeof(llm_block_q8_0);
-        return _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q8_0, qs)));
+    case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: case LLM_TYPE_Q5_0: case LLM_TYPE_Q8_0: {
+        __m256i v, unused;
+        block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 0, &v, &unused);
+        return v;
     }
     case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
         int five = type == LLM_TYPE_Q5_K, sub = (int)(b % 8), g = sub / 2;
@@ -101,52 +133,52 @@ static inline __attribute__((always_inline)) __m256i dot32(const int type, __m25
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
 }
 
-/* The same sum against 16-bit quants xl (elements 0..15) and xh (16..31):
- * the weight bytes widened to int16 (Q6_K: times its sub-block scales, at
- * most 32 * 128 in size) and multiplied by vpmaddwd. */
+/* Int32 lanes summing to the block sum of weights (w0, w1), as
+ * block32_quants or widen16 give them, against the activation block (xa, xb) */
 static inline __attribute__((always_inline)) __m256i
-dot32w(const int type, __m256i wv, __m256i xl, __m256i xh, __m256i sc16) {
+wdot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
+    if (W16) return _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xb));
+    return dot32(type, w0, xa, _mm256_setzero_si256());
+}
+
+/* The weight bytes of wbytes widened to int16, elements 0..15 in *lo and
+ * 16..31 in *hi (Q6_K: times its sub-block scales, at most 32 * 128 in size) */
+static inline __attribute__((always_inline)) void widen16(const int type, __m256i wv, __m256i sc16, __m256i *lo,
+                                                          __m256i *hi) {
     __m128i w0 = _mm256_castsi256_si128(wv), w1 = _mm256_extracti128_si256(wv, 1);
     int sgn = type == LLM_TYPE_Q8_0 || type == LLM_TYPE_Q6_K;
-    __m256i lo = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
-    __m256i hi = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
+    *lo = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
+    *hi = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
     if (type == LLM_TYPE_Q6_K) {
-        lo = _mm256_mullo_epi16(lo, _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
-        hi = _mm256_mullo_epi16(hi, _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
+        *lo = _mm256_mullo_epi16(*lo, _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
+        *hi = _mm256_mullo_epi16(*hi, _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
     }
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, xl), _mm256_madd_epi16(hi, xh));
+}
+
+/* The sum of dot32 against 16-bit quants xl (elements 0..15) and xh (16..31),
+ * by vpmaddwd */
+static inline __attribute__((always_inline)) __m256i
+dot32w(const int type, __m256i wv, __m256i xl, __m256i xh, __m256i sc16) {
+    __m256i lo, hi;
+    widen16(type, wv, sc16, &lo, &hi);
+    return wdot(type, lo, hi, xl, xh, 1);
 }
 
 /* For the 16-bit path, Q4_0/Q4_1/Q8_0 widen straight from memory (each byte
  * of nibbles to one int16 lane: low nibble and >> 4), cheaper than the bytes
  * of wbytes widened after; 0 for the other types. */
+static inline int words_direct(const int type) {
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q8_0;
+}
 static inline __attribute__((always_inline)) int
 wwords(const int type, const uint8_t *row, int64_t b, __m256i *lo, __m256i *hi) {
-    if (type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1) {
-        const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
-        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(
-            p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs) : offsetof(llm_block_q4_1, qs)))));
-        *lo = _mm256_and_si256(q, _mm256_set1_epi16(15));
-        *hi = _mm256_srli_epi16(q, 4);
-        return 1;
-    }
-    if (type == LLM_TYPE_Q8_0) {
-        const uint8_t *p = row + b * sizeof(llm_block_q8_0), *qs = p + offsetof(llm_block_q8_0, qs);
-        *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
-        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-        return 1;
-    }
-    return 0;
+    if (!words_direct(type)) return 0;
+    block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 1, lo, hi);
+    return 1;
 }
 
 static inline int rd32(const uint8_t *p) { int h; memcpy(&h, p, 4); return h; }
 
-/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
-static inline int64_t block32_bytes(const int type) {
-    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
-         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
-         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
-}
 
 /* The scale and offset of block b of one weight row as the reference's
  * weight_block gives them */
@@ -184,8 +216,7 @@ chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa,
         *wb = _mm256_load_ps(c);
         return;
     }
-    const int bb = type == LLM_TYPE_Q4_0 ? (int)sizeof(llm_block_q4_0) : type == LLM_TYPE_Q4_1 ? (int)sizeof(llm_block_q4_1)
-                 : type == LLM_TYPE_Q5_0 ? (int)sizeof(llm_block_q5_0) : (int)sizeof(llm_block_q8_0);
+    const int bb = (int)block32_bytes(type);
     const uint8_t *p = row + b0 * bb;
     __m256i g;
     if (nv == 8) {
@@ -209,6 +240,19 @@ static inline float lanes_sum(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(g, _mm_shuffle_ps(g, g, 1)));
 }
 
+/* The float part of 8 lanes, by the reference's operations in its order:
+ * t1 = S wa, t2 = B wb, c = d (t1 + t2). S: the exact block sums (of
+ * unsigned quants for Q4_0 and Q5_0, whose offsets go here), B: the
+ * activation blocks' quant sums, d: their scales. */
+static inline __attribute__((always_inline)) __m256 terms(const int type, __m256i S, __m256i Bv, __m256 dxv,
+                                                          __m256 wa, __m256 wb) {
+    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
+    if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
+    __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
+    __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+    return _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2));
+}
+
 /* One chunk of 8 blocks b0 .. b0+7 (FULL) or the row's last nv < 8 of one
  * weight row against T X rows (T <= 4): the 8 block sums of one (row, X row)
  * pair become the 8 lanes of one vector (hsum8), and the float part of the
@@ -216,8 +260,7 @@ static inline float lanes_sum(__m256 a) {
 static inline __attribute__((always_inline)) void
 act_chunk(const int type, const uint8_t *row, int64_t b0, const int nv, const llm_act_row *x, const int T,
           __m256 acc[4], const int W16, const int FULL) {
-    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
-    const int direct = W16 && (type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q8_0);
+    const int direct = W16 && words_direct(type);
     __m256i v[4][8];
     UNROLL for (int i = 0; i < 8; i++) {
         if (!FULL && i >= nv) {        /* past the row's end: a zero sum */
@@ -234,8 +277,7 @@ act_chunk(const int type, const uint8_t *row, int64_t b0, const int nv, const ll
                 const int16_t *q = (const int16_t *)x[t].q + 32 * b;
                 __m256i xl = _mm256_loadu_si256((const __m256i *)q);
                 __m256i xh = _mm256_loadu_si256((const __m256i *)(q + 16));
-                v[t][i] = direct ? _mm256_add_epi32(_mm256_madd_epi16(wl, xl), _mm256_madd_epi16(wh, xh))
-                                 : dot32w(type, wv, xl, xh, sc16);
+                v[t][i] = direct ? wdot(type, wl, wh, xl, xh, 1) : dot32w(type, wv, xl, xh, sc16);
             } else {
                 v[t][i] = dot32(type, wv, _mm256_loadu_si256((const __m256i *)((const int8_t *)x[t].q + 32 * b)), sc16);
             }
@@ -253,13 +295,7 @@ act_chunk(const int type, const uint8_t *row, int64_t b0, const int nv, const ll
             dxv = _mm256_maskload_ps(x[t].d + b0, lanes_below(nv));
             Bv = _mm256_maskload_epi32((const int *)(x[t].s + b0), lanes_below(nv));
         }
-        __m256i S = hsum8_epi32(v[t]);
-        if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-        /* the reference's operations, in its order: t1 = S wa, t2 = B wb, c = d (t1 + t2), lane += c */
-        __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
-        __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
-        __m256 c = _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2));
-        __m256 sum = _mm256_add_ps(acc[t], c);
+        __m256 sum = _mm256_add_ps(acc[t], terms(type, hsum8_epi32(v[t]), Bv, dxv, wa, wb));
         /* a lane past the row keeps its sum as the reference leaves it (even -0) */
         acc[t] = FULL ? sum : _mm256_blendv_ps(acc[t], sum, _mm256_castsi256_ps(lanes_below(nv)));
     }
@@ -345,50 +381,6 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
  * sum as one int32 vector; hsum8 turns the 8 vectors into one lane per row,
  * so the reference's float part runs on 8 rows at once, into acc[b % 8]. */
 
-/* One row's block b as the integer vectors the products take: with W16 its
- * 32 weights as int16 (elements 0..15 in *w0, 16..31 in *w1), else as 32
- * bytes in *w0 (unsigned quants; Q8_0 signed). rest: the row's block after
- * its header; Q4_0's and Q5_0's offsets are taken off the sums later. */
-static inline __attribute__((always_inline)) void
-packed_weights(const int type, const uint8_t *rest, const int W16, __m256i *w0, __m256i *w1) {
-    if (type == LLM_TYPE_Q8_0) {
-        if (W16) {
-            *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rest));
-            *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rest + 16)));
-        } else {
-            *w0 = _mm256_loadu_si256((const __m256i *)rest);
-        }
-        return;
-    }
-    __m128i lo, hi;
-    if (type == LLM_TYPE_Q5_0) {
-        q5_0_bits(rest, rest + 4, &lo, &hi);
-    } else if (W16) {   /* Q4_0, Q4_1: each nibble byte widened once, split in the int16 lanes */
-        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rest));
-        *w0 = _mm256_and_si256(q, _mm256_set1_epi16(15));
-        *w1 = _mm256_srli_epi16(q, 4);
-        return;
-    } else {
-        __m128i q = _mm_loadu_si128((const __m128i *)rest), m4 = _mm_set1_epi8(15);
-        lo = _mm_and_si128(q, m4);
-        hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    }
-    if (W16) {
-        *w0 = _mm256_cvtepu8_epi16(lo);
-        *w1 = _mm256_cvtepu8_epi16(hi);
-    } else {
-        *w0 = join(lo, hi);
-    }
-}
-
-/* Int32 lanes summing to the block sum of weights (w0, w1) against the
- * activation block (xa, xb) */
-static inline __attribute__((always_inline)) __m256i
-packed_dot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
-    if (W16) return _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xb));
-    return dot32(type, w0, xa, _mm256_setzero_si256());
-}
-
 /* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
  * quants of elements 0..15 in *xa and 16..31 in *xb */
 static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, int64_t b, const int W16, __m256i *xa,
@@ -406,21 +398,16 @@ static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, 
 /* The scales (wa) and offsets (wb) of the 8 rows of a packed block p */
 static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *p, __m256 *wa,
                                                                 __m256 *wb) {
-    *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) : _mm256_setzero_ps();
+    *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
+    *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_offset(0))))
+                                : _mm256_setzero_ps();
 }
 
-/* The 8 rows' terms of block b, S their block sums (unsigned quants for
- * Q4_0 and Q5_0) and wa, wb their scales and offsets, by the reference's
- * operations in its order: t1 = S wa, t2 = B wb, c = d (t1 + t2) */
+/* The 8 rows' terms of block b, S their block sums and wa, wb their scales
+ * and offsets */
 static inline __attribute__((always_inline)) __m256
 block_terms(const int type, __m256i S, __m256 wa, __m256 wb, const llm_act_row *x, int64_t b) {
-    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
-    __m256i Bv = _mm256_set1_epi32(x->s[b]);
-    if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-    __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
-    __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
-    return _mm256_mul_ps(_mm256_set1_ps(x->d[b]), _mm256_add_ps(t1, t2));
+    return terms(type, S, _mm256_set1_epi32(x->s[b]), _mm256_set1_ps(x->d[b]), wa, wb);
 }
 
 /* (l0+l4 + l2+l6) + (l1+l5 + l3+l7) of the lane sums acc[b % 8], 8 rows at once */
@@ -442,7 +429,7 @@ enum { PF_AHEAD = 3072 };
 static inline __attribute__((always_inline)) void
 packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, float out[8], const int W16) {
     const int64_t bb = block32_bytes(type);
-    const int hd = llm_packed_head(type), rest = (int)bb - hd;
+    const int hd = llm_packed_head(type);
     __m256 acc[8];   /* [b % 8], a lane per row: the reference's lane sums */
     UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -452,8 +439,8 @@ packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *
         x_block(x, b, W16, &xa, &xb);
         UNROLL for (int r = 0; r < 8; r++) {
             __m256i w0, w1 = _mm256_setzero_si256();
-            packed_weights(type, p + 8 * hd + r * rest, W16, &w0, &w1);
-            v[r] = packed_dot(type, w0, w1, xa, xb, W16);
+            block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
+            v[r] = wdot(type, w0, w1, xa, xb, W16);
         }
         __m256 wa, wb;
         packed_scales(type, p, &wa, &wb);
@@ -481,7 +468,7 @@ rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const
             __m256i xa, xb, v[8];
             x_block(&x[t], b, W16, &xa, &xb);
             UNROLL for (int r = 0; r < 8; r++)
-                v[r] = packed_dot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
+                v[r] = wdot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
             acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8],
                                           block_terms(type, hsum8_epi32(v), rb->wa[b - c0], rb->wb[b - c0], &x[t], b));
         }
@@ -491,17 +478,17 @@ rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const
 static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
     const int64_t bb = block32_bytes(type);
-    const int hd = llm_packed_head(type), rest = (int)bb - hd;
+    const int hd = llm_packed_head(type);
     const uint8_t *p = grp + b * 8 * bb;
     UNROLL for (int r = 0; r < 8; r++) {
         rb->w[i][r][1] = _mm256_setzero_si256();
-        packed_weights(type, p + 8 * hd + r * rest, W16, &rb->w[i][r][0], &rb->w[i][r][1]);
+        block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &rb->w[i][r][0], &rb->w[i][r][1]);
     }
     packed_scales(type, p, &rb->wa[i], &rb->wb[i]);
 }
 
-/* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i, as int16
- * weights as dot32w widens them */
+/* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i, as the
+ * int16 weights of dot32w */
 static inline __attribute__((always_inline)) void
 plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, rows_buf *rb, int64_t i) {
     _Alignas(32) float wa[8] = {0}, wb[8] = {0};
@@ -513,14 +500,7 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
         }
         if (!wwords(type, w[r], b, &v[0], &v[1])) {
             __m256i sc16 = _mm256_setzero_si256(), wv = wbytes(type, w[r], b, &sc16);
-            __m128i w0 = _mm256_castsi256_si128(wv), w1 = _mm256_extracti128_si256(wv, 1);
-            int sgn = type == LLM_TYPE_Q6_K;
-            v[0] = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
-            v[1] = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
-            if (type == LLM_TYPE_Q6_K) {
-                v[0] = _mm256_mullo_epi16(v[0], _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
-                v[1] = _mm256_mullo_epi16(v[1], _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
-            }
+            widen16(type, wv, sc16, &v[0], &v[1]);
         }
         plain_scales(type, w[r], b, &wa[r], &wb[r]);
     }

@@ -72,9 +72,14 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
 int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 
-/* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds, and
- * the header bytes each row's block keeps in front (the scale halves) */
+/* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds; the
+ * header bytes each row's block keeps in front (the scale halves); and where
+ * row r's parts lie in a packed block of 8 blocks of bb bytes: its scale
+ * half, Q4_1's offset half, then the rest of its block. */
 int llm_type_packed(int type);
 static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
+static inline int llm_packed_scale(int r) { return 2 * r; }
+static inline int llm_packed_offset(int r) { return 16 + 2 * r; }
+static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (bb - hd); }
 
 #endif

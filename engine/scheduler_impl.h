@@ -83,15 +83,16 @@ struct llm_sched {
 
 static inline int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page - 1) / page; }
 
+/* A new sequence for ch holding the longest prefix of its tokens the prefix
+ * cache has, one token short (it is fed: its logits choose the next token);
+ * sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence is free. */
+int llm_sched_place(llm_sched *s, sched_seq *ch);
+
 /* Session files (scheduler_session.c), on the scheduler thread. At the first
  * admission of r, which names a session and whose choice 0 holds the prefix
  * cache's match: restores the file's prefix when it is worth reading (need:
  * the pages the admission counted on). 0, or -1 when choice 0 could not get
  * a sequence again (undo the admission). */
-/* A new sequence for ch holding the longest prefix of its tokens the prefix
- * cache has, one token short (it is fed: its logits choose the next token);
- * sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence is free. */
-int llm_sched_place(llm_sched *s, sched_seq *ch);
 int llm_sched_session_restore(llm_sched *s, sched_req *r, int32_t need);
 /* When choice 0 (ch) of r ends normally, before its pages go: its cached
  * tokens to the session file, unless it context-shifted. */

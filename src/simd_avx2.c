@@ -210,7 +210,6 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
  * the lane sums of eight keys at a time folded by one hadd tree. */
 DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int32_t d, const unsigned char *k,
                         size_t stride, int32_t n, float (*s)[16]) {
-    enum { KP_MAX = 6 };
     const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 3 : 2;
     float tmp[4][16][8] __attribute__((aligned(32)));
     int32_t j = 0;
@@ -231,7 +230,6 @@ DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int3
             __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
             _mm256_storeu_ps(&s[i][j0], _mm256_add_ps(lo, hi));
         }
-    (void)KP_MAX;
 }
 
 
