@@ -25,6 +25,8 @@ typedef struct {
     int32_t top0[MAX_OUT];                  /* choice 0's best alternative */
     int events_after_done, done, n_finish;
     int32_t usage_prompt, usage_cached, usage_generated;
+    llm_sched *sched;                       /* when set: its counters as the done event came */
+    llm_sched_stats at_done;
 } record;
 
 static void on_event(void *user, const llm_sched_event *ev) {
@@ -32,6 +34,7 @@ static void on_event(void *user, const llm_sched_event *ev) {
     if (r->done) { r->events_after_done++; return; }
     if (ev->done) {
         r->done = 1;
+        if (r->sched) r->at_done = llm_sched_get_stats(r->sched);
         r->usage_prompt = ev->n_prompt, r->usage_cached = ev->n_cached, r->usage_generated = ev->n_generated;
         return;
     }
@@ -267,6 +270,34 @@ TEST(sched_cancel_frees_pages_on_the_next_step) {
     llm_sched_stats st = llm_sched_get_stats(s);
     CHECK_EQ_INT(st.running, 0);
     CHECK_EQ_INT(st.pages_used, 0);
+    llm_sched_free(s);
+    llm_context_free(c);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* A request's done event (which ends its HTTP response in the server) comes
+ * after the counters count its ending: whoever reads them then sees its
+ * pages back and its tokens counted, not the step before. */
+TEST(sched_counters_count_a_request_by_the_time_its_done_event_comes) {
+    fx_model fx;
+    llm_model *m;
+    if (setup(&fx, &m, GW_F16, 24)) return;
+    llm_context *c = make_ctx(m, 2, 0, 32);
+    llm_sched *s = NULL;
+    CHECK_EQ_INT(llm_sched_create(c, NULL, &s), KV_OK);
+    int32_t p[16];
+    test_rng g = {10};
+    random_prompt(&g, p, 16);
+    record a = {.sched = s};
+    llm_sched_request ra = request(p, 16, 6, &a);
+    uint64_t id;
+    CHECK_EQ_INT(llm_sched_submit(s, &ra, &id, NULL, 0), 0);
+    for (int i = 0; i < 40 && !a.done; i++) llm_sched_step(s);
+    CHECK(a.done);
+    CHECK_EQ_INT(a.at_done.running, 0);
+    CHECK_EQ_INT(a.at_done.pages_used, 0);
+    CHECK(a.at_done.generation_tokens == (uint64_t)a.n[0]);
     llm_sched_free(s);
     llm_context_free(c);
     llm_model_free(m);
