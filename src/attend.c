@@ -119,25 +119,38 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
     }
 }
 
-/* The prefill path on CPUs with a tile kernel: q transposed once per item,
- * then per chunk of kmax keys (converted to f32) scores, softmax and the
- * update of the accumulators, all along vector lanes. */
-enum { TILE_SCRATCH = 8192 };
+/* The prefill path on CPUs with a tile kernel: an item of up to TILE_SUBS
+ * sub-tiles of tile_sub(d) query vectors, each transposed once; per chunk of
+ * kmax keys, converted to f32 once for all of them, scores, softmax and the
+ * update of the accumulators of each sub-tile that sees the chunk, all along
+ * vector lanes. A sub-tile's arithmetic is what it would be as an item of its
+ * own: the chunks end at the same absolute positions, keys it does not see
+ * are masked or skipped. */
+enum { TILE_SCRATCH = 8192, TILE_SUBS = 2 };
 
-static bool tile_shaped(const attend_job *j, int32_t nv) {
-    const int32_t ldq = (nv + 15) & ~15;
-    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
+/* Query vectors per sub-tile: a multiple of the kernel's 16 lanes within the
+ * accumulator budget; where that budget is under 16 vectors (d > 256), all
+ * of it, one sub-tile an item. */
+static int32_t tile_sub(int32_t d) { return att_tile(d) >= 16 ? att_tile(d) & ~15 : att_tile(d); }
+static int32_t tile_subs(int32_t d) { return att_tile(d) >= 16 ? TILE_SUBS : 1; }
+
+static bool tile_path(const attend_job *j) {
+    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ((tile_sub(j->d) + 15) & ~15) <= TILE_SCRATCH;
 }
 
 static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
                         int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
-    const int32_t d = j->d, G = j->G, kmax = att_chunk(d), ldq = (nv + 15) & ~15;
-    float qt[ATT_ACC_ELEMS + 16 * KV_MAX_HEAD_DIM], s[TILE_SCRATCH];
+    const int32_t d = j->d, G = j->G, kmax = att_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
+    float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t from t sub d: each fits d sub */
     float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS];
-    int32_t pos[ATT_ACC_ELEMS];
-    for (int32_t e = 0; e < d; e++)
-        for (int32_t i = 0; i < ldq; i++) qt[(size_t)e * ldq + i] = i < nv ? qbuf[(size_t)i * d + e] : 0.0f;
-    for (int32_t i = 0; i < ldq; i++) {
+    int32_t pos[ATT_ACC_ELEMS + 16];
+    for (int32_t t = 0; t < n_sub; t++) {
+        const int32_t i0 = t * sub, nt = nv - i0 < sub ? nv - i0 : sub, ldq = (nt + 15) & ~15;
+        for (int32_t e = 0; e < d; e++)
+            for (int32_t i = 0; i < ldq; i++)
+                qt[(size_t)i0 * d + (size_t)e * ldq + i] = i < nt ? qbuf[(size_t)(i0 + i) * d + e] : 0.0f;
+    }
+    for (int32_t i = 0; i < n_sub * sub && i < nv + 16; i++) {
         pos[i] = pos0 + (it->v0 + (i < nv ? i : nv - 1)) / G;
         if (i >= nv) m[i] = -INFINITY, l[i] = 0; /* padding lanes, never read back */
     }
@@ -146,7 +159,13 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
         if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
         const float *kc, *vc;
         load_chunk(j->simd, src, j0, n, kbuf, vbuf, &kc, &vc);
-        j->simd->tile_block(qt, nv, ldq, d, kc, vc, n, j0, pos, j->window, m, l, acc, s);
+        for (int32_t t = 0; t < n_sub; t++) {
+            const int32_t i0 = t * sub, nt = nv - i0 < sub ? nv - i0 : sub, ldq = (nt + 15) & ~15;
+            /* the chunk is past the sub-tile's last position, or before its first one's window */
+            if (j0 > pos[i0 + nt - 1] || (j->window > 0 && j0 + n - 1 <= pos[i0] - j->window)) continue;
+            j->simd->tile_block(qt + (size_t)i0 * d, nt, ldq, d, kc, vc, n, j0, pos + i0, j->window, m + i0, l + i0,
+                                acc + (size_t)i0 * d, s);
+        }
         j0 += n;
     }
 }
@@ -220,6 +239,16 @@ static size_t vec_offset(const attend_job *j, const kv_work_item *it, int32_t ro
     return ((size_t)(row0 + r) * j->H + (size_t)(it->head + a) * j->G + h) * j->d;
 }
 
+/* dst = src * s, eight elements a step: a fixed-length inner loop the
+ * compiler takes as one vector operation (the same bits as one at a time),
+ * so a row streams from memory a few loads per line, not one per element. */
+static void scaled_row(float *restrict dst, const float *restrict src, float s, int32_t n) {
+    int32_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int32_t k = 0; k < 8; k++) dst[e + k] = src[e + k] * s;
+    for (; e < n; e++) dst[e] = src[e] * s;
+}
+
 /* One work item: the online softmax of its query vectors over its keys. */
 static void run_item(void *ctx, int32_t index, int32_t thread) {
     const attend_job *j = ctx;
@@ -233,13 +262,13 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
         for (int32_t i = 0; i < nv; i++) {
             const float *qv = j->q + vec_offset(j, it, row0, a, i);
             float *dst = qbuf + ((size_t)a * nv + i) * d;
-            for (int32_t e = 0; e < d; e++) dst[e] = qv[e] * j->scale;
+            scaled_row(dst, qv, j->scale, d);
             m[a * nv + i] = -INFINITY, l[a * nv + i] = 0;
         }
     memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
     if (decode_shaped(j, nv)) {
         attend_decode(j, it, S - T, qbuf, m, l, acc);
-    } else if (tile_shaped(j, nv)) {
+    } else if (tile_path(j)) {
         key_source src = item_source(j, it);
         attend_tile(j, it, &src, qbuf, nv, S - T, m, l, acc);
     } else {
@@ -259,7 +288,7 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
         for (int32_t i = 0; i < nv; i++) {
             float *o = j->out + vec_offset(j, it, row0, a, i);
             const float inv = 1.0f / l[a * nv + i], *ai = acc + ((size_t)a * nv + i) * d;
-            for (int32_t e = 0; e < d; e++) o[e] = ai[e] * inv;
+            scaled_row(o, ai, inv, d);
         }
     (void)thread;
 }
@@ -294,15 +323,16 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
 }
 
 /* The groups of a call in a fixed order: (sequence, KV head, tile of up to
- * att_tile(d) query vectors). Each becomes one item, or one per split. Waves
- * are cut where the items or the split workspace run out. */
+ * att_tile(d) query vectors, or of tile_subs(d) sub-tiles on the tile path).
+ * Each becomes one item, or one per split. Waves are cut where the items or
+ * the split workspace run out. */
 typedef struct {
     int32_t b, head, v0; /* the next group to emit */
 } cursor;
 
 static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *items, int32_t item_cap,
                     float *partials, size_t partial_cap) {
-    const int32_t G = j->G, tile = att_tile(j->d);
+    const int32_t G = j->G, tile = tile_path(j) ? tile_subs(j->d) * tile_sub(j->d) : att_tile(j->d);
     cursor at = {0, 0, 0};
     for (;;) {
         int32_t n_items = 0;

@@ -63,6 +63,22 @@ static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
+/* One case of random K/V and queries against the oracle, on the selected
+ * SIMD path: fails past 2e-5 relative; returns the error. */
+static double oracle_case(test_rng *r, const kcase *k, const char *simd) {
+    int32_t seq;
+    kv_cache *c = filled(r, k, &seq);
+    double *qd = rand_normal(r, (size_t)k->T * k->H * k->d, 1);
+    float *q = to_f32(qd, (size_t)k->T * k->H * k->d);
+    double err = attend_error(c, seq, k, q);
+    if (!(err < 2e-5))
+        test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g", simd, k->H,
+                  k->Hkv, k->d, k->S, k->T, k->P, k->window, kv_dtype_name(k->dtype), err);
+    kv_cache_free(c);
+    free(qd), free(q);
+    return err;
+}
+
 TEST(kernels_every_simd_path_matches_the_oracle) {
     static const int dims[] = {64, 80, 96, 128, 256};
     int tested = 0;
@@ -84,19 +100,31 @@ TEST(kernels_every_simd_path_matches_the_oracle) {
             k.P = test_rng_int(&r, 1, 40);
             k.window = test_rng_int(&r, 0, 2) == 0 ? test_rng_int(&r, 1, k.S + 3) : 0;
             k.dtype = (kv_dtype)test_rng_int(&r, KV_F32, KV_Q8);
-            int32_t seq;
-            kv_cache *c = filled(&r, &k, &seq);
-            double *qd = rand_normal(&r, (size_t)k.T * k.H * k.d, 1);
-            float *q = to_f32(qd, (size_t)k.T * k.H * k.d);
-            double err = attend_error(c, seq, &k, q);
-            if (!(err < 2e-5))
-                test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g",
-                          simd_names[si], k.H, k.Hkv, k.d, k.S, k.T, k.P, k.window, kv_dtype_name(k.dtype), err);
-            worst = fmax(worst, err);
-            kv_cache_free(c);
-            free(qd), free(q);
+            worst = fmax(worst, oracle_case(&r, &k, simd_names[si]));
         }
         printf("     %s: worst relative error %.2g\n", simd_names[si], worst);
+    }
+    CHECK(tested >= 1);
+    kv_simd_select("auto");
+}
+
+/* A long windowed prefill: items of several sub-tiles, whose windows start
+ * at every offset within a chunk of keys (d = 128: 32 keys a chunk, 32
+ * vectors a sub-tile), so that each sub-tile's first and last chunks are
+ * exactly the ones it sees; and d = 384, one sub-tile of 10 vectors an item. */
+TEST(kernels_prefill_sub_tiles_see_exactly_their_windows) {
+    int tested = 0;
+    for (int si = 0; si < 3; si++) {
+        if (kv_simd_select(simd_names[si]) != KV_OK) continue;
+        tested++;
+        test_rng r = {901};
+        for (int g = 1; g <= 8; g *= 4)
+            for (int w = 1; w <= 34; w++) {
+                kcase k = {.H = g == 8 ? 1 : g, .Hkv = 1, .d = g == 8 ? 384 : 128, .S = 170, .T = 100, .P = 16,
+                           .window = w,
+                           .dtype = w % 2 ? KV_F32 : KV_F16};
+                oracle_case(&r, &k, simd_names[si]);
+            }
     }
     CHECK(tested >= 1);
     kv_simd_select("auto");
