@@ -8,8 +8,10 @@
  *            a read-bandwidth measurement taken right beside it (these virtual
  *            machines drift by ~20% within minutes), and as a ratio to the
  *            case's roofline min(read bandwidth, FMA peak / FLOP per K/V byte),
+ *            both limits measured beside it,
  *            4 S d H FLOP (q.k and p v, 2 each per query head and key element)
- *   prefill  T = S: GFLOP/s (4 T S d H / 2 for the causal half) / FMA peak
+ *   prefill  T = S: GFLOP/s (4 T S d H / 2 for the causal half) / the FMA
+ *            peak measured beside it (the clock drifts as much as the bandwidth)
  *   cache vs recompute: a small synthetic model generating G tokens after a
  *            P-token prompt with the cache, and recomputing every step
  *   numpy    the seed's algorithm in numpy on the same decode case, if present */
@@ -198,7 +200,7 @@ static kv_cache *filled_cache(bench *B, int Hkv, int d, kv_dtype dtype, int64_t 
  * than the last-level cache), so when this cache would fit there, every call
  * is timed alone right after a read of the bandwidth buffer evicts it. */
 static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int32_t T, double min_seconds,
-                          double *evict_gbs) {
+                          double *evict_gbs, double *peak_gflops) {
     int32_t rows[2] = {0, T};
     kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
     float *q = malloc(sizeof(float) * (size_t)T * H * d), *out = malloc(sizeof(float) * (size_t)T * H * d);
@@ -226,6 +228,9 @@ static double time_attend(bench *B, kv_cache *c, int32_t seq, int H, int d, int3
         }
     } else {
         for (int trial = 0; trial < 3; trial++) {
+            /* the FMA peak beside each trial: the clock of a shared machine drifts */
+            const double peak = peak_gflops ? fma_peak(B) : 0;
+            if (peak_gflops && peak > *peak_gflops) *peak_gflops = peak;
             int reps = 0;
             double t0 = cli_now(), dt;
             do {
@@ -245,13 +250,13 @@ typedef struct {
     int64_t S;
     int H, Hkv, d;
     kv_dtype kv;
-    double gbs, ratio, read_gbs, ms;
+    double gbs, ratio, read_gbs, ms, peak_gflops; /* read bandwidth and FMA peak measured beside it */
     double flop_per_byte, roofline_gbs, roofline_ratio; /* arithmetic intensity; min(read, peak / it) */
 } decode_row;
 
 typedef struct {
     int64_t T;
-    double gflops, ratio, ms;
+    double gflops, ratio, ms, peak_gflops; /* the FMA peak measured beside it */
 } prefill_row;
 
 typedef struct {
@@ -260,34 +265,36 @@ typedef struct {
     int sampled_every;
 } cvr_row;
 
-static decode_row run_decode(bench *B, int64_t S, int H, int Hkv, int d, kv_dtype kv, double peak) {
+static decode_row run_decode(bench *B, int64_t S, int H, int Hkv, int d, kv_dtype kv) {
     decode_row r = {.S = S, .H = H, .Hkv = Hkv, .d = d, .kv = kv};
     int32_t seq;
     kv_cache *c = filled_cache(B, Hkv, d, kv, S, &seq);
     if (!c) return r;
     double bytes = (double)kv_price_tokens(1, Hkv, d, kv, (uint64_t)S);
     r.read_gbs = read_bandwidth(B, B->quick ? 2 : 4); /* right beside the case */
-    double sec = time_attend(B, c, seq, H, d, 1, B->quick ? 0.05 : 0.6, &r.read_gbs);
+    r.peak_gflops = fma_peak(B);
+    double sec = time_attend(B, c, seq, H, d, 1, B->quick ? 0.05 : 0.6, &r.read_gbs, &r.peak_gflops);
+    r.peak_gflops = fmax(r.peak_gflops, fma_peak(B));
     r.ms = sec * 1e3;
     r.gbs = bytes / sec / 1e9;
     r.ratio = r.gbs / r.read_gbs;
     r.flop_per_byte = 4.0 * (double)S * d * H / bytes;
-    r.roofline_gbs = fmin(r.read_gbs, peak / r.flop_per_byte);
+    r.roofline_gbs = fmin(r.read_gbs, r.peak_gflops / r.flop_per_byte);
     r.roofline_ratio = r.gbs / r.roofline_gbs;
     kv_cache_free(c);
     return r;
 }
 
-static prefill_row run_prefill(bench *B, int64_t T, double peak) {
+static prefill_row run_prefill(bench *B, int64_t T) {
     enum { H = 32, HKV = 8, D = 128 };
     prefill_row r = {.T = T};
     int32_t seq;
     kv_cache *c = filled_cache(B, HKV, D, KV_F16, T, &seq);
     if (!c) return r;
-    double sec = time_attend(B, c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0, NULL);
+    double sec = time_attend(B, c, seq, H, D, (int32_t)T, B->quick ? 0.05 : 1.0, NULL, &r.peak_gflops);
     r.ms = sec * 1e3;
     r.gflops = 4.0 * T * T * D * H / 2 / sec / 1e9;
-    r.ratio = r.gflops / peak;
+    r.ratio = r.gflops / r.peak_gflops;
     kv_cache_free(c);
     return r;
 }
@@ -443,7 +450,7 @@ int cmd_bench_attention(int argc, char **argv) {
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < nS; i++) {
-                decode_row r = run_decode(&B, Ss[i], shapes[s][0], shapes[s][1], shapes[s][2], kvs[k], peak);
+                decode_row r = run_decode(&B, Ss[i], shapes[s][0], shapes[s][1], shapes[s][2], kvs[k]);
                 dec[nd++] = r;
                 fprintf(out, "  H%-2d/Hkv%d/d%-3d %-4s %8lld %7.3f %11.1f %11.1f %7.2f %7.2f %10.1f %7.2f\n", r.H, r.Hkv,
                         r.d, kv_dtype_name(r.kv), (long long)r.S, r.ms, r.gbs, r.read_gbs, r.ratio, r.flop_per_byte,
@@ -453,10 +460,11 @@ int cmd_bench_attention(int argc, char **argv) {
     static const int64_t T_full[] = {512, 2048, 8192}, T_quick[] = {128, 256};
     prefill_row pre[3];
     int np = B.quick ? 2 : 3;
-    fprintf(out, "\n  prefill (T=S, H32/Hkv8/d128, f16)     ms   GFLOP/s   / peak\n");
+    fprintf(out, "\n  prefill (T=S, H32/Hkv8/d128, f16)     ms   GFLOP/s   peak GFLOP/s   / peak\n");
     for (int i = 0; i < np; i++) {
-        pre[i] = run_prefill(&B, (B.quick ? T_quick : T_full)[i], peak);
-        fprintf(out, "  T = S = %-6lld %24.2f %9.1f %8.2f\n", (long long)pre[i].T, pre[i].ms, pre[i].gflops, pre[i].ratio);
+        pre[i] = run_prefill(&B, (B.quick ? T_quick : T_full)[i]);
+        fprintf(out, "  T = S = %-6lld %24.2f %9.1f %14.1f %8.2f\n", (long long)pre[i].T, pre[i].ms, pre[i].gflops,
+                pre[i].peak_gflops, pre[i].ratio);
     }
 
     FILE *plot = NULL;
@@ -493,7 +501,7 @@ int cmd_bench_attention(int argc, char **argv) {
     if (np_sec > 0) {
         int32_t seq;
         kv_cache *c = filled_cache(&B, 8, 128, KV_F32, numpy_S, &seq);
-        ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3, NULL) : 0;
+        ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3, NULL, NULL) : 0;
         kv_cache_free(c);
         fprintf(out, "\n  numpy (the seed's algorithm), H32/Hkv8/d128 f32, S=%lld: %.3f ms, ours %.3f ms: ours/numpy speed %.1fx\n",
                 (long long)numpy_S, np_sec * 1e3, ours_sec * 1e3, np_sec / ours_sec);
@@ -506,15 +514,17 @@ int cmd_bench_attention(int argc, char **argv) {
                kv_simd_name(), read_gbs, peak);
         for (int i = 0; i < nd; i++)
             printf("%s\n  {\"S\": %lld, \"H\": %d, \"Hkv\": %d, \"d\": %d, \"kv_type\": \"%s\", \"threads\": %d, "
-                   "\"ms\": %.6g, \"gbs\": %.6g, \"read_gbs\": %.6g, \"ratio\": %.6g, \"flop_per_byte\": %.6g, "
-                   "\"roofline_gbs\": %.6g, \"roofline_ratio\": %.6g}",
+                   "\"ms\": %.6g, \"gbs\": %.6g, \"read_gbs\": %.6g, \"ratio\": %.6g, \"peak_gflops\": %.6g, "
+                   "\"flop_per_byte\": %.6g, \"roofline_gbs\": %.6g, \"roofline_ratio\": %.6g}",
                    i ? "," : "", (long long)dec[i].S, dec[i].H, dec[i].Hkv, dec[i].d, kv_dtype_name(dec[i].kv), B.threads,
-                   dec[i].ms, dec[i].gbs, dec[i].read_gbs, dec[i].ratio, dec[i].flop_per_byte, dec[i].roofline_gbs,
-                   dec[i].roofline_ratio);
+                   dec[i].ms, dec[i].gbs, dec[i].read_gbs, dec[i].ratio, dec[i].peak_gflops, dec[i].flop_per_byte,
+                   dec[i].roofline_gbs, dec[i].roofline_ratio);
         printf("],\n \"prefill\": [");
         for (int i = 0; i < np; i++)
-            printf("%s\n  {\"T\": %lld, \"S\": %lld, \"ms\": %.4f, \"gflops\": %.3f, \"ratio\": %.4f}", i ? "," : "",
-                   (long long)pre[i].T, (long long)pre[i].T, pre[i].ms, pre[i].gflops, pre[i].ratio);
+            printf("%s\n  {\"T\": %lld, \"S\": %lld, \"ms\": %.4f, \"gflops\": %.3f, \"peak_gflops\": %.3f, "
+                   "\"ratio\": %.4f}",
+                   i ? "," : "", (long long)pre[i].T, (long long)pre[i].T, pre[i].ms, pre[i].gflops, pre[i].peak_gflops,
+                   pre[i].ratio);
         printf("],\n \"cache_vs_recompute\": [");
         for (int i = 0; i < 2; i++)
             printf("%s\n  {\"prompt\": %d, \"gen\": %d, \"cached_s\": %.4f, \"recompute_s\": %.4f, \"speedup\": %.3f, "

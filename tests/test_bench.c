@@ -57,10 +57,16 @@ TEST(bench_attention_json_has_every_key_and_sane_ratios) {
         if (!(v[i] > 0 && v[i] < hi)) test_fail(__FILE__, __LINE__, "ratio %d = %g outside (0, %g)", i, v[i], hi);
     }
     CHECK(numbers_after(text, "read_gbs", v, 64) >= 1 && v[0] > 0.1);
-    CHECK(numbers_after(text, "peak_gflops", v, 1) == 1 && v[0] > 0.1);
-    /* each decode case against its roofline: min(its read bandwidth, peak / FLOP per byte),
+    /* the run's FMA peak, then one beside each decode and each prefill case:
+     * a prefill ratio is its GFLOP/s over the peak beside it */
+    double pk[12], gf[4];
+    CHECK_EQ_INT(numbers_after(text, "peak_gflops", pk, 12), 1 + 8 + 2);
+    CHECK_EQ_INT(numbers_after(text, "gflops", gf, 4), 2);
+    CHECK_EQ_INT(numbers_after(text, "ratio", v, 64), 10);
+    for (int i = 0; i < 11; i++) CHECK(pk[i] > 0.1);
+    for (int i = 0; i < 2; i++) CHECK_NEAR(v[8 + i], gf[i] / pk[9 + i], 2e-3 * v[8 + i] + 1e-4);
+    /* each decode case against its roofline: min(its read bandwidth, its peak / FLOP per byte),
      * with the FLOP per byte of the case's shape and storage recomputed here */
-    const double peak = v[0];
     double read[9], fpb[8], roof[8], rr[8], gbs[8];
     CHECK_EQ_INT(numbers_after(text, "flop_per_byte", fpb, 8), 8);
     CHECK_EQ_INT(numbers_after(text, "roofline_gbs", roof, 8), 8);
@@ -73,7 +79,7 @@ TEST(bench_attention_json_has_every_key_and_sane_ratios) {
         const double H = shape[i][0], Hkv = shape[i][1], d = shape[i][2], q8 = (i / 2) % 2;
         const double bytes_per_key = 2 * Hkv * (q8 ? d + 4 : 2 * d); /* K and V: f16, or int8 + an f32 scale */
         CHECK_NEAR(fpb[i], 4 * d * H / bytes_per_key, 1e-3);
-        CHECK_NEAR(roof[i], fmin(read[i + 1], peak / fpb[i]), 2e-3 * roof[i]);
+        CHECK_NEAR(roof[i], fmin(read[i + 1], pk[1 + i] / fpb[i]), 2e-3 * roof[i]);
         CHECK_NEAR(rr[i], gbs[i] / roof[i], 2e-3 * rr[i] + 1e-4);
         CHECK(rr[i] > 0);
     }
