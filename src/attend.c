@@ -170,17 +170,18 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
     }
 }
 
-/* Decode streams K/V from memory at a few keys per step: ask for the rows of
- * one (block, K or V, head) slot of the item's traversal ahead of their use,
- * all of their lines at once. Slot f of a block: f < n_heads K of head f,
- * else V of head f - n_heads; past the last slot, the next block's. */
+/* Decode streams K/V from memory at a few keys per step: the kernels ask for
+ * the rows of one (block, K or V, head) slot of the item's traversal while
+ * they work on the slot DECODE_PREFETCH_AHEAD before it. Slot f of a block:
+ * f < n_heads K of head f, else V of head f - n_heads; past the last slot,
+ * the next block's. */
 enum { DECODE_PREFETCH_AHEAD = 2 };
 
-static void prefetch_slot(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
+static kv_ahead slot_ahead(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
     const int32_t hn = it->n_heads;
     if (f >= 2 * hn) { /* the next block: it starts where this one ends */
         j0 += n, f -= 2 * hn;
-        if (j0 > it->khi) return;
+        if (j0 > it->khi) return (kv_ahead){0};
         n = 16;
     }
     const key_source src = head_source(j, it, it->head + f % hn);
@@ -188,10 +189,8 @@ static void prefetch_slot(const attend_job *j, const kv_work_item *it, int32_t j
     if (n > src.block - in_blk) n = src.block - in_blk;
     if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
     const key_block kb = source_block(&src, blk);
-    const unsigned char *p = (f < hn ? kb.k : kb.v) + (size_t)in_blk * src.stride;
-    const size_t row = (size_t)src.d * kv_dtype_size(src.dtype);
-    for (int32_t r = 0; r < n; r++)
-        for (size_t o = 0; o < row; o += 64) __builtin_prefetch(p + (size_t)r * src.stride + o);
+    return (kv_ahead){.p = (f < hn ? kb.k : kb.v) + (size_t)in_blk * src.stride, .stride = src.stride, .rows = n,
+                      .bytes = src.d * (int32_t)kv_dtype_size(src.dtype)};
 }
 
 /* The decode path: blocks of up to 16 keys (never across a page), and for
@@ -220,14 +219,14 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                 const size_t off = (size_t)in_blk * src.stride;
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
-                prefetch_slot(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
+                const kv_ahead ahead = slot_ahead(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
                 if (pass == 0)
                     j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride,
                                            kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
-                                           n, lo, hi, m + at, l + at, w[a], corr[a]);
+                                           n, lo, hi, m + at, l + at, w[a], corr[a], &ahead);
                 else
                     j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
-                                           acc + at * d);
+                                           acc + at * d, &ahead);
             }
         j0 += n;
     }

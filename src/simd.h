@@ -27,6 +27,24 @@ static inline float kv_corr_exp(float m_old, float m_new) {
     return expf(x < KV_EXP_FLOOR ? KV_EXP_FLOOR : x);
 }
 
+/* Rows a decode kernel asks the memory for while it computes: the slot of
+ * the traversal a few ahead of it (rows of `bytes` bytes, `stride` apart from
+ * p; none when rows is 0). Asked for a few rows per pass, spread over the
+ * kernel's work: all at once, the requests overran the core's miss buffers
+ * and stalled it. */
+typedef struct {
+    const unsigned char *p;
+    size_t stride;
+    int32_t rows, bytes;
+} kv_ahead;
+
+/* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). */
+static inline void kv_ahead_rows(const kv_ahead *a, int32_t r0, int32_t r1) {
+    if (r1 > a->rows) r1 = a->rows;
+    for (int32_t r = r0; r < r1; r++)
+        for (int32_t o = 0; o < a->bytes; o += 64) __builtin_prefetch(a->p + (size_t)r * a->stride + o);
+}
+
 typedef struct {
     const char *name;
     /* dst [n][d] = n rows of `dtype` starting at src, `stride` bytes apart
@@ -50,12 +68,15 @@ typedef struct {
      * for KV_Q8) and the rescaling of the old state in corr [nv];
      * decode_values then sets acc [nv][d] = acc * corr + sum_j w[j] v[j]
      * over the visible keys lo[i]..hi[i] only (a key a vector does not see
-     * never touches it, even when its V holds a NaN: no 0 * NaN). */
+     * never touches it, even when its V holds a NaN: no 0 * NaN).
+     * Both ask for the rows of `ahead` (the traversal's next slots) a few at
+     * a time while they compute. */
     void (*decode_scores)(kv_dtype dtype, const float *q, int32_t nv, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
-                          const int32_t *hi, float *m, float *l, float (*w)[16], float *corr);
+                          const int32_t *hi, float *m, float *l, float (*w)[16], float *corr, const kv_ahead *ahead);
     void (*decode_values)(kv_dtype dtype, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
-                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc);
+                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
+                          const kv_ahead *ahead);
     /* Prefill-shaped work (NULL if absent): the online-softmax update of nv
      * query vectors, given transposed as qt [d][ldq] (ldq: nv rounded up to 16,
      * d % 16 == 0), with n keys at absolute positions j0.. in k and v [n][d]

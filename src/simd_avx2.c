@@ -209,12 +209,16 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
 /* s[i][j] = q[i] . k[j] for j < n (<= 16), NV <= 4: passes of KP keys, then
  * the lane sums of eight keys at a time folded by one hadd tree. */
 DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int32_t d, const unsigned char *k,
-                        size_t stride, int32_t n, float (*s)[16]) {
+                        size_t stride, int32_t n, float (*s)[16], const kv_ahead *ahead) {
     const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 3 : 2;
     float tmp[4][16][8] __attribute__((aligned(32)));
     int32_t j = 0;
-    for (; j + KP <= n; j += KP) dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
+    for (; j + KP <= n; j += KP) {
+        kv_ahead_rows(ahead, j, j + KP); /* as many rows ahead as this pass reads */
+        dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
+    }
     for (; j < n; j++) dots_pass(t, NV, 1, q, d, k, stride, j, tmp);
+    kv_ahead_rows(ahead, j - n % KP, 16);
     for (int32_t i = 0; i < NV; i++)
         for (int32_t jj = n; jj < ((n + 7) & ~7); jj++) _mm256_store_ps(tmp[i][jj], _mm256_setzero_ps());
 #pragma GCC unroll 4
@@ -325,8 +329,11 @@ static void softmax_part(int32_t nv, const float *ks, const float *vs, const int
  * NV <= 4 vectors sees: 16 dims of every vector in registers while the V rows
  * stream past, each converted once. */
 DECODE_INLINE values_group(const kv_dtype t, const int32_t NV, int32_t d, const unsigned char *v, size_t stride,
-                           int32_t jlo, int32_t jhi, float (*w)[16], const float *corr, float *acc) {
+                           int32_t jlo, int32_t jhi, float (*w)[16], const float *corr, float *acc,
+                           const kv_ahead *ahead) {
+    const int32_t per = (16 + d / 16 - 1) / (d / 16); /* rows ahead per 16 dims: 16 over the row */
     for (int32_t e = 0; e < d; e += 16) {
+        kv_ahead_rows(ahead, e / 16 * per, e / 16 * per + per);
         __m256 a0[4], a1[4];
 #pragma GCC unroll 4
         for (int32_t i = 0; i < NV; i++) {
@@ -357,19 +364,20 @@ DECODE_INLINE values_group(const kv_dtype t, const int32_t NV, int32_t d, const 
  * (type, NV <= 4), a group of 5..8 vectors taking two of them; the full-block
  * softmax per NV <= 8, whatever the type. (Inlining every kernel into each of
  * the (type, NV <= 8) cases made this file the slowest of the build.) */
-typedef void dots_fn(const float *q, int32_t d, const unsigned char *k, size_t stride, int32_t n, float (*s)[16]);
+typedef void dots_fn(const float *q, int32_t d, const unsigned char *k, size_t stride, int32_t n, float (*s)[16],
+                     const kv_ahead *ahead);
 typedef void values_fn(int32_t d, const unsigned char *v, size_t stride, int32_t jlo, int32_t jhi, float (*w)[16],
-                       const float *corr, float *acc);
+                       const float *corr, float *acc, const kv_ahead *ahead);
 typedef void softmax_fn(const float *ks, const float *vs, float *m, float *l, float (*s)[16], float *corr);
 
 #define DOTS(T, NV)                                                                                            \
     static void dots_##T##_##NV(const float *q, int32_t d, const unsigned char *k, size_t stride, int32_t n,   \
-                                float (*s)[16]) {                                                              \
-        dots_impl(T, NV, q, d, k, stride, n, s);                                                               \
+                                float (*s)[16], const kv_ahead *ahead) {                                       \
+        dots_impl(T, NV, q, d, k, stride, n, s, ahead);                                                        \
     }                                                                                                          \
     static void values_##T##_##NV(int32_t d, const unsigned char *v, size_t stride, int32_t jlo, int32_t jhi, \
-                                  float (*w)[16], const float *corr, float *acc) {                            \
-        values_group(T, NV, d, v, stride, jlo, jhi, w, corr, acc);                                            \
+                                  float (*w)[16], const float *corr, float *acc, const kv_ahead *ahead) {     \
+        values_group(T, NV, d, v, stride, jlo, jhi, w, corr, acc, ahead);                                     \
     }
 #define DOTS_T(T) DOTS(T, 1) DOTS(T, 2) DOTS(T, 3) DOTS(T, 4)
 DOTS_T(KV_F32) DOTS_T(KV_F16) DOTS_T(KV_BF16) DOTS_T(KV_Q8)
@@ -393,12 +401,15 @@ static softmax_fn *const softmax_for[KV_DECODE_VECS] = {softmax_1, softmax_2, so
 
 static bool decode_type(kv_dtype t) { return t == KV_F32 || t == KV_F16 || t == KV_BF16 || t == KV_Q8; }
 
+/* Past the first call on a block, the rows ahead have been asked for. */
+static const kv_ahead no_ahead = {0};
+
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
-                          float *m, float *l, float (*w)[16], float *corr) {
+                          float *m, float *l, float (*w)[16], float *corr, const kv_ahead *ahead) {
     if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
-    dots_for[t][(nv < 4 ? nv : 4) - 1](q, d, k, stride, n, w);
-    if (nv > 4) dots_for[t][nv - 5](q + 4 * (size_t)d, d, k, stride, n, w + 4);
+    dots_for[t][(nv < 4 ? nv : 4) - 1](q, d, k, stride, n, w, ahead);
+    if (nv > 4) dots_for[t][nv - 5](q + 4 * (size_t)d, d, k, stride, n, w + 4, &no_ahead);
     if (n == 16 && kv_block_uniform(nv, lo, hi) && lo[0] == 0 && hi[0] == 15)
         softmax_for[nv - 1](ks, vs, m, l, w, corr);
     else
@@ -407,22 +418,26 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
 
 /* acc = acc * corr + sum_j w[j] v[j] over keys jlo..jhi, which all nv vectors see */
 static void values_seen(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t jlo,
-                        int32_t jhi, float (*w)[16], const float *corr, float *acc) {
-    values_for[t][(nv < 4 ? nv : 4) - 1](d, v, stride, jlo, jhi, w, corr, acc);
-    if (nv > 4) values_for[t][nv - 5](d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d);
+                        int32_t jhi, float (*w)[16], const float *corr, float *acc, const kv_ahead *ahead) {
+    values_for[t][(nv < 4 ? nv : 4) - 1](d, v, stride, jlo, jhi, w, corr, acc, ahead);
+    if (nv > 4) values_for[t][nv - 5](d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d, &no_ahead);
 }
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
-                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc) {
+                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
+                          const kv_ahead *ahead) {
     if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
     if (kv_block_uniform(nv, lo, hi)) {
-        if (lo[0] <= hi[0]) values_seen(t, nv, d, v, stride, lo[0], hi[0], w, corr, acc);
+        if (lo[0] <= hi[0]) values_seen(t, nv, d, v, stride, lo[0], hi[0], w, corr, acc, ahead);
+        else kv_ahead_rows(ahead, 0, 16);
         return;
     }
     /* vectors that see different keys (rows of a short prefill, a window's
      * edge): one at a time, each over its own keys */
+    kv_ahead_rows(ahead, 0, 16);
     for (int32_t i = 0; i < nv; i++)
-        if (lo[i] <= hi[i]) values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d);
+        if (lo[i] <= hi[i])
+            values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &no_ahead);
     (void)n;
 }
 

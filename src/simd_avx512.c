@@ -161,13 +161,14 @@ static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m
 
 DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
-                          const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
+                          const int32_t *hi, float *m, float *l, float (*s)[16], float *corr, const kv_ahead *ahead) {
     const __m512 one = _mm512_set1_ps(1.0f); /* q8 scales are applied to scores and weights */
     /* scores: each K row converted once, dotted with every query vector; with
      * few vectors, four keys at a time so four dot products share one reduction */
     int32_t j = 0;
     if (nv <= 4) {
         for (; j + 4 <= n; j += 4) {
+            kv_ahead_rows(ahead, j, j + 4); /* as many rows ahead as this step reads */
             const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
             __m512 a[4][4];
 #pragma GCC unroll 4
@@ -197,6 +198,7 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
             }
         }
     }
+    kv_ahead_rows(ahead, j, 16);
     for (; j < n; j++) {
         const unsigned char *row = k + (size_t)j * stride;
         __m512 a[KV_DECODE_VECS];
@@ -234,11 +236,14 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 }
 
 DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
-                          int32_t jlo, int32_t jhi, float (*s)[16], const float *corr, float *acc) {
+                          int32_t jlo, int32_t jhi, float (*s)[16], const float *corr, float *acc,
+                          const kv_ahead *ahead) {
     const __m512 one = _mm512_set1_ps(1.0f);
+    const int32_t steps = (d + 31) / 32, per = (16 + steps - 1) / steps; /* rows ahead per 32 dims */
     /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
      * sees: 32 dims of every vector in registers while the V rows stream past */
     for (int32_t e = 0; e < d; e += 32) {
+        kv_ahead_rows(ahead, e / 32 * per, e / 32 * per + per);
         __m512 a0[KV_DECODE_VECS], a1[KV_DECODE_VECS];
         const bool two = e + 16 < d;
         for (int32_t i = 0; i < nv; i++) {
@@ -265,26 +270,33 @@ DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const u
 
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
-                          float *m, float *l, float (*w)[16], float *corr) {
-#define SCORES(T, NV) scores_impl(T, NV, q, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr)
+                          float *m, float *l, float (*w)[16], float *corr, const kv_ahead *ahead) {
+#define SCORES(T, NV) scores_impl(T, NV, q, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead)
     KV_DECODE_SWITCH(SCORES)
 #undef SCORES
 }
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
-                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc) {
+                          const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
+                          const kv_ahead *ahead) {
+    static const kv_ahead no_ahead = {0};
     if (kv_block_uniform(nv, lo, hi)) {
-        if (lo[0] > hi[0]) return;
-#define VALUES(T, NV) values_impl(T, NV, d, v, stride, lo[0], hi[0], w, corr, acc)
+        if (lo[0] > hi[0]) {
+            kv_ahead_rows(ahead, 0, 16);
+            return;
+        }
+#define VALUES(T, NV) values_impl(T, NV, d, v, stride, lo[0], hi[0], w, corr, acc, ahead)
         KV_DECODE_SWITCH(VALUES)
 #undef VALUES
         return;
     }
     /* vectors that see different keys (rows of a short prefill, a window's
      * edge): one at a time, each over its own keys */
+    kv_ahead_rows(ahead, 0, 16);
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) continue;
-#define ONE(T) case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d); break;
+#define ONE(T)                                                                                           \
+    case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &no_ahead); break;
         switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
 #undef ONE
     }
