@@ -2,11 +2,11 @@
  *
  * A job is published as a new generation in one atomic word that also holds
  * the index of the next unclaimed task: (generation << 32) | task. Any thread
- * claims a task with a compare-and-swap that fails once the generation moved
- * on, so the split of work is fixed by the caller, never by the thread count,
- * and a worker that wakes late finds nothing left instead of being waited
- * for. The caller runs tasks too, and returns when every task has completed,
- * whichever threads ran them. Workers spin briefly on the word (decode runs
+ * claims a run of tasks with a compare-and-swap that fails once the
+ * generation moved on, so the split of work is fixed by the caller, never by
+ * the thread count, and a worker that wakes late finds nothing left instead
+ * of being waited for. The caller runs tasks too, and returns when every task
+ * has completed, whichever threads ran them. Workers spin briefly on the word (decode runs
  * hundreds of small jobs per token, and waking a sleeping thread costs tens of
  * microseconds), then sleep on a condition variable. */
 #include <stdatomic.h>
@@ -53,30 +53,40 @@ static void cpu_relax(void) {
 
 static uint32_t generation_of(uint64_t word) { return (uint32_t)(word >> 32); }
 
-/* Claims the next task of generation gen, if that job still has one. */
-static bool claim(kv_pool *p, uint32_t gen, int32_t *task) {
+/* Claims the next tasks of generation gen, if that job still has some: a run
+ * of consecutive ones, a 2 n_threads-th of those left (at least one), so that
+ * a job of many small tasks costs a few claims per thread instead of one a
+ * task (each a compare-and-swap on a line every core writes), while the last
+ * claims, one task each, still even out the threads' finishing times. */
+static bool claim(kv_pool *p, uint32_t gen, int32_t *task, int32_t *count) {
     uint64_t w = atomic_load_explicit(&p->next, memory_order_acquire);
     for (;;) {
-        if (generation_of(w) != gen ||
-            (int32_t)(uint32_t)w >= atomic_load_explicit(&p->job[gen & 1].n_tasks, memory_order_relaxed))
-            return false;
-        if (atomic_compare_exchange_weak_explicit(&p->next, &w, w + 1, memory_order_acq_rel, memory_order_acquire)) {
-            *task = (int32_t)(uint32_t)w;
+        const int32_t n = atomic_load_explicit(&p->job[gen & 1].n_tasks, memory_order_relaxed), at = (int32_t)(uint32_t)w;
+        if (generation_of(w) != gen || at >= n) return false;
+        int32_t k = (n - at) / (2 * p->n_threads);
+        k = k < 1 ? 1 : k;
+        if (atomic_compare_exchange_weak_explicit(&p->next, &w, w + (uint64_t)k, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *task = at, *count = k;
             return true;
         }
     }
 }
 
+/* Runs tasks of generation gen until none is left, then counts them done in
+ * one atomic add (one per task made the count's cache line bounce between the
+ * cores thousands of times a token). */
 static void run_tasks(kv_pool *p, uint32_t gen, int32_t thread) {
     const pool_job *j = &p->job[gen & 1];
-    int32_t t;
-    while (claim(p, gen, &t)) {
-        j->fn(j->ctx, t, thread);
-        if (atomic_fetch_add_explicit(&p->completed, 1, memory_order_acq_rel) + 1 == atomic_load(&j->n_tasks)) {
-            pthread_mutex_lock(&p->lock);
-            pthread_cond_broadcast(&p->done);
-            pthread_mutex_unlock(&p->lock);
-        }
+    int32_t t, k, done = 0;
+    while (claim(p, gen, &t, &k)) {
+        for (int32_t i = 0; i < k; i++) j->fn(j->ctx, t + i, thread);
+        done += k;
+    }
+    if (done && atomic_fetch_add_explicit(&p->completed, done, memory_order_acq_rel) + done == atomic_load(&j->n_tasks)) {
+        pthread_mutex_lock(&p->lock);
+        pthread_cond_broadcast(&p->done);
+        pthread_mutex_unlock(&p->lock);
     }
 }
 
