@@ -135,13 +135,14 @@ static int32_t tile_sub(int32_t d) { return att_tile(d) >= 16 ? att_tile(d) & ~1
 static int32_t tile_subs(int32_t d) { return att_tile(d) >= 16 ? TILE_SUBS : 1; }
 
 static bool tile_path(const attend_job *j) {
-    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ((tile_sub(j->d) + 15) & ~15) <= TILE_SCRATCH;
+    const int32_t ldq = (tile_sub(j->d) + 15) & ~15;
+    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
 }
 
 static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
                         int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
     const int32_t d = j->d, G = j->G, kmax = att_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
-    float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t from t sub d: each fits d sub */
+    float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
     float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS];
     int32_t pos[ATT_ACC_ELEMS + 16];
     for (int32_t t = 0; t < n_sub; t++) {
@@ -150,7 +151,9 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
             for (int32_t i = 0; i < ldq; i++)
                 qt[(size_t)i0 * d + (size_t)e * ldq + i] = i < nt ? qbuf[(size_t)(i0 + i) * d + e] : 0.0f;
     }
-    for (int32_t i = 0; i < n_sub * sub && i < nv + 16; i++) {
+    /* the lanes the kernel reads: the last sub-tile's rounded up to 16 */
+    const int32_t lanes = (n_sub - 1) * sub + (((nv - (n_sub - 1) * sub) + 15) & ~15);
+    for (int32_t i = 0; i < lanes; i++) {
         pos[i] = pos0 + (it->v0 + (i < nv ? i : nv - 1)) / G;
         if (i >= nv) m[i] = -INFINITY, l[i] = 0; /* padding lanes, never read back */
     }

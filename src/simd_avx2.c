@@ -218,7 +218,7 @@ DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int3
         dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
     }
     for (; j < n; j++) dots_pass(t, NV, 1, q, d, k, stride, j, tmp);
-    kv_ahead_rows(ahead, j - n % KP, 16);
+    kv_ahead_rows(ahead, n - n % KP, 16); /* the single keys' rows, and the rest of a longer slot */
     for (int32_t i = 0; i < NV; i++)
         for (int32_t jj = n; jj < ((n + 7) & ~7); jj++) _mm256_store_ps(tmp[i][jj], _mm256_setzero_ps());
 #pragma GCC unroll 4
