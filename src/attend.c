@@ -144,16 +144,15 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
     const int32_t d = j->d, G = j->G, kmax = att_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
     float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
     float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS];
-    int32_t pos[ATT_ACC_ELEMS + 16];
+    int32_t pos[ATT_ACC_ELEMS + 16], nts[TILE_SUBS], ldqs[TILE_SUBS]; /* sub-tile t: vectors, lanes */
     for (int32_t t = 0; t < n_sub; t++) {
-        const int32_t i0 = t * sub, nt = nv - i0 < sub ? nv - i0 : sub, ldq = (nt + 15) & ~15;
+        const int32_t i0 = t * sub, nt = nts[t] = nv - i0 < sub ? nv - i0 : sub, ldq = ldqs[t] = (nt + 15) & ~15;
         for (int32_t e = 0; e < d; e++)
             for (int32_t i = 0; i < ldq; i++)
                 qt[(size_t)i0 * d + (size_t)e * ldq + i] = i < nt ? qbuf[(size_t)(i0 + i) * d + e] : 0.0f;
     }
-    /* the lanes the kernel reads: the last sub-tile's rounded up to 16 */
-    const int32_t lanes = (n_sub - 1) * sub + (((nv - (n_sub - 1) * sub) + 15) & ~15);
-    for (int32_t i = 0; i < lanes; i++) {
+    /* the lanes the kernel reads: up to the last sub-tile's, rounded up to 16 */
+    for (int32_t i = 0; i < (n_sub - 1) * sub + ldqs[n_sub - 1]; i++) {
         pos[i] = pos0 + (it->v0 + (i < nv ? i : nv - 1)) / G;
         if (i >= nv) m[i] = -INFINITY, l[i] = 0; /* padding lanes, never read back */
     }
@@ -163,7 +162,7 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
         const float *kc, *vc;
         load_chunk(j->simd, src, j0, n, kbuf, vbuf, &kc, &vc);
         for (int32_t t = 0; t < n_sub; t++) {
-            const int32_t i0 = t * sub, nt = nv - i0 < sub ? nv - i0 : sub, ldq = (nt + 15) & ~15;
+            const int32_t i0 = t * sub, nt = nts[t], ldq = ldqs[t];
             /* the chunk is past the sub-tile's last position, or before its first one's window */
             if (j0 > pos[i0 + nt - 1] || (j->window > 0 && j0 + n - 1 <= pos[i0] - j->window)) continue;
             j->simd->tile_block(qt + (size_t)i0 * d, nt, ldq, d, kc, vc, n, j0, pos + i0, j->window, m + i0, l + i0,

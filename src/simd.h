@@ -38,6 +38,9 @@ typedef struct {
     int32_t rows, bytes;
 } kv_ahead;
 
+/* Nothing to ask for: the calls on a block after its first. */
+static const kv_ahead kv_no_ahead = {0};
+
 /* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). */
 static inline void kv_ahead_rows(const kv_ahead *a, int32_t r0, int32_t r1) {
     if (r1 > a->rows) r1 = a->rows;

@@ -401,15 +401,12 @@ static softmax_fn *const softmax_for[KV_DECODE_VECS] = {softmax_1, softmax_2, so
 
 static bool decode_type(kv_dtype t) { return t == KV_F32 || t == KV_F16 || t == KV_BF16 || t == KV_Q8; }
 
-/* Past the first call on a block, the rows ahead have been asked for. */
-static const kv_ahead no_ahead = {0};
-
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,
                           float *m, float *l, float (*w)[16], float *corr, const kv_ahead *ahead) {
     if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
     dots_for[t][(nv < 4 ? nv : 4) - 1](q, d, k, stride, n, w, ahead);
-    if (nv > 4) dots_for[t][nv - 5](q + 4 * (size_t)d, d, k, stride, n, w + 4, &no_ahead);
+    if (nv > 4) dots_for[t][nv - 5](q + 4 * (size_t)d, d, k, stride, n, w + 4, &kv_no_ahead);
     if (n == 16 && kv_block_uniform(nv, lo, hi) && lo[0] == 0 && hi[0] == 15)
         softmax_for[nv - 1](ks, vs, m, l, w, corr);
     else
@@ -420,7 +417,7 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
 static void values_seen(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t jlo,
                         int32_t jhi, float (*w)[16], const float *corr, float *acc, const kv_ahead *ahead) {
     values_for[t][(nv < 4 ? nv : 4) - 1](d, v, stride, jlo, jhi, w, corr, acc, ahead);
-    if (nv > 4) values_for[t][nv - 5](d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d, &no_ahead);
+    if (nv > 4) values_for[t][nv - 5](d, v, stride, jlo, jhi, w + 4, corr + 4, acc + 4 * (size_t)d, &kv_no_ahead);
 }
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
@@ -437,7 +434,7 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     kv_ahead_rows(ahead, 0, 16);
     for (int32_t i = 0; i < nv; i++)
         if (lo[i] <= hi[i])
-            values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &no_ahead);
+            values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &kv_no_ahead);
     (void)n;
 }
 

@@ -279,7 +279,6 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
                           const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
                           const kv_ahead *ahead) {
-    static const kv_ahead no_ahead = {0};
     if (kv_block_uniform(nv, lo, hi)) {
         if (lo[0] > hi[0]) {
             kv_ahead_rows(ahead, 0, 16);
@@ -296,7 +295,7 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) continue;
 #define ONE(T)                                                                                           \
-    case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &no_ahead); break;
+    case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &kv_no_ahead); break;
         switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
 #undef ONE
     }
