@@ -29,9 +29,10 @@ static inline float kv_corr_exp(float m_old, float m_new) {
 
 /* Rows a decode kernel asks the memory for while it computes: the slot of
  * the traversal a few ahead of it (rows of `bytes` bytes, `stride` apart from
- * p; none when rows is 0). Asked for a few rows per pass, spread over the
+ * p; none when rows is 0). Asked for a few at a time, spread over the
  * kernel's work: all at once, the requests overran the core's miss buffers
- * and stalled it. */
+ * and stalled it. Into L2 (prefetcht1), not L1: the core has far more L2
+ * misses in flight than L1 ones, and the rows are read once, soon after. */
 typedef struct {
     const unsigned char *p;
     size_t stride;
@@ -41,11 +42,31 @@ typedef struct {
 /* Nothing to ask for: the calls on a block after its first. */
 static const kv_ahead kv_no_ahead = {0};
 
+/* A walk through the lines (64 bytes) of `a`, row by row: a kernel asks for
+ * the next few at each step of its work, a share it fixes once per call. */
+typedef struct {
+    const kv_ahead *a;
+    int32_t row, line, row_lines;
+} kv_ahead_walk;
+
+static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) { return (kv_ahead_walk){a, 0, 0, (a->bytes + 63) / 64}; }
+
+/* Lines of `a` in all. */
+static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * ((a->bytes + 63) / 64); }
+
+/* Asks for the next n lines (as far as there are any). */
+static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {
+    for (; n > 0 && w->row < w->a->rows; n--) {
+        __builtin_prefetch(w->a->p + (size_t)w->row * w->a->stride + (size_t)w->line * 64, 0, 2);
+        if (++w->line == w->row_lines) w->line = 0, w->row++;
+    }
+}
+
 /* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). */
 static inline void kv_ahead_rows(const kv_ahead *a, int32_t r0, int32_t r1) {
     if (r1 > a->rows) r1 = a->rows;
     for (int32_t r = r0; r < r1; r++)
-        for (int32_t o = 0; o < a->bytes; o += 64) __builtin_prefetch(a->p + (size_t)r * a->stride + o);
+        for (int32_t o = 0; o < a->bytes; o += 64) __builtin_prefetch(a->p + (size_t)r * a->stride + o, 0, 2);
 }
 
 typedef struct {

@@ -166,19 +166,22 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
     /* scores: each K row converted once, dotted with every query vector; with
      * few vectors, four keys at a time so four dot products share one reduction */
     int32_t j = 0;
+    kv_ahead_walk walk = kv_ahead_start(ahead); /* the rows ahead, a few lines every 16 dims */
     if (nv <= 4) {
+        const int32_t step = n >= 4 ? (kv_ahead_lines(ahead) + n / 4 * (d / 16) - 1) / (n / 4 * (d / 16)) : 0;
         for (; j + 4 <= n; j += 4) {
-            kv_ahead_rows(ahead, j, j + 4); /* as many rows ahead as this step reads */
             const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
             __m512 a[4][4];
 #pragma GCC unroll 4
             for (int32_t i = 0; i < nv; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
             for (int32_t e = 0; e < d; e += 16) {
+                kv_ahead_next(&walk, step);
                 __m512 k0 = load16(t, r0, e, one), k1 = load16(t, r1, e, one);
                 __m512 k2 = load16(t, r2, e, one), k3 = load16(t, r3, e, one);
 #pragma GCC unroll 4
                 for (int32_t i = 0; i < nv; i++) {
                     __m512 qv = _mm512_loadu_ps(q + (size_t)i * d + e);
+                    __asm__("" : "+v"(qv)); /* loaded once for the four keys: gcc would fold it into each FMA */
                     a[i][0] = _mm512_fmadd_ps(qv, k0, a[i][0]);
                     a[i][1] = _mm512_fmadd_ps(qv, k1, a[i][1]);
                     a[i][2] = _mm512_fmadd_ps(qv, k2, a[i][2]);
@@ -198,7 +201,7 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
             }
         }
     }
-    kv_ahead_rows(ahead, j, 16);
+    kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */
     for (; j < n; j++) {
         const unsigned char *row = k + (size_t)j * stride;
         __m512 a[KV_DECODE_VECS];
@@ -212,60 +215,79 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 #pragma GCC unroll 8
         for (int32_t i = 0; i < nv; i++) s[i][j] = _mm512_reduce_add_ps(a[i]);
     }
-    if (ks)
-        for (int32_t i = 0; i < nv; i++)
-            for (int32_t jj = 0; jj < n; jj++) s[i][jj] *= ks[jj];
-    /* online softmax: new max, rescale, weights (zero where not visible) */
+    /* online softmax: new max, rescale, weights (zero where not visible);
+     * q8's K scales go on the scores, its V scales on the weights */
+    const __mmask16 keys = (__mmask16)((1u << n) - 1);
+    const __m512 ksv = ks ? _mm512_maskz_loadu_ps(keys, ks) : one, vsv = vs ? _mm512_maskz_loadu_ps(keys, vs) : one;
+#pragma GCC unroll 8
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) {
             corr[i] = 1.0f;
-            for (int32_t jj = 0; jj < 16; jj++) s[i][jj] = 0;
+            _mm512_storeu_ps(s[i], _mm512_setzero_ps());
             continue;
         }
-        __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
+        const __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
         __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
+        if (ks) si = _mm512_mul_ps(si, ksv);
         float mx = _mm512_mask_reduce_max_ps(vis, si);
         mx = mx > m[i] ? mx : m[i];
-        corr[i] = kv_corr_exp(m[i], mx);
+        /* an unchanged finite max (most blocks) rescales by exactly 1: no exp */
+        corr[i] = mx == m[i] && isfinite(mx) ? 1.0f : kv_corr_exp(m[i], mx);
         __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
         l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
         m[i] = mx;
-        if (vs) p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), vs)); /* q8: V's scales */
+        if (vs) p = _mm512_mul_ps(p, vsv);
         _mm512_storeu_ps(s[i], p);
     }
 }
 
+/* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
+ * sees, for the NE x 16 dims from e: those dims of every vector in registers
+ * while the V rows stream past, each converted once. */
+DECODE_INLINE values_pass(const kv_dtype t, const int32_t NV, const int32_t NE, int32_t d, const unsigned char *v,
+                          size_t stride, int32_t e, int32_t jlo, int32_t jhi, float (*s)[16], const float *corr,
+                          float *acc, kv_ahead_walk *walk, int32_t step) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 a[KV_DECODE_VECS][8];
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < NV; i++) {
+        const __m512 c = _mm512_set1_ps(corr[i]);
+#pragma GCC unroll 8
+        for (int32_t y = 0; y < NE; y++) a[i][y] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e + 16 * y));
+    }
+    for (int32_t jv = jlo; jv <= jhi; jv++) {
+        kv_ahead_next(walk, step);
+        const unsigned char *row = v + (size_t)jv * stride;
+        __m512 x[8];
+#pragma GCC unroll 8
+        for (int32_t y = 0; y < NE; y++) x[y] = load16(t, row, e + 16 * y, one);
+#pragma GCC unroll 8
+        for (int32_t i = 0; i < NV; i++) {
+            const __m512 p = _mm512_set1_ps(s[i][jv]);
+#pragma GCC unroll 8
+            for (int32_t y = 0; y < NE; y++) a[i][y] = _mm512_fmadd_ps(p, x[y], a[i][y]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < NV; i++)
+#pragma GCC unroll 8
+        for (int32_t y = 0; y < NE; y++) _mm512_storeu_ps(acc + (size_t)i * d + e + 16 * y, a[i][y]);
+}
+
+/* The passes over d (a multiple of 16): as many dims a pass as NV x NE
+ * accumulators allow in 32 registers, then single 16s for the rest. The rows
+ * of `ahead` are asked for a few lines a key, spread over the passes. */
 DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
                           int32_t jlo, int32_t jhi, float (*s)[16], const float *corr, float *acc,
                           const kv_ahead *ahead) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const int32_t steps = (d + 31) / 32, per = (16 + steps - 1) / steps; /* rows ahead per 32 dims */
-    /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
-     * sees: 32 dims of every vector in registers while the V rows stream past */
-    for (int32_t e = 0; e < d; e += 32) {
-        kv_ahead_rows(ahead, e / 32 * per, e / 32 * per + per);
-        __m512 a0[KV_DECODE_VECS], a1[KV_DECODE_VECS];
-        const bool two = e + 16 < d;
-        for (int32_t i = 0; i < nv; i++) {
-            __m512 c = _mm512_set1_ps(corr[i]);
-            a0[i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e));
-            a1[i] = two ? _mm512_mul_ps(c, _mm512_loadu_ps(acc + (size_t)i * d + e + 16)) : c;
-        }
-        for (int32_t jv = jlo; jv <= jhi; jv++) {
-            const unsigned char *row = v + (size_t)jv * stride;
-            __m512 v0 = load16(t, row, e, one), v1 = two ? load16(t, row, e + 16, one) : v0;
-#pragma GCC unroll 8
-            for (int32_t i = 0; i < nv; i++) {
-                __m512 p = _mm512_set1_ps(s[i][jv]);
-                a0[i] = _mm512_fmadd_ps(p, v0, a0[i]);
-                if (two) a1[i] = _mm512_fmadd_ps(p, v1, a1[i]);
-            }
-        }
-        for (int32_t i = 0; i < nv; i++) {
-            _mm512_storeu_ps(acc + (size_t)i * d + e, a0[i]);
-            if (two) _mm512_storeu_ps(acc + (size_t)i * d + e + 16, a1[i]);
-        }
-    }
+    const int32_t NE = nv <= 2 ? 8 : nv <= 4 ? 4 : 2;
+    const int32_t passes = d / (16 * NE) + d % (16 * NE) / 16;
+    const int32_t steps = passes * (jhi - jlo + 1), step = (kv_ahead_lines(ahead) + steps - 1) / steps;
+    kv_ahead_walk walk = kv_ahead_start(ahead); /* the rows ahead, a few lines a key */
+    int32_t e = 0;
+    for (; e + 16 * NE <= d; e += 16 * NE) values_pass(t, nv, NE, d, v, stride, e, jlo, jhi, s, corr, acc, &walk, step);
+    for (; e < d; e += 16) values_pass(t, nv, 1, d, v, stride, e, jlo, jhi, s, corr, acc, &walk, step);
+    kv_ahead_next(&walk, kv_ahead_lines(ahead));
 }
 
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
