@@ -324,46 +324,98 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     (void)n;
 }
 
+/* s[j][i] = k[j] . qt[:, i] for KB keys j and the 16 or 32 (two) vectors i
+ * from qt, s rows ldq apart. */
+DECODE_INLINE tile_scores(const int32_t KB, const bool two, const float *qt, int32_t ldq, int32_t d, const float *k,
+                          float *s) {
+    __m512 a[8][2];
+#pragma GCC unroll 8
+    for (int32_t x = 0; x < KB; x++) a[x][0] = a[x][1] = _mm512_setzero_ps();
+    for (int32_t e = 0; e < d; e++) {
+        const float *qe = qt + (size_t)e * ldq;
+        const __m512 q0 = _mm512_loadu_ps(qe), q1 = two ? _mm512_loadu_ps(qe + 16) : q0;
+#pragma GCC unroll 8
+        for (int32_t x = 0; x < KB; x++) {
+            const __m512 b = _mm512_set1_ps(k[(size_t)x * d + e]);
+            a[x][0] = _mm512_fmadd_ps(b, q0, a[x][0]);
+            if (two) a[x][1] = _mm512_fmadd_ps(b, q1, a[x][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int32_t x = 0; x < KB; x++) {
+        _mm512_storeu_ps(s + (size_t)x * ldq, a[x][0]);
+        if (two) _mm512_storeu_ps(s + (size_t)x * ldq + 16, a[x][1]);
+    }
+}
+
+/* acc[i + x] = acc[i + x] corr_(i + x) + sum_j w[j][i + x] v[j] for the NI
+ * <= 4 vectors from i, over the NE <= 4 16-dim groups from e0 (a 16 x 4
+ * block of accumulators in registers where NI and NE are known). */
+DECODE_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t e0, int32_t d, int32_t ldq,
+                          const float *v, int32_t n, int32_t j0, const int32_t *pos, int32_t window, const float *s,
+                          const float *corr, float *acc) {
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int32_t x = 0; x < NI; x++)
+#pragma GCC unroll 4
+        for (int32_t y = 0; y < NE; y++)
+            a[x][y] = _mm512_mul_ps(_mm512_set1_ps(corr[i + x]), _mm512_loadu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y));
+    /* keys every one of the NI vectors sees take the unrolled loop; the
+     * others only the vectors that see them (a weight of 0 times a NaN or
+     * infinite V would still poison a vector) */
+    int32_t all_lo = window > 0 ? pos[i + NI - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
+    all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
+    if (!(NI == 4 && NE == 4) || all_lo > all_hi) all_lo = n, all_hi = n - 1; /* none fast */
+    for (int32_t j = all_lo; j <= all_hi; j++) {
+        const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i;
+        __m512 x4[4];
+#pragma GCC unroll 4
+        for (int32_t y = 0; y < NE; y++) {
+            x4[y] = _mm512_loadu_ps(vj + 16 * y);
+            __asm__("" : "+v"(x4[y])); /* loaded once for the vectors: gcc would fold it into each FMA again */
+        }
+#pragma GCC unroll 4
+        for (int32_t x = 0; x < NI; x++) {
+            const __m512 w = _mm512_set1_ps(wj[x]);
+#pragma GCC unroll 4
+            for (int32_t y = 0; y < NE; y++) a[x][y] = _mm512_fmadd_ps(w, x4[y], a[x][y]);
+        }
+    }
+    /* then the keys before and after those, in order */
+    for (int32_t j = 0; j < n; j++) {
+        if (j == all_lo) j = all_hi + 1;
+        if (j == n) break;
+        for (int32_t x = 0; x < NI; x++) {
+            const int32_t key = j0 + j, p = pos[i + x];
+            if (key > p || (window > 0 && key <= p - window)) continue;
+            const __m512 w = _mm512_set1_ps(s[(size_t)j * ldq + i + x]);
+            for (int32_t y = 0; y < NE; y++)
+                a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int32_t x = 0; x < NI; x++)
+#pragma GCC unroll 4
+        for (int32_t y = 0; y < NE; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);
+}
+
 static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
                        int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
                        float *s) {
-    /* 1. scores s[j][i] = k[j] . qt[:, i]: four keys by 32 vectors per step, the
-     *    keys' elements broadcast, the vectors along the lanes: no reductions */
+    /* 1. scores s[j][i] = k[j] . qt[:, i]: eight keys by 32 vectors per
+     *    step, the keys' elements broadcast, the vectors along the lanes: no
+     *    reductions */
     for (int32_t i0 = 0; i0 < ldq; i0 += 32) {
-        const bool two = i0 + 16 < ldq;
         int32_t j = 0;
-        for (; j + 4 <= n; j += 4) {
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            const float *k0 = k + (size_t)j * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
-            for (int32_t e = 0; e < d; e++) {
-                const float *qe = qt + (size_t)e * ldq + i0;
-                __m512 q0 = _mm512_loadu_ps(qe), q1 = two ? _mm512_loadu_ps(qe + 16) : q0;
-                __m512 b0 = _mm512_set1_ps(k0[e]), b1 = _mm512_set1_ps(k1[e]);
-                __m512 b2 = _mm512_set1_ps(k2[e]), b3 = _mm512_set1_ps(k3[e]);
-                a00 = _mm512_fmadd_ps(b0, q0, a00), a01 = _mm512_fmadd_ps(b0, q1, a01);
-                a10 = _mm512_fmadd_ps(b1, q0, a10), a11 = _mm512_fmadd_ps(b1, q1, a11);
-                a20 = _mm512_fmadd_ps(b2, q0, a20), a21 = _mm512_fmadd_ps(b2, q1, a21);
-                a30 = _mm512_fmadd_ps(b3, q0, a30), a31 = _mm512_fmadd_ps(b3, q1, a31);
-            }
-            float *sj = s + (size_t)j * ldq + i0;
-            _mm512_storeu_ps(sj, a00), _mm512_storeu_ps(sj + ldq, a10);
-            _mm512_storeu_ps(sj + 2 * ldq, a20), _mm512_storeu_ps(sj + 3 * ldq, a30);
-            if (two) {
-                _mm512_storeu_ps(sj + 16, a01), _mm512_storeu_ps(sj + ldq + 16, a11);
-                _mm512_storeu_ps(sj + 2 * ldq + 16, a21), _mm512_storeu_ps(sj + 3 * ldq + 16, a31);
-            }
+#define SCORES(KB, TWO) tile_scores(KB, TWO, qt + i0, ldq, d, k + (size_t)j * d, s + (size_t)j * ldq + i0)
+        if (i0 + 16 < ldq) {
+            for (; j + 8 <= n; j += 8) SCORES(8, true);
+            for (; j < n; j++) SCORES(1, true);
+        } else {
+            for (; j + 8 <= n; j += 8) SCORES(8, false);
+            for (; j < n; j++) SCORES(1, false);
         }
-        for (; j < n; j++) {
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-            const float *kj = k + (size_t)j * d;
-            for (int32_t e = 0; e < d; e++) {
-                __m512 b = _mm512_set1_ps(kj[e]);
-                a0 = _mm512_fmadd_ps(b, _mm512_loadu_ps(qt + (size_t)e * ldq + i0), a0);
-                if (two) a1 = _mm512_fmadd_ps(b, _mm512_loadu_ps(qt + (size_t)e * ldq + i0 + 16), a1);
-            }
-            _mm512_storeu_ps(s + (size_t)j * ldq + i0, a0);
-            if (two) _mm512_storeu_ps(s + (size_t)j * ldq + i0 + 16, a1);
-        }
+#undef SCORES
     }
     /* 2. online softmax along the lanes: the visible keys of each vector,
      *    the new max, weights (zero where not visible), sums */
@@ -403,40 +455,8 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
         const int32_t ne = d - e0 >= 64 ? 4 : (d - e0) / 16;
         for (int32_t i = 0; i < nv; i += 4) {
             const int32_t ni = nv - i < 4 ? nv - i : 4;
-            __m512 a[4][4];
-            for (int32_t x = 0; x < ni; x++)
-                for (int32_t y = 0; y < ne; y++)
-                    a[x][y] = _mm512_mul_ps(_mm512_set1_ps(corr[i + x]), _mm512_loadu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y));
-            /* keys every one of the ni vectors sees take the unrolled loop; the
-             * others only the vectors that see them (a weight of 0 times a
-             * NaN or infinite V would still poison a vector) */
-            int32_t all_lo = window > 0 ? pos[i + ni - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
-            all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
-            if (!(ni == 4 && ne == 4) || all_lo > all_hi) all_lo = n, all_hi = n - 1; /* none fast */
-            if (all_lo <= all_hi)
-                for (int32_t j = all_lo; j <= all_hi; j++) {
-                    const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i;
-                    __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
-                    __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
-#pragma GCC unroll 4
-                    for (int32_t x = 0; x < 4; x++) {
-                        __m512 w = _mm512_set1_ps(wj[x]);
-                        a[x][0] = _mm512_fmadd_ps(w, v0, a[x][0]), a[x][1] = _mm512_fmadd_ps(w, v1, a[x][1]);
-                        a[x][2] = _mm512_fmadd_ps(w, v2, a[x][2]), a[x][3] = _mm512_fmadd_ps(w, v3, a[x][3]);
-                    }
-                }
-            for (int32_t j = 0; j < n; j++) {
-                if (j >= all_lo && j <= all_hi) continue;
-                for (int32_t x = 0; x < ni; x++) {
-                    const int32_t key = j0 + j, p = pos[i + x];
-                    if (key > p || (window > 0 && key <= p - window)) continue;
-                    __m512 w = _mm512_set1_ps(s[(size_t)j * ldq + i + x]);
-                    for (int32_t y = 0; y < ne; y++)
-                        a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
-                }
-            }
-            for (int32_t x = 0; x < ni; x++)
-                for (int32_t y = 0; y < ne; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);
+            if (ni == 4 && ne == 4) tile_values(4, 4, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
+            else tile_values(ni, ne, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
         }
     }
 }
