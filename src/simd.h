@@ -49,10 +49,11 @@ typedef struct {
     int32_t row, line, row_lines;
 } kv_ahead_walk;
 
-static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) { return (kv_ahead_walk){a, 0, 0, (a->bytes + 63) / 64}; }
+static inline int32_t kv_ahead_row_lines(const kv_ahead *a) { return (a->bytes + 63) / 64; }
+static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) { return (kv_ahead_walk){a, 0, 0, kv_ahead_row_lines(a)}; }
 
 /* Lines of `a` in all. */
-static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * ((a->bytes + 63) / 64); }
+static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * kv_ahead_row_lines(a); }
 
 /* Asks for the next n lines (as far as there are any). */
 static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {

@@ -155,11 +155,12 @@ static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m
     }
 }
 
-/* Instantiated below for every storage type and vector count, so that the
- * loops over vectors unroll and the accumulators stay in registers. */
-#define DECODE_INLINE static inline __attribute__((always_inline)) void
+/* The kernels' inner parts, inlined where their counts (storage type,
+ * vectors, keys or dims a step) are known at compile time, so that their
+ * loops unroll and the accumulators stay in registers. */
+#define KERNEL_INLINE static inline __attribute__((always_inline)) void
 
-DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
+KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
                           const int32_t *hi, float *m, float *l, float (*s)[16], float *corr, const kv_ahead *ahead) {
     const __m512 one = _mm512_set1_ps(1.0f); /* q8 scales are applied to scores and weights */
@@ -244,7 +245,7 @@ DECODE_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
  * sees, for the NE x 16 dims from e: those dims of every vector in registers
  * while the V rows stream past, each converted once. */
-DECODE_INLINE values_pass(const kv_dtype t, const int32_t NV, const int32_t NE, int32_t d, const unsigned char *v,
+KERNEL_INLINE values_pass(const kv_dtype t, const int32_t NV, const int32_t NE, int32_t d, const unsigned char *v,
                           size_t stride, int32_t e, int32_t jlo, int32_t jhi, float (*s)[16], const float *corr,
                           float *acc, kv_ahead_walk *walk, int32_t step) {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -277,7 +278,7 @@ DECODE_INLINE values_pass(const kv_dtype t, const int32_t NV, const int32_t NE, 
 /* The passes over d (a multiple of 16): as many dims a pass as NV x NE
  * accumulators allow in 32 registers, then single 16s for the rest. The rows
  * of `ahead` are asked for a few lines a key, spread over the passes. */
-DECODE_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
+KERNEL_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const unsigned char *v, size_t stride,
                           int32_t jlo, int32_t jhi, float (*s)[16], const float *corr, float *acc,
                           const kv_ahead *ahead) {
     const int32_t NE = nv <= 2 ? 8 : nv <= 4 ? 4 : 2;
@@ -326,7 +327,7 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
 
 /* s[j][i] = k[j] . qt[:, i] for KB keys j and the 16 or 32 (two) vectors i
  * from qt, s rows ldq apart. */
-DECODE_INLINE tile_scores(const int32_t KB, const bool two, const float *qt, int32_t ldq, int32_t d, const float *k,
+KERNEL_INLINE tile_scores(const int32_t KB, const bool two, const float *qt, int32_t ldq, int32_t d, const float *k,
                           float *s) {
     __m512 a[8][2];
 #pragma GCC unroll 8
@@ -351,7 +352,7 @@ DECODE_INLINE tile_scores(const int32_t KB, const bool two, const float *qt, int
 /* acc[i + x] = acc[i + x] corr_(i + x) + sum_j w[j][i + x] v[j] for the NI
  * <= 4 vectors from i, over the NE <= 4 16-dim groups from e0 (a 16 x 4
  * block of accumulators in registers where NI and NE are known). */
-DECODE_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t e0, int32_t d, int32_t ldq,
+KERNEL_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t e0, int32_t d, int32_t ldq,
                           const float *v, int32_t n, int32_t j0, const int32_t *pos, int32_t window, const float *s,
                           const float *corr, float *acc) {
     __m512 a[4][4];
