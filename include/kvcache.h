@@ -94,7 +94,11 @@ KV_API const char *kv_status_str(int status);
 /* ------------------------------------------------------------------ types */
 
 /* Storage type of cached K and V. Computation is always FP32 accumulation
- * (FP64 for KV_F64), whatever is stored; queries are never rounded to it. */
+ * (FP64 for KV_F64), whatever is stored; queries are never rounded to it.
+ * One exception, for speed: the avx512 kernels' decode over KV_Q8 takes each
+ * query vector (times scale) as 16-bit integers with one scale per vector,
+ * off by at most 1/65534 of its largest element, and sums its products with
+ * the 8-bit keys exactly in integers (see kvcache(1), KVCACHE_SIMD). */
 typedef enum {
     KV_F64 = 0,   /* reference grade; used with the *_f64 calls */
     KV_F32 = 1,

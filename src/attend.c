@@ -3,6 +3,7 @@
  * the thread pool, the FP32 kernel built on the SIMD primitives, and the
  * log-sum-exp combination of split results. The float64 path runs the
  * reference kernel (attend_ref.c). */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -195,6 +196,28 @@ static kv_ahead slot_ahead(const attend_job *j, const kv_work_item *it, int32_t 
                       .bytes = src.d * (int32_t)kv_dtype_size(src.dtype)};
 }
 
+/* The n query vectors q [n][d] as the KV_Q8 integer scores take them: q ~
+ * qs qi, one scale per vector, |qi| <= 32767, each element rounded to
+ * nearest (about 1e-5 of the vector's largest). False when one has a NaN or
+ * an infinity: the f32 path keeps the non-finite rule for it. */
+static bool quantize_queries(const float *q, int32_t n, int32_t d, int16_t *qi, float *qs) {
+    for (int32_t v = 0; v < n; v++) {
+        const float *x = q + (size_t)v * d;
+        float amax = 0;
+        for (int32_t e = 0; e < d; e++) {
+            const float a = fabsf(x[e]);
+            if (!(a <= FLT_MAX)) return false;
+            amax = a > amax ? a : amax;
+        }
+        qs[v] = amax / 32767.0f;
+        for (int32_t e = 0; e < d; e++) {
+            const float r = qs[v] > 0 ? rintf(x[e] / qs[v]) : 0.0f; /* within +-32767 but for rounding */
+            qi[(size_t)v * d + e] = (int16_t)(r > 32767.0f ? 32767 : r < -32767.0f ? -32767 : (int32_t)r);
+        }
+    }
+    return true;
+}
+
 /* The decode path: blocks of up to 16 keys (never across a page), and for
  * each block every KV head of the item in turn, so one item streams its pages
  * front to back. State index a * nv + i: head a of the item, vector i. */
@@ -202,7 +225,13 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                           float *l, float *acc) {
     const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
     int32_t lo[KV_DECODE_VECS], hi[KV_DECODE_VECS];
-    const int32_t block = item_source(j, it).block;
+    const key_source first = item_source(j, it);
+    const int32_t block = first.block;
+    /* KV_Q8 on a kernel with integer scores: the queries as int16, once */
+    int16_t qi[ATT_WIDE_ELEMS];
+    float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
+    const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
+                     quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
     for (int32_t j0 = it->klo; j0 <= it->khi;) {
         const int32_t blk = j0 / block, in_blk = j0 - blk * block;
         int32_t n = 16 - j0 % 16;
@@ -222,10 +251,13 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
                 const kv_ahead ahead = slot_ahead(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
-                if (pass == 0)
-                    j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride,
-                                           kb.kscale ? kb.kscale + in_blk : NULL, kb.vscale ? kb.vscale + in_blk : NULL,
-                                           n, lo, hi, m + at, l + at, w[a], corr[a], &ahead);
+                const float *ks = kb.kscale ? kb.kscale + in_blk : NULL, *vs = kb.vscale ? kb.vscale + in_blk : NULL;
+                if (pass == 0 && q8i)
+                    j->simd->decode_scores_q8i(qi + at * d, qs + at, nv, d, kb.k + off, src.stride, ks, vs, n, lo, hi,
+                                               m + at, l + at, w[a], corr[a], &ahead);
+                else if (pass == 0)
+                    j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride, ks, vs, n, lo, hi,
+                                           m + at, l + at, w[a], corr[a], &ahead);
                 else
                     j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
                                            acc + at * d, &ahead);

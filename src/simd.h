@@ -102,6 +102,13 @@ typedef struct {
     void (*decode_values)(kv_dtype dtype, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
                           const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
                           const kv_ahead *ahead);
+    /* decode_scores for KV_Q8 from int16 queries (NULL if absent): query
+     * vector i as qs[i] * qi[i] (qi [nv][d], |qi| <= 32767, d % 32 == 0),
+     * whose dot products with the int8 K rows are exact integer sums. */
+    void (*decode_scores_q8i)(const int16_t *qi, const float *qs, int32_t nv, int32_t d, const unsigned char *k,
+                              size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
+                              const int32_t *hi, float *m, float *l, float (*w)[16], float *corr,
+                              const kv_ahead *ahead);
     /* Prefill-shaped work (NULL if absent): the online-softmax update of nv
      * query vectors, given transposed as qt [d][ldq] (ldq: nv rounded up to 16,
      * d % 16 == 0), with n keys at absolute positions j0.. in k and v [n][d]

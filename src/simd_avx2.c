@@ -596,7 +596,9 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     }
 }
 
-static const kv_simd avx2 = {"avx2", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
+static const kv_simd avx2 = {.name = "avx2", .load_rows = load_rows, .dot_rows = dot_rows, .exp_sum = exp_sum,
+                             .axpy_rows = axpy_rows, .decode_scores = decode_scores, .decode_values = decode_values,
+                             .tile_block = tile_block};
 
 const kv_simd *kv_simd_avx2(void) { return kv_cpu_avx2() ? &avx2 : NULL; }
 #else

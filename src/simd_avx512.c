@@ -160,6 +160,36 @@ static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m
  * loops unroll and the accumulators stay in registers. */
 #define KERNEL_INLINE static inline __attribute__((always_inline)) void
 
+/* The online-softmax update of nv vectors with the raw scores s [nv][16] of
+ * n keys: new max, rescale, weights (zero where not visible); q8's K scales
+ * go on the scores, its V scales on the weights. */
+KERNEL_INLINE softmax_block(const int32_t nv, const float *ks, const float *vs, int32_t n, const int32_t *lo,
+                            const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __mmask16 keys = (__mmask16)((1u << n) - 1);
+    const __m512 ksv = ks ? _mm512_maskz_loadu_ps(keys, ks) : one, vsv = vs ? _mm512_maskz_loadu_ps(keys, vs) : one;
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < nv; i++) {
+        if (lo[i] > hi[i]) {
+            corr[i] = 1.0f;
+            _mm512_storeu_ps(s[i], _mm512_setzero_ps());
+            continue;
+        }
+        const __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
+        __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
+        if (ks) si = _mm512_mul_ps(si, ksv);
+        float mx = _mm512_mask_reduce_max_ps(vis, si);
+        mx = mx > m[i] ? mx : m[i];
+        /* an unchanged finite max (most blocks) rescales by exactly 1: no exp */
+        corr[i] = mx == m[i] && isfinite(mx) ? 1.0f : kv_corr_exp(m[i], mx);
+        __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
+        l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
+        m[i] = mx;
+        if (vs) p = _mm512_mul_ps(p, vsv);
+        _mm512_storeu_ps(s[i], p);
+    }
+}
+
 KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, int32_t d, const unsigned char *k,
                           size_t stride, const float *ks, const float *vs, int32_t n, const int32_t *lo,
                           const int32_t *hi, float *m, float *l, float (*s)[16], float *corr, const kv_ahead *ahead) {
@@ -216,30 +246,7 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 #pragma GCC unroll 8
         for (int32_t i = 0; i < nv; i++) s[i][j] = _mm512_reduce_add_ps(a[i]);
     }
-    /* online softmax: new max, rescale, weights (zero where not visible);
-     * q8's K scales go on the scores, its V scales on the weights */
-    const __mmask16 keys = (__mmask16)((1u << n) - 1);
-    const __m512 ksv = ks ? _mm512_maskz_loadu_ps(keys, ks) : one, vsv = vs ? _mm512_maskz_loadu_ps(keys, vs) : one;
-#pragma GCC unroll 8
-    for (int32_t i = 0; i < nv; i++) {
-        if (lo[i] > hi[i]) {
-            corr[i] = 1.0f;
-            _mm512_storeu_ps(s[i], _mm512_setzero_ps());
-            continue;
-        }
-        const __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
-        __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
-        if (ks) si = _mm512_mul_ps(si, ksv);
-        float mx = _mm512_mask_reduce_max_ps(vis, si);
-        mx = mx > m[i] ? mx : m[i];
-        /* an unchanged finite max (most blocks) rescales by exactly 1: no exp */
-        corr[i] = mx == m[i] && isfinite(mx) ? 1.0f : kv_corr_exp(m[i], mx);
-        __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
-        l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
-        m[i] = mx;
-        if (vs) p = _mm512_mul_ps(p, vsv);
-        _mm512_storeu_ps(s[i], p);
-    }
+    softmax_block(nv, ks, vs, n, lo, hi, m, l, s, corr);
 }
 
 /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
@@ -298,6 +305,103 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
     KV_DECODE_SWITCH(SCORES)
 #undef SCORES
 }
+
+/* KV_Q8 scores against int16 queries (q ~ qs[i] qi[i]): each K row's int8
+ * widened to int16 once, multiplied pairwise with every vector's quants and
+ * summed in int32 (exact: |sum| <= 512 * 32767 * 128 < 2^31), four keys a
+ * step whose sums share one reduction; then s = qs[i] * sum, rounded once.
+ * Instantiated twice: with AVX-512 VNNI's vpdpwssd (multiply-add in one),
+ * and with vpmaddwd + vpaddd for AVX-512 without it. d % 32 == 0. */
+#define Q8I_KERNELS(SUFFIX, TARGET, DP)                                                                          \
+    static inline __attribute__((always_inline TARGET)) void q8i_dots_##SUFFIX(                                \
+        const int32_t NV, const int16_t *qi, const float *qs, int32_t d, const unsigned char *k, size_t stride,  \
+        int32_t n, float (*s)[16], kv_ahead_walk *walk, int32_t step) {                                          \
+        int32_t j = 0;                                                                                           \
+        for (; j + 4 <= n; j += 4) {                                                                             \
+            const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride;              \
+            const unsigned char *r3 = r2 + stride;                                                               \
+            __m512i a[4][4];                                                                                     \
+            _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] =    \
+                _mm512_setzero_si512();                                                                          \
+            for (int32_t e = 0; e < d; e += 32) {                                                                \
+                kv_ahead_next(walk, step);                                                                       \
+                const __m512i k0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r0 + e)));         \
+                const __m512i k1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r1 + e)));         \
+                const __m512i k2 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r2 + e)));         \
+                const __m512i k3 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r3 + e)));         \
+                _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) {                                       \
+                    __m512i qv = _mm512_loadu_si512(qi + (size_t)i * d + e);                                     \
+                    __asm__("" : "+v"(qv)); /* once for the four keys */                                         \
+                    a[i][0] = DP(a[i][0], k0, qv), a[i][1] = DP(a[i][1], k1, qv);                               \
+                    a[i][2] = DP(a[i][2], k2, qv), a[i][3] = DP(a[i][3], k3, qv);                               \
+                }                                                                                                \
+            }                                                                                                    \
+            _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) {                                           \
+                /* four horizontal sums at once, as in scores_impl, in int32 */                                 \
+                const __m512i b0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[i][0], a[i][1]),                     \
+                                                    _mm512_unpackhi_epi32(a[i][0], a[i][1]));                    \
+                const __m512i b1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[i][2], a[i][3]),                     \
+                                                    _mm512_unpackhi_epi32(a[i][2], a[i][3]));                    \
+                __m512i c = _mm512_add_epi32(_mm512_unpacklo_epi64(b0, b1), _mm512_unpackhi_epi64(b0, b1));      \
+                c = _mm512_add_epi32(c, _mm512_shuffle_i32x4(c, c, _MM_SHUFFLE(1, 0, 3, 2)));                   \
+                c = _mm512_add_epi32(c, _mm512_shuffle_i32x4(c, c, _MM_SHUFFLE(2, 3, 0, 1)));                   \
+                _mm_storeu_ps(&s[i][j], _mm_mul_ps(_mm_set1_ps(qs[i]),                                           \
+                                                   _mm_cvtepi32_ps(_mm512_castsi512_si128(c))));                 \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (; j < n; j++) {                                                                                     \
+            const unsigned char *row = k + (size_t)j * stride;                                                   \
+            __m512i a[4];                                                                                        \
+            _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) a[i] = _mm512_setzero_si512();              \
+            for (int32_t e = 0; e < d; e += 32) {                                                                \
+                const __m512i kv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + e)));         \
+                _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++)                                         \
+                    a[i] = DP(a[i], kv, _mm512_loadu_si512(qi + (size_t)i * d + e));                             \
+            }                                                                                                    \
+            _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++)                                             \
+                s[i][j] = qs[i] * (float)_mm512_reduce_add_epi32(a[i]);                                          \
+        }                                                                                                        \
+    }                                                                                                            \
+    /* decode_scores for KV_Q8 from int16 queries: the dots of up to four    \
+     * vectors at a time, then the softmax of scores_impl */                  \
+    static inline __attribute__((always_inline TARGET)) void q8i_scores_##SUFFIX(                              \
+        const int32_t NV, const int16_t *qi, const float *qs, int32_t d, const unsigned char *k, size_t stride,  \
+        const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m, float *l,   \
+        float (*w)[16], float *corr, const kv_ahead *ahead) {                                                    \
+        kv_ahead_walk walk = kv_ahead_start(ahead), none = kv_ahead_start(&kv_no_ahead);                         \
+        const int32_t steps = n / 4 * (d / 32), step = steps ? (kv_ahead_lines(ahead) + steps - 1) / steps : 0; \
+        q8i_dots_##SUFFIX(NV < 4 ? NV : 4, qi, qs, d, k, stride, n, w, &walk, step);                            \
+        if (NV > 4) q8i_dots_##SUFFIX(NV - 4, qi + 4 * (size_t)d, qs + 4, d, k, stride, n, w + 4, &none, 0);   \
+        kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */                                              \
+        softmax_block(NV, ks, vs, n, lo, hi, m, l, w, corr);                                                     \
+    }                                                                                                            \
+    static __attribute__((unused TARGET)) void decode_scores_q8i_##SUFFIX(                                                \
+        const int16_t *qi, const float *qs, int32_t nv, int32_t d, const unsigned char *k, size_t stride,        \
+        const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m, float *l,   \
+        float (*w)[16], float *corr, const kv_ahead *ahead) {                                                    \
+        switch (nv) {                                                                                            \
+        case 1: q8i_scores_##SUFFIX(1, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 2: q8i_scores_##SUFFIX(2, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 3: q8i_scores_##SUFFIX(3, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 4: q8i_scores_##SUFFIX(4, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 5: q8i_scores_##SUFFIX(5, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 6: q8i_scores_##SUFFIX(6, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 7: q8i_scores_##SUFFIX(7, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        case 8: q8i_scores_##SUFFIX(8, qi, qs, d, k, stride, ks, vs, n, lo, hi, m, l, w, corr, ahead); break;    \
+        default: break;                                                                                          \
+        }                                                                                                        \
+    }
+#define DP_VNNI(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+#define DP_BW(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+#define VNNI_ATTR , target("avx512vnni")
+#define NO_ATTR
+Q8I_KERNELS(vnni, VNNI_ATTR, DP_VNNI)
+Q8I_KERNELS(bw, NO_ATTR, DP_BW)
+#undef NO_ATTR
+#undef VNNI_ATTR
+#undef DP_BW
+#undef DP_VNNI
+#undef Q8I_KERNELS
 
 static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char *v, size_t stride, int32_t n,
                           const int32_t *lo, const int32_t *hi, float (*w)[16], float *corr, float *acc,
@@ -462,9 +566,22 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     }
 }
 
-static const kv_simd avx512 = {"avx512", load_rows, dot_rows, exp_sum, axpy_rows, decode_scores, decode_values, tile_block};
+/* Two tables, told apart by the int16-query q8 scores: VNNI's where the CPU has it */
+#define AVX512_TABLE(Q8I)                                                                                     \
+    {.name = "avx512", .load_rows = load_rows, .dot_rows = dot_rows, .exp_sum = exp_sum, .axpy_rows = axpy_rows, \
+     .decode_scores = decode_scores, .decode_values = decode_values, .decode_scores_q8i = Q8I,                  \
+     .tile_block = tile_block}
+static const kv_simd avx512_vnni = AVX512_TABLE(decode_scores_q8i_vnni), avx512_bw = AVX512_TABLE(decode_scores_q8i_bw);
+#undef AVX512_TABLE
 
-const kv_simd *kv_simd_avx512(void) { return kv_cpu_avx512() ? &avx512 : NULL; }
+/* KVCACHE_NO_VNNI=1 takes the kernels without VNNI where the CPU has it too
+ * (read at each selection: the tests run both). */
+const kv_simd *kv_simd_avx512(void) {
+    if (!kv_cpu_avx512()) return NULL;
+    const char *off = getenv("KVCACHE_NO_VNNI");
+    const bool vnni = __builtin_cpu_supports("avx512vnni") && !(off && *off && strcmp(off, "0"));
+    return vnni ? &avx512_vnni : &avx512_bw;
+}
 #else
 const kv_simd *kv_simd_avx512(void) { return NULL; }
 #endif

@@ -38,7 +38,8 @@ static void axpy_rows(const float *p, const float *v, int32_t n, int32_t d, floa
     }
 }
 
-const kv_simd kv_simd_scalar = {"scalar", load_rows, dot_rows, exp_sum, axpy_rows, NULL, NULL, NULL};
+const kv_simd kv_simd_scalar = {.name = "scalar", .load_rows = load_rows, .dot_rows = dot_rows, .exp_sum = exp_sum,
+                                .axpy_rows = axpy_rows};
 
 /* ------------------------------------------------------------------ selection */
 

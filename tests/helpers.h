@@ -2,8 +2,10 @@
 #ifndef KV_TEST_HELPERS_H
 #define KV_TEST_HELPERS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvcache.h"
 #include "ref.h"
@@ -26,6 +28,32 @@ static inline float *to_f32(const double *a, size_t n) {
 static inline void round_f32(double *a, size_t n) {
     for (size_t i = 0; i < n; i++) a[i] = (float)a[i];
 }
+
+/* The largest error the KV_Q8 integer scores of the AVX-512 kernels may add
+ * to an output (src/attend.c, quantize_queries): a query element, scaled by
+ * 1/sqrt(d), is off by at most qs/2, qs = max |q| / sqrt(d) / 32767; a score
+ * so by at most qs/2 |k_j|_1; an output, a softmax average of V, by at most
+ * twice the largest score error times max |v|. q [nq], k and v [nkv] (rows
+ * of d); non-finite elements are left out. */
+static inline double q8i_output_bound(const double *q, size_t nq, const double *k, const double *v, size_t nkv,
+                                      int d) {
+    double qmax = 0, k1 = 0, vmax = 0;
+    for (size_t i = 0; i < nq; i++)
+        if (isfinite(q[i])) qmax = fmax(qmax, fabs(q[i]) / sqrt(d));
+    for (size_t r = 0; r < nkv / (size_t)d; r++) {
+        double n1 = 0;
+        for (int e = 0; e < d; e++) {
+            const double x = k[r * d + e], y = v[r * d + e];
+            if (isfinite(x)) n1 += fabs(x);
+            if (isfinite(y)) vmax = fmax(vmax, fabs(y));
+        }
+        k1 = fmax(k1, n1);
+    }
+    return qmax / 32767 * k1 * vmax;
+}
+
+/* Whether the selected kernels take KV_Q8 scores from int16 queries. */
+static inline bool int16_queries(kv_dtype t) { return t == KV_Q8 && strcmp(kv_simd_name(), "avx512") == 0; }
 
 static inline kv_batch one_seq(const int32_t *seq, int32_t *rows2, int32_t t) {
     rows2[0] = 0;

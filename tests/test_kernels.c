@@ -37,8 +37,11 @@ static kv_cache *filled(test_rng *r, const kcase *k, int32_t *seq) {
     return c;
 }
 
-/* max |kv_attend_f32 - oracle| / max |oracle| for the last T rows. */
-static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const float *q) {
+/* max |kv_attend_f32 - oracle| / max |oracle| for the last T rows; *allow
+ * (if given): the bound it must stay under, 2e-5 plus q8i_output_bound
+ * (relative) where the scores come from int16 queries. */
+static double attend_error_q(const kv_cache *c, int32_t seq, const kcase *k, const float *q, const double *oracle_q,
+                             double *allow) {
     const int S = k->S, T = k->T, H = k->H, Hkv = k->Hkv, d = k->d;
     int32_t rows[2];
     kv_batch b = one_seq(&seq, rows, T);
@@ -52,28 +55,36 @@ static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const
     double *kd = malloc(sizeof(double) * S * Hkv * d), *vd = malloc(sizeof(double) * S * Hkv * d);
     double *qd = malloc(sizeof(double) * T * H * d), *ref = malloc(sizeof(double) * T * H * d);
     for (size_t i = 0; i < (size_t)S * Hkv * d; i++) kd[i] = kf[i], vd[i] = vf[i];
-    for (size_t i = 0; i < (size_t)T * H * d; i++) qd[i] = q[i];
-    ref_attention(T, S, H, Hkv, d, qd, kd, vd, ref, k->window, 0, 0);
+    for (size_t i = 0; i < (size_t)T * H * d; i++) qd[i] = oracle_q ? oracle_q[i] : q[i];
+    ref_attention(T, S, H, Hkv, d, qd, kd, vd, ref, k->window, oracle_q ? 1.0 : 0, 0);
     double err = 0, mx = ref_max_abs(ref, T * H * d);
     for (int i = 0; i < T * H * d; i++) err = fmax(err, fabs(out[i] - ref[i]));
     if (isnan(out[0])) err = INFINITY;
+    if (allow)
+        *allow = 2e-5 + (int16_queries(k->dtype) ? q8i_output_bound(qd, (size_t)T * H * d, kd, vd, (size_t)S * Hkv * d, d) / mx
+                                                  : 0);
     free(out), free(kf), free(vf), free(kd), free(vd), free(qd), free(ref);
     return err / mx;
 }
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
+static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const float *q, double *allow) {
+    return attend_error_q(c, seq, k, q, NULL, allow);
+}
+
 /* One case of random K/V and queries against the oracle, on the selected
- * SIMD path: fails past 2e-5 relative; returns the error. */
+ * SIMD path: fails past 2e-5 relative (plus q8i_output_bound for int16
+ * queries); returns the error. */
 static double oracle_case(test_rng *r, const kcase *k, const char *simd) {
     int32_t seq;
     kv_cache *c = filled(r, k, &seq);
     double *qd = rand_normal(r, (size_t)k->T * k->H * k->d, 1);
     float *q = to_f32(qd, (size_t)k->T * k->H * k->d);
-    double err = attend_error(c, seq, k, q);
-    if (!(err < 2e-5))
-        test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g", simd, k->H,
-                  k->Hkv, k->d, k->S, k->T, k->P, k->window, kv_dtype_name(k->dtype), err);
+    double allow, err = attend_error(c, seq, k, q, &allow);
+    if (!(err < allow))
+        test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g (bound %.3g)",
+                  simd, k->H, k->Hkv, k->d, k->S, k->T, k->P, k->window, kv_dtype_name(k->dtype), err, allow);
     kv_cache_free(c);
     free(qd), free(q);
     return err;
@@ -105,6 +116,56 @@ TEST(kernels_every_simd_path_matches_the_oracle) {
         printf("     %s: worst relative error %.2g\n", simd_names[si], worst);
     }
     CHECK(tested >= 1);
+    kv_simd_select("auto");
+}
+
+/* The KV_Q8 integer scores (AVX-512): on decode-shaped calls (T x G <= 8
+ * vectors, d % 32 == 0) every query vector is taken as int16, scaled vector
+ * by vector as src/attend.c's quantize_queries specifies: x = q * (float)
+ * (1 / sqrt(d)) in float, qs = max |x| / 32767, qi = x / qs rounded to
+ * nearest even. Given qs qi as its query (scale 1), the oracle must then
+ * agree within the f32 bound, so an error in the integer dots, their sums or
+ * their scales shows at 2e-5, not under the looser q8i_output_bound. */
+TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
+    for (int novnni = 0; novnni < 2; novnni++) { /* vpdpwssd where the CPU has it, then vpmaddwd + vpaddd */
+        setenv("KVCACHE_NO_VNNI", novnni ? "1" : "0", 1);
+        if (kv_simd_select("avx512") != KV_OK) {
+            printf("     avx512: not available on this CPU, not tested here\n");
+            break;
+        }
+        test_rng r = {733};
+        double worst = 0;
+        for (int it = 0; it < 30; it++) {
+            kcase k = {.d = (it % 3 + 1) * 64, .P = test_rng_int(&r, 1, 40), .dtype = KV_Q8};
+            const int G = (int[]){1, 2, 3, 4, 8}[it % 5];
+            k.Hkv = test_rng_int(&r, 1, 4), k.H = k.Hkv * G;
+            k.S = test_rng_int(&r, 1, it % 3 == 0 ? 2600 : 300);
+            k.T = G <= 4 && k.S >= 2 ? test_rng_int(&r, 1, 2) : 1;
+            k.window = it % 4 == 1 ? test_rng_int(&r, 1, k.S + 3) : 0;
+            int32_t seq;
+            kv_cache *c = filled(&r, &k, &seq);
+            const size_t n = (size_t)k.T * k.H * k.d;
+            double *qd = rand_normal(&r, n, 1), *taken = malloc(sizeof(double) * n);
+            float *q = to_f32(qd, n);
+            const float scale = (float)(1.0 / sqrt(k.d));
+            for (size_t v = 0; v < n / k.d; v++) {
+                float x[512], amax = 0;
+                for (int e = 0; e < k.d; e++) x[e] = q[v * k.d + e] * scale, amax = fmaxf(amax, fabsf(x[e]));
+                const float qs = amax / 32767.0f;
+                for (int e = 0; e < k.d; e++) taken[v * k.d + e] = (double)qs * rintf(x[e] / qs);
+            }
+            const double err = attend_error_q(c, seq, &k, q, taken, NULL);
+            worst = fmax(worst, err);
+            if (!(err < 2e-5))
+                test_fail(__FILE__, __LINE__, "H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d: relative error %.3g", k.H, k.Hkv,
+                          k.d, k.S, k.T, k.P, k.window, err);
+            kv_cache_free(c);
+            free(qd), free(taken), free(q);
+        }
+        printf("     %s: worst relative error %.2g against the int16 queries\n", novnni ? "without VNNI" : "VNNI if any",
+               worst);
+    }
+    unsetenv("KVCACHE_NO_VNNI");
     kv_simd_select("auto");
 }
 
@@ -158,7 +219,8 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         double *qd = rand_normal(&r, n, 1);
         float *q = to_f32(qd, n), *one = malloc(sizeof(float) * n), *many = malloc(sizeof(float) * n);
         run_threads(c, seq, k, q, 1, one);
-        CHECK(attend_error(c, seq, k, q) < 2e-5);
+        double allow, err = attend_error(c, seq, k, q, &allow);
+        CHECK(err < allow);
         for (int t = 2; t <= 4; t++) {
             run_threads(c, seq, k, q, t, many);
             if (memcmp(one, many, sizeof(float) * n) != 0)

@@ -112,3 +112,14 @@ def round_q8(a):
 ROUND = {"f64": lambda a: np.asarray(a, dtype=np.float64),
          "f32": lambda a: np.asarray(a, dtype=np.float32), "f16": round_f16, "bf16": round_bf16,
          "q8": round_q8}
+
+
+def int16_query_bound(q, k, v):
+    """The largest error the avx512 kernels' q8 decode may add by taking each
+    query vector (times 1/sqrt(d)) as int16 with one scale per vector: an
+    element is off by at most qs/2, qs = max|q|/sqrt(d)/32767, a score so by
+    at most qs/2 |k_j|_1, and an output, a softmax average of V, by at most
+    twice that times max|v|."""
+    d = q.shape[-1]
+    qmax = np.abs(q).max() / np.sqrt(d)
+    return qmax / 32767 * np.abs(k).sum(axis=-1).max() * np.abs(v).max()
