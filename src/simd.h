@@ -55,6 +55,11 @@ static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) { return (kv_ahead
 /* Lines of `a` in all. */
 static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * kv_ahead_row_lines(a); }
 
+/* Lines a step of `steps` asks for, so that they cover all of `a` (0 for no steps). */
+static inline int32_t kv_ahead_step(const kv_ahead *a, int32_t steps) {
+    return steps > 0 ? (kv_ahead_lines(a) + steps - 1) / steps : 0;
+}
+
 /* Asks for the next n lines (as far as there are any). */
 static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {
     for (; n > 0 && w->row < w->a->rows; n--) {
@@ -63,7 +68,9 @@ static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {
     }
 }
 
-/* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). */
+/* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). A loop of its
+ * own, not a walk: inside the AVX2 kernels' passes the walk's per-line
+ * bookkeeping cost them half their speed. */
 static inline void kv_ahead_rows(const kv_ahead *a, int32_t r0, int32_t r1) {
     if (r1 > a->rows) r1 = a->rows;
     for (int32_t r = r0; r < r1; r++)

@@ -199,7 +199,7 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
     int32_t j = 0;
     kv_ahead_walk walk = kv_ahead_start(ahead); /* the rows ahead, a few lines every 16 dims */
     if (nv <= 4) {
-        const int32_t step = n >= 4 ? (kv_ahead_lines(ahead) + n / 4 * (d / 16) - 1) / (n / 4 * (d / 16)) : 0;
+        const int32_t step = kv_ahead_step(ahead, n / 4 * (d / 16));
         for (; j + 4 <= n; j += 4) {
             const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
             __m512 a[4][4];
@@ -290,7 +290,7 @@ KERNEL_INLINE values_impl(const kv_dtype t, const int32_t nv, int32_t d, const u
                           const kv_ahead *ahead) {
     const int32_t NE = nv <= 2 ? 8 : nv <= 4 ? 4 : 2;
     const int32_t passes = d / (16 * NE) + d % (16 * NE) / 16;
-    const int32_t steps = passes * (jhi - jlo + 1), step = (kv_ahead_lines(ahead) + steps - 1) / steps;
+    const int32_t step = kv_ahead_step(ahead, passes * (jhi - jlo + 1));
     kv_ahead_walk walk = kv_ahead_start(ahead); /* the rows ahead, a few lines a key */
     int32_t e = 0;
     for (; e + 16 * NE <= d; e += 16 * NE) values_pass(t, nv, NE, d, v, stride, e, jlo, jhi, s, corr, acc, &walk, step);
@@ -369,7 +369,7 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
         const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m, float *l,   \
         float (*w)[16], float *corr, const kv_ahead *ahead) {                                                    \
         kv_ahead_walk walk = kv_ahead_start(ahead), none = kv_ahead_start(&kv_no_ahead);                         \
-        const int32_t steps = n / 4 * (d / 32), step = steps ? (kv_ahead_lines(ahead) + steps - 1) / steps : 0; \
+        const int32_t step = kv_ahead_step(ahead, n / 4 * (d / 32));                                            \
         q8i_dots_##SUFFIX(NV < 4 ? NV : 4, qi, qs, d, k, stride, n, w, &walk, step);                            \
         if (NV > 4) q8i_dots_##SUFFIX(NV - 4, qi + 4 * (size_t)d, qs + 4, d, k, stride, n, w + 4, &none, 0);   \
         kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */                                              \

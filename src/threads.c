@@ -6,9 +6,9 @@
  * generation moved on, so the split of work is fixed by the caller, never by
  * the thread count, and a worker that wakes late finds nothing left instead
  * of being waited for. The caller runs tasks too, and returns when every task
- * has completed, whichever threads ran them. Workers spin briefly on the word (decode runs
- * hundreds of small jobs per token, and waking a sleeping thread costs tens of
- * microseconds), then sleep on a condition variable. */
+ * has completed, whichever threads ran them. Workers spin briefly on the word
+ * (decode runs hundreds of small jobs per token, and waking a sleeping thread
+ * costs tens of microseconds), then sleep on a condition variable. */
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>

@@ -60,9 +60,10 @@ static double attend_error_q(const kv_cache *c, int32_t seq, const kcase *k, con
     double err = 0, mx = ref_max_abs(ref, T * H * d);
     for (int i = 0; i < T * H * d; i++) err = fmax(err, fabs(out[i] - ref[i]));
     if (isnan(out[0])) err = INFINITY;
-    if (allow)
-        *allow = 2e-5 + (int16_queries(k->dtype) ? q8i_output_bound(qd, (size_t)T * H * d, kd, vd, (size_t)S * Hkv * d, d) / mx
-                                                  : 0);
+    if (allow) { /* asked for with the kernel's own query only: qd is q */
+        const size_t nq = (size_t)T * H * d, nkv = (size_t)S * Hkv * d;
+        *allow = 2e-5 + (int16_queries(k->dtype) ? q8i_output_bound(qd, nq, kd, vd, nkv, d) / mx : 0);
+    }
     free(out), free(kf), free(vf), free(kd), free(vd), free(qd), free(ref);
     return err / mx;
 }
