@@ -59,10 +59,12 @@ $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c $(KERNEL_CFLAGS)
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c $(KERNEL_CFLAGS)
 $(BUILD)/engine/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c $(KERNEL_CFLAGS)
 $(BUILD)/engine/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c $(KERNEL_CFLAGS)
+$(BUILD)/engine/%_avx512vnni.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma \
+                                   -mf16c $(KERNEL_CFLAGS)
 # The int8-activation kernels promise the scalar reference's bits: no mul+add
 # may be fused into an FMA behind their back (clang fuses by default).
 $(BUILD)/engine/quant%.o: CFLAGS_ALL += -ffp-contract=off
-$(BUILD)/engine/quant_avx512.o: engine/quant_avx2.c engine/quant_act_avx2.c
+$(BUILD)/engine/quant_avx512.o $(BUILD)/engine/quant_avx512vnni.o: engine/quant_avx2.c engine/quant_act_avx2.c
 
 # Only server/ (and so the kvcache binary) uses these Debian-packaged
 # libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships

@@ -245,15 +245,24 @@ static int scalar_fused(int type, const uint8_t *const *w, int nr, const float *
 const llm_qkern llm_qkern_scalar = {"scalar", scalar_dequant, scalar_dot_tile, scalar_fused, llm_act_dot_scalar,
                                      llm_act_dot_packed_scalar, llm_act_quantize_scalar};
 
+/* The AVX-512 kernels, with VNNI where the CPU has it, unless
+ * KVCACHE_NO_VNNI is set (not "0"), as for the library's kernels */
+static const llm_qkern *avx512_best(void) {
+    const char *off = getenv("KVCACHE_NO_VNNI");
+    const llm_qkern *k = off && *off && strcmp(off, "0") ? NULL : llm_qkern_avx512vnni();
+    return k ? k : llm_qkern_avx512();
+}
+
 static const llm_qkern *by_name(const char *name) {
     if (!strcmp(name, "scalar")) return &llm_qkern_scalar;
     if (!strcmp(name, "avx2")) return llm_qkern_avx2();
-    if (!strcmp(name, "avx512")) return llm_qkern_avx512();
+    if (!strcmp(name, "avx512")) return avx512_best();
+    if (!strcmp(name, "avx512vnni")) return llm_qkern_avx512vnni();
     return NULL;
 }
 
 static const llm_qkern *best(void) {
-    const llm_qkern *k = llm_qkern_avx512();
+    const llm_qkern *k = avx512_best();
     if (!k) k = llm_qkern_avx2();
     return k ? k : &llm_qkern_scalar;
 }

@@ -226,23 +226,57 @@ int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
     return (rows + 7) / 8 * 8 * rb;
 }
 
+/* Chunk c's dword of a lane-packed row (quant_kern.h): its elements 8c ..
+ * 8c+7 are the nibbles (hi: the high ones) of the 8 bytes at qs, element j
+ * at bits 4 (j / 2) + 16 (j % 2), as llm_lane_byte says. With the 8 bytes'
+ * nibbles at bits 8j of one word, the even and the odd ones each are drawn
+ * together: 16 bits apart, then 4. */
+static uint32_t lane_dword(const uint8_t *qs, int hi) {
+    uint64_t n;
+    memcpy(&n, qs, 8);
+    n = n >> (4 * hi) & 0x0F0F0F0F0F0F0F0Full;
+    uint64_t half[2] = {n & 0x000F000F000F000Full, n >> 8 & 0x000F000F000F000Full};
+    uint32_t v = 0;
+    for (int h = 0; h < 2; h++) {
+        uint64_t e = (half[h] | half[h] >> 12) & 0x000000FF000000FFull;   /* j, j+2 at bits 0, 4 and 32, 36 */
+        v |= (uint32_t)((e | e >> 24) & 0xFFFF) << (16 * h);
+    }
+    return v;
+}
+
 /* Block b of W's rows 8g .. 8g+7 into the packed block at dst (sizes as
- * constants, so that every copy is a few moves) */
-static inline void pack_block(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t b, uint8_t *dst,
-                              const int bb, const int hd) {
-    for (int r = 0; r < 8; r++) {
-        uint8_t *d = dst + llm_packed_scale(r), *m = dst + llm_packed_offset(r);
-        uint8_t *rest = dst + llm_packed_rest(bb, hd, r);
-        if (g * 8 + r >= rows) {   /* padding: a zero row */
-            memset(d, 0, 2);
-            if (hd == 4) memset(m, 0, 2);
-            memset(rest, 0, (size_t)(bb - hd));
+ * constants, so that every copy is a few moves); padding rows are zeros */
+static inline void pack_block(int type, const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t b,
+                              uint8_t *dst, const int bb, const int hd) {
+    memset(dst, 0, (size_t)(8 * bb));
+    for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
+        const uint8_t *blk = src + (g * 8 + r) * rb + b * bb;
+        memcpy(dst + llm_packed_scale(r), blk, 2);
+        if (hd == 4) memcpy(dst + llm_packed_offset(r), blk + 2, 2);
+        if (!llm_packed_lanes(type)) {
+            memcpy(dst + llm_packed_rest(bb, hd, r), blk + hd, (size_t)(bb - hd));
             continue;
         }
-        const uint8_t *blk = src + (g * 8 + r) * rb + b * bb;
-        memcpy(d, blk, 2);
-        if (hd == 4) memcpy(m, blk + 2, 2);
-        memcpy(rest, blk + hd, (size_t)(bb - hd));
+        for (int c = 0; c < 4; c++) {
+            uint32_t v = lane_dword(blk + hd + 8 * (c % 2), c / 2);
+            memcpy(dst + 8 * hd + 32 * c + 4 * r, &v, 4);
+        }
+    }
+}
+
+/* Row r's block of a packed block p, put back together as the file has it */
+static void unpack_block(int type, const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q8_0)]) {
+    const int bb = (int)llm_type_block_bytes(type), hd = llm_packed_head(type);
+    memcpy(blk, p + llm_packed_scale(r), 2);
+    if (hd == 4) memcpy(blk + 2, p + llm_packed_offset(r), 2);
+    if (!llm_packed_lanes(type)) {
+        memcpy(blk + hd, p + llm_packed_rest(bb, hd, r), (size_t)(bb - hd));
+        return;
+    }
+    memset(blk + hd, 0, 16);
+    for (int k = 0; k < QB; k++) {
+        int shift, at = llm_lane_byte(type, r, k, &shift);
+        blk[hd + k % 16] |= (uint8_t)((p[at] >> shift & 15) << (k / 16 * 4));
     }
 }
 
@@ -253,10 +287,10 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
     uint8_t *dst = P;
     for (int64_t g = 0; g < (rows + 7) / 8; g++)
         for (int64_t b = 0; b < nb; b++, dst += 8 * bb) switch (type) {
-            case LLM_TYPE_Q4_0: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q4_0), 2); break;
-            case LLM_TYPE_Q4_1: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q4_1), 4); break;
-            case LLM_TYPE_Q5_0: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q5_0), 2); break;
-            default: pack_block(W, rows, rb, g, b, dst, sizeof(llm_block_q8_0), 2); break;
+            case LLM_TYPE_Q4_0: pack_block(type, W, rows, rb, g, b, dst, sizeof(llm_block_q4_0), 2); break;
+            case LLM_TYPE_Q4_1: pack_block(type, W, rows, rb, g, b, dst, sizeof(llm_block_q4_1), 4); break;
+            case LLM_TYPE_Q5_0: pack_block(type, W, rows, rb, g, b, dst, sizeof(llm_block_q5_0), 2); break;
+            default: pack_block(type, W, rows, rb, g, b, dst, sizeof(llm_block_q8_0), 2); break;
             }
     return 0;
 }
@@ -264,16 +298,12 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out) {
     if (!llm_type_packed(type) || nt < 1) return -1;
     const int64_t bb = llm_type_block_bytes(type);
-    const int hd = llm_packed_head(type);
     for (int t = 0; t < nt; t++, x++, out += 8) {
         for (int r = 0; r < 8; r++) {
             float lane[8] = {0};
-            for (int64_t b = 0; b < nb; b++) {   /* row r's block b put back together */
-                const uint8_t *p = group + b * 8 * bb;
+            for (int64_t b = 0; b < nb; b++) {
                 uint8_t blk[sizeof(llm_block_q8_0)];
-                memcpy(blk, p + llm_packed_scale(r), 2);
-                if (hd == 4) memcpy(blk + 2, p + llm_packed_offset(r), 2);
-                memcpy(blk + hd, p + llm_packed_rest((int)bb, hd, r), (size_t)(bb - hd));
+                unpack_block(type, group + b * 8 * bb, r, blk);
                 int32_t wi[QB];
                 float wa, wb;
                 weight_block(type, blk, 0, wi, &wa, &wb);

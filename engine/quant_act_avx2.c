@@ -377,9 +377,13 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
 }
 
 /* ---- packed groups of 8 rows (llm_pack_rows) ----
- * Block b of the group: the 8 rows' scales in one load, and each row's block
- * sum as one int32 vector; hsum8 turns the 8 vectors into one lane per row,
- * so the reference's float part runs on 8 rows at once, into acc[b % 8]. */
+ * Block b of the group: the 8 rows' scales in one load, and the 8 rows'
+ * exact block sums in the 8 lanes of one vector, so the reference's float
+ * part runs on 8 rows at once, into acc[b % 8]. Q5_0's rows keep their
+ * blocks whole: each row's sum is one int32 vector, and hsum8 turns the 8
+ * vectors into one lane per row. The other types hold their quants in
+ * lanes (quant_kern.h): lane r of every load is row r, and the sums build
+ * up in place, pair by pair. */
 
 /* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
  * quants of elements 0..15 in *xa and 16..31 in *xb */
@@ -393,6 +397,67 @@ static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, 
         *xa = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->q + 32 * b));
         *xb = _mm256_setzero_si256();
     }
+}
+
+/* The 4 bytes at p in every lane */
+static inline __m256i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc + the sums of int16 pairs w * x (x: one pair, in every lane), and
+ * acc + the sums of u8 x s8 quads; exact either way (vpdpwssd and vpdpbusd
+ * with VNNI, which add without saturating) */
+static inline __attribute__((always_inline)) __m256i dp_pairs(__m256i acc, __m256i w, __m256i x) {
+#ifdef QK_VNNI
+    return _mm256_dpwssd_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+static inline __attribute__((always_inline)) __m256i dp_quads(__m256i acc, __m256i u8, __m256i s8) {
+#ifdef QK_VNNI
+    return _mm256_dpbusd_epi32(acc, u8, s8);
+#else   /* two products of at most 15 * 127 each: no int16 saturation */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* The 8 rows' sums of one lane-packed block, its quants at q, against the
+ * 16 int16 pairs of an activation block at xp: nibble s of each 16-bit
+ * half, masked in place, is 16^s times its value for s = 1, 2, and the sums
+ * of those are shifted back (exact: |sum| <= 8 * 15 * 256 * 16383 < 2^30). */
+static inline __attribute__((always_inline)) __m256i lane_sums16(const uint8_t *q, const int16_t *xp) {
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
+    const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    UNROLL for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        a0 = dp_pairs(a0, _mm256_and_si256(v, m0), bcast32(xp + 8 * i));
+        a1 = dp_pairs(a1, _mm256_and_si256(v, m1), bcast32(xp + 8 * i + 2));
+        a2 = dp_pairs(a2, _mm256_and_si256(v, m2), bcast32(xp + 8 * i + 4));
+        a3 = dp_pairs(a3, _mm256_srli_epi16(v, 12), bcast32(xp + 8 * i + 6));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(a0, a3), _mm256_add_epi32(_mm256_srai_epi32(a1, 4), _mm256_srai_epi32(a2, 8)));
+}
+
+/* The same against 32 int8 quants at xq. A lane's bytes, masked, are the
+ * elements 0, 4, 1, 5 (low nibbles) and 2, 6, 3, 7 (high) of each 8, so
+ * x's bytes are put in that order first. */
+static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q, const int8_t *xq) {
+    const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                           0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    _Alignas(32) int32_t xr[8];
+    _mm256_store_si256((__m256i *)xr, _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)xq), order));
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+    UNROLL for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        a0 = dp_quads(a0, _mm256_and_si256(v, m4), bcast32(xr + 2 * i));
+        a1 = dp_quads(a1, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bcast32(xr + 2 * i + 1));
+    }
+    return _mm256_add_epi32(a0, a1);
 }
 
 /* The scales (wa) and offsets (wb) of the 8 rows of a packed block p */
@@ -435,16 +500,23 @@ packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = grp + b * 8 * bb;
         for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
-        __m256i xa, xb, v[8];
-        x_block(x, b, W16, &xa, &xb);
-        UNROLL for (int r = 0; r < 8; r++) {
-            __m256i w0, w1 = _mm256_setzero_si256();
-            block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
-            v[r] = wdot(type, w0, w1, xa, xb, W16);
+        __m256i S;
+        if (llm_packed_lanes(type)) {
+            S = W16 ? lane_sums16(p + 8 * hd, (const int16_t *)x->q + 32 * b)
+                    : lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
+        } else {
+            __m256i xa, xb, v[8];
+            x_block(x, b, W16, &xa, &xb);
+            UNROLL for (int r = 0; r < 8; r++) {
+                __m256i w0, w1 = _mm256_setzero_si256();
+                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
+                v[r] = wdot(type, w0, w1, xa, xb, W16);
+            }
+            S = hsum8_epi32(v);
         }
         __m256 wa, wb;
         packed_scales(type, p, &wa, &wb);
-        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, hsum8_epi32(v), wa, wb, x, b));
+        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, S, wa, wb, x, b));
     }
     lanes_final(acc, out);
 }
@@ -474,15 +546,58 @@ rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const
         }
 }
 
-/* Block b of a packed group into slot i of the buffer */
+/* dword j of in[r] to dword r of out[j], r, j < 8 */
+static inline __attribute__((always_inline)) void transpose8_epi32(const __m256i in[8], __m256i out[8]) {
+    __m256i t[8], u[8];
+    UNROLL for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
+    }
+    UNROLL for (int k = 0; k < 2; k++) {   /* u[4k + j]: dword j (128-bit half 0) and j + 4 (half 1) of in[4k .. 4k+3] */
+        u[4 * k] = _mm256_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    UNROLL for (int j = 0; j < 4; j++) {
+        out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        out[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* The 16 int16 pair vectors of a lane-packed block's quants q: lane r of
+ * pr[j] is row r's elements 2j, 2j + 1 */
+static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, __m256i pr[16]) {
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F);
+    UNROLL for (int c = 0; c < 4; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        pr[4 * c] = _mm256_and_si256(v, m0);
+        pr[4 * c + 1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m0);
+        pr[4 * c + 2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), m0);
+        pr[4 * c + 3] = _mm256_srli_epi16(v, 12);
+    }
+}
+
+/* Block b of a packed group into slot i of the buffer. A lane-packed block
+ * becomes its pair vectors, then by two transposes each row's elements
+ * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead). */
 static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
     const int64_t bb = block32_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = grp + b * 8 * bb;
-    UNROLL for (int r = 0; r < 8; r++) {
-        rb->w[i][r][1] = _mm256_setzero_si256();
-        block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &rb->w[i][r][0], &rb->w[i][r][1]);
+    if (llm_packed_lanes(type)) {
+        __m256i pr[16], rows[8];
+        lane_pairs(p + 8 * hd, pr);
+        UNROLL for (int half = 0; half < 2; half++) {
+            transpose8_epi32(pr + 8 * half, rows);
+            UNROLL for (int r = 0; r < 8; r++) rb->w[i][r][half] = rows[r];
+        }
+    } else {
+        UNROLL for (int r = 0; r < 8; r++) {
+            rb->w[i][r][1] = _mm256_setzero_si256();
+            block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &rb->w[i][r][0], &rb->w[i][r][1]);
+        }
     }
     packed_scales(type, p, &rb->wa[i], &rb->wb[i]);
 }
@@ -571,8 +686,9 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
-        if (nt == 1) packed_group(T_, grp, nb, x, out, W_);                                            \
-        else group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_);                                           \
+        if (nt > 1 && (W_ || !llm_packed_lanes(T_))) group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_); \
+        else                                                                                           \
+            for (int t = 0; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);            \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)

@@ -16,7 +16,7 @@ typedef struct {
 } llm_act_row;
 
 typedef struct {
-    const char *name;   /* "scalar", "avx2", "avx512" */
+    const char *name;   /* "scalar", "avx2", "avx512", "avx512vnni" */
     /* Decode n elements (whole blocks); 0 if done, -1 if this table has no
      * decoder for the type (the caller then uses the scalar one). */
     int (*dequant)(int type, const void *src, float *dst, int64_t n);
@@ -53,6 +53,7 @@ extern const llm_qkern llm_qkern_scalar;
 /* NULL when not compiled in or when the CPU lacks the instructions */
 const llm_qkern *llm_qkern_avx2(void);
 const llm_qkern *llm_qkern_avx512(void);
+const llm_qkern *llm_qkern_avx512vnni(void);
 
 /* The final sum of the reference's 8 lane sums (quant_act.c), in its order */
 float llm_act_lanes_sum(const float l[8]);
@@ -65,21 +66,42 @@ int llm_act_dot_avx2(int type, const uint8_t *const *w, int nr, const llm_act_ro
                      float *out);
 int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                        float *out);
+int llm_act_dot_avx512vnni(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                           float *out);
 void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 void llm_act_quantize_avx2(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 void llm_act_quantize_avx512(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx512vnni(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                  float *out);
 
 /* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds; the
  * header bytes each row's block keeps in front (the scale halves); and where
  * row r's parts lie in a packed block of 8 blocks of bb bytes: its scale
- * half, Q4_1's offset half, then the rest of its block. */
+ * half, Q4_1's offset half, then (Q5_0, Q8_0) the rest of its block. */
 int llm_type_packed(int type);
 static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
 static inline int llm_packed_scale(int r) { return 2 * r; }
 static inline int llm_packed_offset(int r) { return 16 + 2 * r; }
 static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (bb - hd); }
+
+/* Q4_0 and Q4_1 packed blocks hold their quants in lanes: after the 8
+ * rows' halves (8 * hd bytes), 4 chunks of 32 bytes, whose dword r is row
+ * r's, so that a 256-bit load has one row per lane and the 8 rows' sums
+ * build up in the lanes of one vector. Element 8i + 2s + h is the nibble at
+ * bits 4s + 16h of chunk i's dword: the dword's two 16-bit halves, masked,
+ * are the pair (2j, 2j + 1) as int16. Q5_0 and Q8_0 keep each row's rest
+ * of block whole, at llm_packed_rest. */
+static inline int llm_packed_lanes(int type) { return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1; }
+/* The byte of a lane-packed block that holds element k (0..31) of row r,
+ * and the shift of its nibble in that byte (0 or 4) */
+static inline int llm_lane_byte(int type, int r, int k, int *shift) {
+    const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2);
+    *shift = bit % 8;
+    return 8 * llm_packed_head(type) + 32 * (k / 8) + 4 * r + bit / 8;
+}
 
 #endif

@@ -21,9 +21,13 @@ static inline int kv_cpu_avx512(void) {
     return kv_cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
+
+/* AVX-512 VNNI, on top of kv_cpu_avx512() */
+static inline int kv_cpu_avx512vnni(void) { return kv_cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 #else
 static inline int kv_cpu_avx2(void) { return 0; }
 static inline int kv_cpu_avx512(void) { return 0; }
+static inline int kv_cpu_avx512vnni(void) { return 0; }
 #endif
 
 #endif

@@ -367,6 +367,21 @@ TEST(quant_kernel_choice_follows_select_and_force_scalar) {
         CHECK(llm_quant_select("avx2") == 0 && strcmp(llm_quant_kernels(), "avx2") == 0);
         CHECK(llm_quant_select("auto") == 0 && strcmp(llm_quant_kernels(), "scalar") != 0);
     }
+    /* with VNNI, "avx512" and "auto" take it unless KVCACHE_NO_VNNI says no */
+    const char *was = getenv("KVCACHE_NO_VNNI");
+    char *keep = was ? strdup(was) : NULL;
+    unsetenv("KVCACHE_NO_VNNI");
+    if (llm_quant_select("avx512vnni") == 0) {
+        CHECK(strcmp(llm_quant_kernels(), "avx512vnni") == 0);
+        CHECK(llm_quant_select("avx512") == 0 && strcmp(llm_quant_kernels(), "avx512vnni") == 0);
+        setenv("KVCACHE_NO_VNNI", "1", 1);
+        CHECK(llm_quant_select("avx512") == 0 && strcmp(llm_quant_kernels(), "avx512") == 0);
+        CHECK(llm_quant_select("auto") == 0 && strcmp(llm_quant_kernels(), "avx512") == 0);
+        unsetenv("KVCACHE_NO_VNNI");
+        CHECK(llm_quant_select("auto") == 0 && strcmp(llm_quant_kernels(), "avx512vnni") == 0);
+    }
+    if (keep) setenv("KVCACHE_NO_VNNI", keep, 1);
+    free(keep);
     llm_quant_select("auto");
     llm_quant_force_scalar(0);
 }

@@ -13,7 +13,20 @@
 static const int int8_types[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0,
                                  LLM_TYPE_Q4_K, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
 #define N_INT8 (int)(sizeof int8_types / sizeof int8_types[0])
-static const char *const kernels[] = {"scalar", "avx2", "avx512"};
+/* The weight kernels, every table this CPU runs: "avx512" as KVCACHE_NO_VNNI=1
+ * leaves it (without VNNI), then with VNNI */
+static const char *const kernels[] = {"scalar", "avx2", "avx512", "avx512vnni"};
+#define N_KERNELS (int)(sizeof kernels / sizeof kernels[0])
+static int select_kernels(int ki) {
+    const char *was = getenv("KVCACHE_NO_VNNI");
+    char *keep = was ? strdup(was) : NULL;
+    setenv("KVCACHE_NO_VNNI", "1", 1);
+    int rc = llm_quant_select(kernels[ki]);
+    if (keep) setenv("KVCACHE_NO_VNNI", keep, 1);
+    else unsetenv("KVCACHE_NO_VNNI");
+    free(keep);
+    return rc;
+}
 
 /* X [m][n]: normal values at a scale that changes from block to block, and an
  * all-zero block, so block scales matter */
@@ -105,8 +118,8 @@ TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
         act_buf a0, a1;
         llm_quant_select("scalar");
         CHECK(quantize(&a0, x, m, n, bits) == 0);
-        for (int ki = 1; ki < 3; ki++) {
-            if (llm_quant_select(kernels[ki]) != 0) continue;
+        for (int ki = 1; ki < N_KERNELS; ki++) {
+            if (select_kernels(ki) != 0) continue;
             CHECK(quantize(&a1, x, m, n, bits) == 0);
             size_t nb = (size_t)(m * n / 32);
             if (memcmp(a0.a.q, a1.a.q, (size_t)(m * n) * (size_t)(bits / 8)) ||
@@ -198,8 +211,8 @@ static int llm_block_elems_32(int type) { return llm_type_block_elems(type) == 3
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
     test_rng r = {32};
     static const int64_t ms[] = {1, 5};
-    for (int ki = 0; ki < 3; ki++) {
-        if (llm_quant_select(kernels[ki]) != 0) continue;
+    for (int ki = 0; ki < N_KERNELS; ki++) {
+        if (select_kernels(ki) != 0) continue;
         for (int bits = 8; bits <= 16; bits += 8)
             for (int ti = 0; ti < N_INT8; ti++)
                 for (int mi = 0; mi < 2; mi++) {
@@ -241,8 +254,8 @@ TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
         for (int k = 0; k < 256; k++) x[k] = 1.0f;
         act_buf ab;
         CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
-        for (int ki = 0; ki < 3; ki++) {
-            if (llm_quant_select(kernels[ki]) != 0) continue;
+        for (int ki = 0; ki < N_KERNELS; ki++) {
+            if (select_kernels(ki) != 0) continue;
             float y;
             llm_matmul_act(type, W, NULL, n, 0, 1, &ab.a, &y, 1);
             CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
@@ -283,8 +296,8 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
         llm_quant_select("scalar");
         float *Y0 = product(&p);
         int tried = 0;
-        for (int ki = 0; ki < 3; ki++) {
-            if (llm_quant_select(kernels[ki]) != 0) continue;
+        for (int ki = 0; ki < N_KERNELS; ki++) {
+            if (select_kernels(ki) != 0) continue;
             tried++;
             float *Y1 = product(&p);
             if (memcmp(Y0, Y1, (size_t)(p.m * p.rows) * sizeof *Y0) != 0)
@@ -335,10 +348,10 @@ TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
         CHECK(llm_pack_rows(LLM_TYPE_Q6_K, W, rows, 256, P) == -1);
         CHECK(P[0] == 0x5a && P[16 * rb - 1] == 0x5a);
         CHECK(llm_pack_rows(type, W, rows, n, P) == 0);
-        /* the same bytes, moved: each byte of W once, and the 5 padding rows zero */
+        /* the same bits, moved (whole halves and quants: nibbles or bytes), and the 5 padding rows zero */
         uint64_t sw = 0, sp = 0;
-        for (int64_t k = 0; k < rows * rb; k++) sw += W[k];
-        for (int64_t k = 0; k < 16 * rb; k++) sp += P[k];
+        for (int64_t k = 0; k < rows * rb; k++) sw += (uint64_t)__builtin_popcount(W[k]);
+        for (int64_t k = 0; k < 16 * rb; k++) sp += (uint64_t)__builtin_popcount(P[k]);
         CHECK(sw == sp);
         /* 70 X rows: two blocks of the packed path's 64, each against every group */
         {
@@ -401,8 +414,8 @@ TEST(quant_act_nan_and_inf_inputs_give_non_finite_products) {
             for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
             uint8_t P[8 * 68];   /* one packed group */
             CHECK(llm_pack_rows(LLM_TYPE_Q8_0, W, rows, n, P) == 0);
-            for (int ki = 0; ki < 3; ki++) {
-                if (llm_quant_select(kernels[ki]) != 0) continue;
+            for (int ki = 0; ki < N_KERNELS; ki++) {
+                if (select_kernels(ki) != 0) continue;
                 llm_matmul_act(LLM_TYPE_Q8_0, W, P, n, 0, rows, &ab.a, y, rows);
                 for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
             }
