@@ -434,6 +434,7 @@ static inline __attribute__((always_inline)) __m256i lane_sums16(const uint8_t *
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     UNROLL for (int i = 0; i < 4; i++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        __asm__("" : "+v"(v));   /* one load for the four uses, not one each */
         a0 = dp_pairs(a0, _mm256_and_si256(v, m0), bcast32(xp + 8 * i));
         a1 = dp_pairs(a1, _mm256_and_si256(v, m1), bcast32(xp + 8 * i + 2));
         a2 = dp_pairs(a2, _mm256_and_si256(v, m2), bcast32(xp + 8 * i + 4));
