@@ -12,8 +12,8 @@
  * never depends on the thread count (and a multiple of the 8-row decode
  * chunk of llm_matmul_rows). 32 rows of a 576-wide Q4_1 matrix is ~11 KB of
  * weights: big enough to amortize a task, small enough to balance 3 threads
- * over the 192 rows of a K projection. EW_ROWS: rows per element-wise task. */
-enum { MM_ROWS = 32, EW_ROWS = 16 };
+ * over the 192 rows of a K projection. */
+enum { MM_ROWS = 32 };
 
 /* ---------------------------------------------------------------- scratch */
 
@@ -51,19 +51,52 @@ int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows) {
 
 static int32_t tasks_of(const llm_matrix *w) { return (int32_t)((w->rows + MM_ROWS - 1) / MM_ROWS); }
 
-static void mm_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const llm_mm_job *j = ctx;
-    int i = j->n_parts - 1;
-    while (task < j->part[i].first_task) i--;
+/* The gated activations, one element each: silu(g) * u = g sigmoid(g) u,
+ * and gelu(g) * u with gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715
+ * g^3))), the tanh form Gemma uses, computed as g sigmoid(2 sqrt(2/pi) (g +
+ * 0.044715 g^3)) (the same function: 1 + tanh(v) = 2 / (1 + e^-2v)): one
+ * expf, where glibc's tanhf cost three times as much and was a tenth of a
+ * Gemma prefill. */
+static float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+static float gelu_mul(float g, float u) { return g / (1.0f + expf(-1.5957691216f * (g + 0.044715f * g * g * g))) * u; }
+
+/* Rows r0 .. r1 of part i: y [m][r0 .. r1) */
+static void part_rows(const llm_mm_job *j, int i, int64_t r0, int64_t r1) {
     const llm_matrix *w = j->part[i].w;
-    int64_t r0 = (int64_t)(task - j->part[i].first_task) * MM_ROWS;
-    int64_t r1 = r0 + MM_ROWS < w->rows ? r0 + MM_ROWS : w->rows;
     llm_matmul_act(w->type, w->data, w->packed, w->cols, r0, r1, &j->act[j->part[i].input], j->part[i].y,
                    j->part[i].ldy);
 }
 
+static void mm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const llm_mm_job *j = ctx;
+    if (j->glu) {   /* the same rows of gate and up, then the activation on them */
+        const int64_t F = j->part[0].w->rows, r0 = (int64_t)task * MM_ROWS, r1 = r0 + MM_ROWS < F ? r0 + MM_ROWS : F;
+        part_rows(j, 0, r0, r1), part_rows(j, 1, r0, r1);
+        float (*act)(float, float) = j->glu - 1 == LLM_GLU_GELU_TANH ? gelu_mul : silu_mul;
+        for (int32_t t = 0; t < j->m; t++) {
+            float *g = j->part[0].y + (size_t)t * (size_t)F;
+            const float *u = j->part[1].y + (size_t)t * (size_t)F;
+            for (int64_t i = r0; i < r1; i++) g[i] = act(g[i], u[i]);
+        }
+        return;
+    }
+    int i = j->n_parts - 1;
+    while (task < j->part[i].first_task) i--;
+    const int64_t rows = j->part[i].w->rows, r0 = (int64_t)(task - j->part[i].first_task) * MM_ROWS;
+    part_rows(j, i, r0, r0 + MM_ROWS < rows ? r0 + MM_ROWS : rows);
+}
+
 llm_mm_job llm_mm_begin(int32_t m) { return (llm_mm_job){.m = m}; }
+
+llm_mm_job llm_mm_glu(int32_t m, const llm_matrix *w_gate, const llm_matrix *w_up, const float *x, float *gate,
+                      float *up, llm_glu act) {
+    llm_mm_job j = llm_mm_begin(m);
+    llm_mm_add(&j, w_gate, x, gate, w_gate->rows);
+    llm_mm_add(&j, w_up, x, up, w_up->rows);
+    j.glu = 1 + (int)act;
+    return j;
+}
 
 void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, int64_t ldy) {
     int32_t first = j->n_parts ? j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w) : 0;
@@ -89,7 +122,8 @@ void llm_mm_run(const llm_pass *ps, llm_mm_job *j) {
                          (char *)ps->ws->qa + (size_t)n_inputs * ps->ws->qa_bytes, ps->ws->qa_bytes);
         n_inputs++;
     }
-    int32_t n_tasks = j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w);
+    int32_t n_tasks = j->glu ? tasks_of(j->part[0].w)
+                             : j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w);
     kv_pool_run(ps->c->pool, n_tasks, mm_task, j);
 }
 
@@ -133,52 +167,6 @@ void llm_scale(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-/* gate = act(gate) * up in row blocks over threads (F transcendental calls
- * per row are the one element-wise cost that shows in prefill). */
-typedef struct {
-    float *gate;          /* [rows][F] */
-    const float *up;      /* [rows][F] */
-    int32_t rows;
-    int64_t F;
-} glu_job;
-
-static void swiglu_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const glu_job *j = ctx;
-    int32_t r1 = (task + 1) * EW_ROWS < j->rows ? (task + 1) * EW_ROWS : j->rows;
-    for (size_t i = (size_t)task * EW_ROWS * (size_t)j->F; i < (size_t)r1 * (size_t)j->F; i++) {
-        float g = j->gate[i];
-        j->gate[i] = g / (1.0f + expf(-g)) * j->up[i]; /* silu(g) = g * sigmoid(g) */
-    }
-}
-
-/* gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), the tanh form
- * Gemma uses, computed as g sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)) (the
- * same function: 1 + tanh(u) = 2 / (1 + e^-2u)): one expf, where glibc's
- * tanhf cost three times as much and was a tenth of a Gemma prefill. */
-static void geglu_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const glu_job *j = ctx;
-    int32_t r1 = (task + 1) * EW_ROWS < j->rows ? (task + 1) * EW_ROWS : j->rows;
-    for (size_t i = (size_t)task * EW_ROWS * (size_t)j->F; i < (size_t)r1 * (size_t)j->F; i++) {
-        float g = j->gate[i];
-        j->gate[i] = g / (1.0f + expf(-1.5957691216f * (g + 0.044715f * g * g * g))) * j->up[i];
-    }
-}
-
-static void run_glu(kv_pool *pool, kv_task_fn fn, float *gate, const float *up, int32_t rows, int64_t F) {
-    glu_job j = {gate, up, rows, F};
-    kv_pool_run(rows >= 2 * EW_ROWS ? pool : NULL, (rows + EW_ROWS - 1) / EW_ROWS, fn, &j);
-}
-
-void llm_swiglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F) {
-    run_glu(pool, swiglu_task, gate, up, rows, F);
-}
-
-void llm_geglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F) {
-    run_glu(pool, geglu_task, gate, up, rows, F);
-}
-
 /* ---------------------------------------------------------------- the blocks' projections */
 
 void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w) {
@@ -193,15 +181,9 @@ void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w) {
 }
 
 void llm_ffn(const llm_pass *ps, const llm_layer_weights *w, llm_glu act) {
-    const int64_t F = ps->c->m->hp.ffn_dim;
     llm_scratch *ws = ps->ws;
-    kv_pool *pool = ps->c->pool;
-    llm_mm_job g = llm_mm_begin(ps->rows);
-    llm_mm_add(&g, &w->w_gate, ws->h, ws->gate, F);
-    llm_mm_add(&g, &w->w_up, ws->h, ws->up, F);
+    llm_mm_job g = llm_mm_glu(ps->rows, &w->w_gate, &w->w_up, ws->h, ws->gate, ws->up, act);
     llm_mm_run(ps, &g);
-    if (act == LLM_GLU_GELU_TANH) llm_geglu(pool, ws->gate, ws->up, ps->rows, F);
-    else llm_swiglu(pool, ws->gate, ws->up, ps->rows, F);
     llm_matmul(ps, &w->w_down, ws->gate, ps->rows, ws->h);
 }
 

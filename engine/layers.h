@@ -36,6 +36,8 @@ typedef struct {
     } part[LLM_MM_INPUTS];
     int n_parts;
     int32_t m;                  /* rows of x */
+    int glu;                    /* 0, or 1 + an llm_glu: parts 0 and 1 are a gate and its up
+                                 * (llm_mm_glu), their y left as act(gate) * up in part 0's */
     llm_act act[LLM_MM_INPUTS]; /* the distinct inputs, prepared by run */
 } llm_mm_job;
 
@@ -56,6 +58,12 @@ typedef enum {
     LLM_GLU_GELU_TANH,  /* GeGLU with the tanh form of gelu (Gemma) */
 } llm_glu;
 
+/* A job of one gated product: gate = act(x Wgate^T) * (x Wup^T), both
+ * [m][rows]. Each task takes the same rows of both matrices and applies act
+ * to them, so the activation runs on every thread, with no pass of its own. */
+llm_mm_job llm_mm_glu(int32_t m, const llm_matrix *w_gate, const llm_matrix *w_up, const float *x, float *gate,
+                      float *up, llm_glu act);
+
 /* The gated feed-forward: ws->h = (act(ws->h Wgate) * (ws->h Wup)) Wdown for
  * the pass's rows (ws->gate and ws->up are its work). */
 void llm_ffn(const llm_pass *ps, const llm_layer_weights *w, llm_glu act);
@@ -72,10 +80,6 @@ void llm_rmsnorm_heads(float *x, const float *w, int32_t rows, int32_t n_heads, 
 void llm_add_into(float *x, const float *y, size_t n);
 /* x *= s over n. */
 void llm_scale(float *x, size_t n, float s);
-/* gate [rows][F] = silu(gate) * up (SwiGLU, Llama). */
-void llm_swiglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F);
-/* gate [rows][F] = gelu_tanh(gate) * up (GeGLU, Gemma). */
-void llm_geglu(kv_pool *pool, float *gate, const float *up, int32_t rows, int64_t F);
 
 /* ---- attention */
 
