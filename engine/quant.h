@@ -190,10 +190,12 @@ int llm_type_int8(int type);
  * memory stream feeds 8 rows, their 8 scales come in one load, and 8 rows'
  * block sums fill one vector (no partial chunk at a row's end). Block b of
  * group g holds the 8 rows' scale halves d[8], for Q4_1 then their offset
- * halves m[8], then for each of the 8 rows in turn the rest of its block b
- * (Q4_0, Q4_1: 16 nibble bytes; Q5_0: 4 fifth-bit bytes and 16 nibble bytes;
- * Q8_0: 32 quants). A group takes the bytes of 8 rows; rows past the last
- * one pad its last group as zeros. Every row's product follows the
+ * halves m[8], then the quants: Q4_0's and Q4_1's nibbles in lanes (4 chunks
+ * of 32 bytes whose dword r is row r's, engine/quant_kern.h, so that a load
+ * holds one row per lane and the 8 sums build up in place), Q5_0's and
+ * Q8_0's as each row's rest of block in turn (4 fifth-bit bytes and 16
+ * nibble bytes; 32 quants). A group takes the bytes of 8 rows; rows past the
+ * last one pad its last group as zeros. Every row's product follows the
  * reference's arithmetic, so packed and plain rows give the same bits. */
 /* Bytes of the packed form of rows x cols, or 0 if this type is not packed
  * (the K-quants, whose 256-element super-blocks end no row early, and the
@@ -203,9 +205,11 @@ int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols);
  * or -1 (P untouched) if the type is not packed or the shape is bad. */
 int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P);
 /* Kernels are chosen at first use by CPU feature, like the library's: the
- * best of "avx512" (256-bit vectors with 32 registers; 512-bit ones in
+ * best of "avx512vnni" (the avx512 ones with VNNI's integer dot products),
+ * "avx512" (256-bit vectors with 32 registers; 512-bit ones in
  * -DLLM_QUANT_ZMM builds), "avx2" and "scalar", or the one named by the
- * environment variable KVCACHE_SIMD when this CPU runs it. Every build
+ * environment variable KVCACHE_SIMD when this CPU runs it; "avx512" takes
+ * VNNI too where the CPU has it, unless KVCACHE_NO_VNNI is set. Every build
  * compiles the SIMD files with their own -m flags and runs them only after a
  * CPUID check, so a portable build runs them too.
  * llm_quant_select changes the choice process-wide ("auto": the best); -1 if
