@@ -379,11 +379,11 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
 /* ---- packed groups of 8 rows (llm_pack_rows) ----
  * Block b of the group: the 8 rows' scales in one load, and the 8 rows'
  * exact block sums in the 8 lanes of one vector, so the reference's float
- * part runs on 8 rows at once, into acc[b % 8]. Q5_0's rows keep their
+ * part runs on 8 rows at once, into acc[b % 8]. Q4_0 and Q4_1 hold their
+ * quants in lanes (quant_kern.h): lane r of every load is row r, and the
+ * sums build up in place, pair by pair. Q5_0's and Q8_0's rows keep their
  * blocks whole: each row's sum is one int32 vector, and hsum8 turns the 8
- * vectors into one lane per row. The other types hold their quants in
- * lanes (quant_kern.h): lane r of every load is row r, and the sums build
- * up in place, pair by pair. */
+ * vectors into one lane per row. */
 
 /* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
  * quants of elements 0..15 in *xa and 16..31 in *xb */
