@@ -13,9 +13,10 @@
  * llm_matmul_rows). Fixed by the matrix, so how the work is cut never
  * depends on the thread count. A task is one stream through memory, and
  * its first KB stall before the kernels' prefetches run ahead, so short
- * tasks are slow: SmolLM2 decode, 2 threads, median of 8 interleaved runs,
- * 214 tok/s at 32 rows a task (11 KB), 231 at 256 (92 KB), 204 at 512
- * (the 576-row products in 2 tasks no longer balance). */
+ * tasks are slow; and tasks of equal size balance the threads best.
+ * SmolLM2 decode, 2 threads, median of 8 interleaved runs: 214 tok/s at 32
+ * rows a task (11 KB), 231 at 256 rows, 204 at 512 rows (576-row products
+ * in 2 unequal tasks); equal tasks of <= 96, 128, 192 KB: 221, 232, 220. */
 enum { MM_BYTES = 128 << 10 };
 static int64_t rows_per_task(const llm_matrix *w) {
     const int64_t rb = llm_row_bytes(w->type, w->cols), tasks = rb > 0 ? (w->rows * rb + MM_BYTES - 1) / MM_BYTES : 1;
@@ -85,7 +86,7 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
         const int64_t F = j->part[0].w->rows, n = rows_per_task(j->part[0].w), r0 = task * n;
         const int64_t r1 = r0 + n < F ? r0 + n : F;
         part_rows(j, 0, r0, r1), part_rows(j, 1, r0, r1);
-        float (*act)(float, float) = j->glu - 1 == LLM_GLU_GELU_TANH ? gelu_mul : silu_mul;
+        float (*act)(float, float) = j->glu_act == LLM_GLU_GELU_TANH ? gelu_mul : silu_mul;
         for (int32_t t = 0; t < j->m; t++) {
             float *g = j->part[0].y + (size_t)t * (size_t)F;
             const float *u = j->part[1].y + (size_t)t * (size_t)F;
@@ -107,7 +108,7 @@ llm_mm_job llm_mm_glu(int32_t m, const llm_matrix *w_gate, const llm_matrix *w_u
     llm_mm_job j = llm_mm_begin(m);
     llm_mm_add(&j, w_gate, x, gate, w_gate->rows);
     llm_mm_add(&j, w_up, x, up, w_up->rows);
-    j.glu = 1 + (int)act;
+    j.glu = 1, j.glu_act = act;
     return j;
 }
 

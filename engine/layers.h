@@ -24,6 +24,12 @@ void llm_scratch_free(llm_scratch *s);
  * do gate and up). Run quantizes each distinct input once (the context's
  * act_bits, engine/quant.h llm_act) before the job starts, into the pass's
  * scratch; products sharing an input share its quantized rows. */
+/* The gated FFN activations */
+typedef enum {
+    LLM_GLU_SILU,       /* SwiGLU (Llama) */
+    LLM_GLU_GELU_TANH,  /* GeGLU with the tanh form of gelu (Gemma) */
+} llm_glu;
+
 enum { LLM_MM_INPUTS = 3 };
 typedef struct {
     struct {
@@ -36,8 +42,9 @@ typedef struct {
     } part[LLM_MM_INPUTS];
     int n_parts;
     int32_t m;                  /* rows of x */
-    int glu;                    /* 0, or 1 + an llm_glu: parts 0 and 1 are a gate and its up
-                                 * (llm_mm_glu), their y left as act(gate) * up in part 0's */
+    int glu;                    /* 1: parts 0 and 1 are a gate and its up (llm_mm_glu), their y
+                                 * left as glu_act(gate) * up in part 0's */
+    llm_glu glu_act;
     llm_act act[LLM_MM_INPUTS]; /* the distinct inputs, prepared by run */
 } llm_mm_job;
 
@@ -52,11 +59,6 @@ void llm_matmul(const llm_pass *ps, const llm_matrix *w, const float *x, int32_t
 
 /* ws->q, ws->k, ws->v = ws->h Wq, Wk, Wv for the pass's rows, one pool job. */
 void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w);
-
-typedef enum {
-    LLM_GLU_SILU,       /* SwiGLU (Llama) */
-    LLM_GLU_GELU_TANH,  /* GeGLU with the tanh form of gelu (Gemma) */
-} llm_glu;
 
 /* A job of one gated product: gate = act(x Wgate^T) * (x Wup^T), both
  * [m][rows]. Each task takes the same rows of both matrices and applies act
