@@ -137,7 +137,11 @@ static inline __attribute__((always_inline)) __m256i dot32(const int type, __m25
  * block32_quants or widen16 give them, against the activation block (xa, xb) */
 static inline __attribute__((always_inline)) __m256i
 wdot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
+#ifdef QK_VNNI
+    if (W16) return _mm256_dpwssd_epi32(_mm256_madd_epi16(w0, xa), w1, xb);
+#else
     if (W16) return _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xb));
+#endif
     return dot32(type, w0, xa, _mm256_setzero_si256());
 }
 
