@@ -322,7 +322,7 @@ enum { JB = 64 };   /* X rows per L2 block */
 /* X row j of a as one kernel row */
 static llm_act_row act_row(const llm_act *a, int64_t j) {
     int64_t nb = a->n / QB;
-    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb};
+    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb, NULL};
 }
 
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
@@ -339,11 +339,14 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     const int packed = P && llm_type_packed(type);
     llm_act_row xs[JB];
     float out[8 * JB];
+    int32_t *lanes = NULL;   /* with more than one X row: their quants in lanes, if the kernels take them */
+    if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > 1) lanes = malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8));
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
         int nt = (int)(m - jb < JB ? m - jb : JB);
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
+        if (lanes && nt > 1) k->act_lanes(xs, nt, nb, lanes);
         if (packed) {
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
@@ -364,4 +367,5 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
                 for (int t = 0; t < nt; t++) Y[(jb + t) * ldy + r0 + i] = out[i * nt + t];
         }
     }
+    free(lanes);
 }

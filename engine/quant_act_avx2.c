@@ -627,27 +627,97 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
     rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
 }
 
+/* The same with the activation rows in lanes (llm_act_row.lanes, 16-bit):
+ * 8 X rows' pairs of a block stay in 16 registers while each of the 8
+ * weight rows' pairs is broadcast against them, so the 8 sums of a weight
+ * row build up in the lanes of one vector (lane l: X row t0 + l), with no
+ * horizontal sum. acc[g][r][b % 8]: X rows 8g.., weight row r. */
+static inline __attribute__((always_inline)) void
+rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, int64_t c1, const llm_act_row *x,
+                   int nt, __m256 (*acc)[8][8]) {
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        for (int64_t b = c0; b < c1; b++) {
+            const int32_t *lanes = x[t0].lanes;
+            const __m256i *xl = (const __m256i *)(lanes + b * 128);
+            __m256i xv[16];
+            UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256(xl + j);
+            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + nb * 128 + b * 8));
+            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + nb * 136 + b * 8));
+            const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
+            UNROLL for (int r = 0; r < 8; r++) {
+                const int32_t *wp = (const int32_t *)rb->w[b - c0][r];   /* its 16 pairs */
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+                UNROLL for (int j = 0; j < 16; j += 2) {
+                    a0 = dp_pairs(a0, xv[j], bcast32(wp + j));
+                    a1 = dp_pairs(a1, xv[j + 1], bcast32(wp + j + 1));
+                }
+                __m256 *ac = &acc[t0 / 8][r][b % 8];
+                *ac = _mm256_add_ps(*ac, terms(type, _mm256_add_epi32(a0, a1), Bv, dv, _mm256_set1_ps(wa[r]),
+                                               _mm256_set1_ps(wb[r])));
+            }
+        }
+    }
+}
+
+#if QK_X_LANES
+/* llm_qkern.act_lanes: each 8 rows' blocks by 8 x 8 transposes of dwords
+ * (pairs of quants; scales and sums 8 blocks at a time) */
+void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf) {
+    for (int g = 0; g * 8 < nt; g++) {
+        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb), *dd = dst + nb * 128, *ss = dd + nb * 8;
+        const int n = nt - 8 * g < 8 ? nt - 8 * g : 8;
+        for (int l = 0; l < n; l++) xs[8 * g + l].lanes = dst;
+        const llm_act_row *x = xs + 8 * g;
+        __m256i in[8], out[8];
+        for (int64_t b = 0; b < nb; b++)
+            UNROLL for (int half = 0; half < 2; half++) {
+                UNROLL for (int l = 0; l < 8; l++)
+                    in[l] = l < n ? _mm256_loadu_si256((const __m256i *)((const int16_t *)x[l].q + 32 * b + 16 * half))
+                                  : _mm256_setzero_si256();
+                transpose8_epi32(in, out);
+                UNROLL for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 8), out[j]);
+            }
+        for (int64_t b = 0; b < nb; b++)   /* scales and sums: few, one at a time */
+            for (int l = 0; l < 8; l++) {
+                float d = l < n ? x[l].d[b] : 0.0f;
+                memcpy(dd + b * 8 + l, &d, 4);
+                ss[b * 8 + l] = l < n ? x[l].s[b] : 0;
+            }
+    }
+}
+#endif
+
 /* The group (PACKED) or the nr plain rows w against nt activation rows:
  * out[8*t + r] for a group, out[r*nt + t] for plain rows (16-bit only) */
 static inline __attribute__((always_inline)) void
 group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *const *w, int nr, int64_t nb,
            const llm_act_row *x, int nt, float *out, const int W16) {
     rows_buf rb;
-    __m256 acc[NT_MAX][8];
-    for (int t = 0; t < nt; t++)
-        UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
+    const int lanes = QK_X_LANES && W16 && x[0].lanes;
+    union {
+        __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
+        __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
+    } acc;
+    for (int t = 0; t < (nt + 7) / 8 * 8; t++)
+        UNROLL for (int i = 0; i < 8; i++) acc.rows[t][i] = _mm256_setzero_ps();
     for (int64_t c0 = 0; c0 < nb; c0 += CB) {
         const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
         for (int64_t b = c0; b < c1; b++) {
             if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16);
             else plain_block_into(type, w, nr, b, &rb, b - c0);
         }
-        rows_against_x(type, &rb, c0, c1, x, nt, acc, W16);
+        if (lanes) rows_against_lanes(type, &rb, nb, c0, c1, x, nt, acc.lanes);
+        else rows_against_x(type, &rb, c0, c1, x, nt, acc.rows, W16);
     }
-    for (int t = 0; t < nt; t++) {
-        _Alignas(32) float o[8];
-        lanes_final(acc[t], o);
-        for (int r = 0; r < nr; r++) out[PACKED ? 8 * t + r : r * nt + t] = o[r];
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        UNROLL for (int i = 0; i < 8; i++) {   /* i: an X row (rows), or a weight row (lanes) */
+            _Alignas(32) float o[8];
+            lanes_final(lanes ? acc.lanes[t0 / 8][i] : acc.rows[t0 + i], o);
+            for (int k = 0; k < 8; k++) {
+                const int t = lanes ? t0 + k : t0 + i, r = lanes ? i : k;
+                if (t < nt && r < nr) out[PACKED ? 8 * t + r : r * nt + t] = o[k];
+            }
+        }
     }
 }
 

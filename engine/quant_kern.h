@@ -13,6 +13,11 @@ typedef struct {
     int bits;           /* 8 or 16, the same for every row of one call */
     const float *d;     /* [n / 32] block scales */
     const int32_t *s;   /* [n / 32] sum of each block's quants */
+    /* NULL, or (16-bit quants, for tables with x_lanes) this row's group of
+     * 8 consecutive rows of the call in lanes, rows past the call's zero:
+     * their quants as [n / 32][16][8] int16 pairs ([block][pair j][row]),
+     * then their scales [n / 32][8] (float) and quant sums [n / 32][8] */
+    const int32_t *lanes;
 } llm_act_row;
 
 typedef struct {
@@ -43,7 +48,15 @@ typedef struct {
      * into quants q (int8 or int16 by bits), scales d and sums s, each block
      * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
     void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+    /* NULL, or: the nt rows' 16-bit quants, scales and sums in lanes of 8
+     * rows (llm_act_row.lanes) into buf (llm_act_lanes_size(nb) int32 per
+     * group of 8), each row pointed at its group's; act_dot and
+     * act_dot_packed then read them */
+    void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 } llm_qkern;
+
+/* int32s of one group of 8 rows in lanes (llm_act_row.lanes) */
+static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (128 + 16); }
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
  * set and supported, else the best this CPU runs; llm_quant_force_scalar
@@ -72,6 +85,8 @@ void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q,
 void llm_act_quantize_avx2(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 void llm_act_quantize_avx512(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
 void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_lanes_avx512(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+void llm_act_lanes_avx512vnni(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);

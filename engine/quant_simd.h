@@ -14,6 +14,11 @@
 #define QK_TABLE avx2
 #define QK_CPU_OK kv_cpu_avx2
 #endif
+/* 1 where the build has 32 vector registers: prefill's products keep an
+ * activation block of 8 rows (16 vectors) in registers (llm_act_row.lanes) */
+#ifndef QK_X_LANES
+#define QK_X_LANES 0
+#endif
 #define QK_CAT2(a, b) a##b
 #define QK_CAT(a, b) QK_CAT2(a, b)
 #define QK_STR2(a) #a
