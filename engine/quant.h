@@ -178,7 +178,8 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
  * the same rows packed by llm_pack_rows (faster; the same bits). Weight rows
  * go 8 at a time against blocks of 64 X rows: one X row (decode) decodes
  * each weight block in registers; several decode the 8 rows' blocks once
- * into an L1 buffer that each X row reads. */
+ * into an L1 buffer that each X row reads (the avx512 kernels: 8 X rows at
+ * a time, their quants laid out in lanes once per call). */
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
 /* 1 if llm_matmul_act takes integer products for this type. */
