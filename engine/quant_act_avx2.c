@@ -641,8 +641,8 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
             const __m256i *xl = (const __m256i *)(lanes + b * 128);
             __m256i xv[16];
             UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256(xl + j);
-            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + nb * 128 + b * 8));
-            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + nb * 136 + b * 8));
+            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb) + b * 8));
+            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 8));
             const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
             UNROLL for (int r = 0; r < 8; r++) {
                 const int32_t *wp = (const int32_t *)rb->w[b - c0][r];   /* its 16 pairs */
@@ -660,11 +660,12 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
 }
 
 #if QK_X_LANES
-/* llm_qkern.act_lanes: each 8 rows' blocks by 8 x 8 transposes of dwords
- * (pairs of quants; scales and sums 8 blocks at a time) */
+/* llm_qkern.act_lanes: each 8 rows' pairs of quants by 8 x 8 transposes of
+ * dwords, their scales and sums (few) one at a time */
 void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf) {
     for (int g = 0; g * 8 < nt; g++) {
-        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb), *dd = dst + nb * 128, *ss = dd + nb * 8;
+        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb);
+        int32_t *dd = dst + llm_act_lanes_d(nb), *ss = dst + llm_act_lanes_s(nb);
         const int n = nt - 8 * g < 8 ? nt - 8 * g : 8;
         for (int l = 0; l < n; l++) xs[8 * g + l].lanes = dst;
         const llm_act_row *x = xs + 8 * g;
@@ -677,7 +678,7 @@ void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32
                 transpose8_epi32(in, out);
                 UNROLL for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 8), out[j]);
             }
-        for (int64_t b = 0; b < nb; b++)   /* scales and sums: few, one at a time */
+        for (int64_t b = 0; b < nb; b++)
             for (int l = 0; l < 8; l++) {
                 float d = l < n ? x[l].d[b] : 0.0f;
                 memcpy(dd + b * 8 + l, &d, 4);

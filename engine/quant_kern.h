@@ -55,8 +55,11 @@ typedef struct {
     void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 } llm_qkern;
 
-/* int32s of one group of 8 rows in lanes (llm_act_row.lanes) */
+/* int32s of one group of 8 rows in lanes (llm_act_row.lanes) of nb
+ * blocks, and where in it the scales and the sums begin */
 static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (128 + 16); }
+static inline int64_t llm_act_lanes_d(int64_t nb) { return nb * 128; }
+static inline int64_t llm_act_lanes_s(int64_t nb) { return nb * 136; }
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
  * set and supported, else the best this CPU runs; llm_quant_force_scalar
