@@ -124,24 +124,38 @@ wbytes(const int type, const uint8_t *row, int64_t b, __m256i *sc16) {
     }
 }
 
+/* acc + the sums of int16 pairs w * x (x: one pair, in every lane), and
+ * acc + the sums of u8 x s8 quads; exact either way (vpdpwssd and vpdpbusd
+ * with VNNI, which add without saturating) */
+static inline __attribute__((always_inline)) __m256i dp_pairs(__m256i acc, __m256i w, __m256i x) {
+#ifdef QK_VNNI
+    return _mm256_dpwssd_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+static inline __attribute__((always_inline)) __m256i dp_quads(__m256i acc, __m256i u8, __m256i s8) {
+#ifdef QK_VNNI
+    return _mm256_dpbusd_epi32(acc, u8, s8);
+#else   /* two products of at most 31 * 127 each (unsigned quants of 5 bits at most): no int16 saturation */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* int32 lanes summing to sum_k w[k] * x[k] (Q6_K: times the sub-block scales) */
 static inline __attribute__((always_inline)) __m256i dot32(const int type, __m256i wv, __m256i xv, __m256i sc16) {
     if (type == LLM_TYPE_Q8_0 || type == LLM_TYPE_Q6_K) {   /* signed weights: |w| times x with w's sign */
         __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
         return _mm256_madd_epi16(p, type == LLM_TYPE_Q6_K ? sc16 : _mm256_set1_epi16(1));
     }
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
+    return dp_quads(_mm256_setzero_si256(), wv, xv);
 }
 
 /* Int32 lanes summing to the block sum of weights (w0, w1), as
  * block32_quants or widen16 give them, against the activation block (xa, xb) */
 static inline __attribute__((always_inline)) __m256i
 wdot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
-#ifdef QK_VNNI
-    if (W16) return _mm256_dpwssd_epi32(_mm256_madd_epi16(w0, xa), w1, xb);
-#else
-    if (W16) return _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xb));
-#endif
+    if (W16) return dp_pairs(_mm256_madd_epi16(w0, xa), w1, xb);
     return dot32(type, w0, xa, _mm256_setzero_si256());
 }
 
@@ -408,24 +422,6 @@ static inline __m256i bcast32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
-}
-
-/* acc + the sums of int16 pairs w * x (x: one pair, in every lane), and
- * acc + the sums of u8 x s8 quads; exact either way (vpdpwssd and vpdpbusd
- * with VNNI, which add without saturating) */
-static inline __attribute__((always_inline)) __m256i dp_pairs(__m256i acc, __m256i w, __m256i x) {
-#ifdef QK_VNNI
-    return _mm256_dpwssd_epi32(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-#endif
-}
-static inline __attribute__((always_inline)) __m256i dp_quads(__m256i acc, __m256i u8, __m256i s8) {
-#ifdef QK_VNNI
-    return _mm256_dpbusd_epi32(acc, u8, s8);
-#else   /* two products of at most 15 * 127 each: no int16 saturation */
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
-#endif
 }
 
 /* The 8 rows' sums of one lane-packed block, its quants at q, against the
