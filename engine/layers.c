@@ -10,16 +10,22 @@
 
 /* Rows of W one matmul task computes: about MM_BYTES of weights, a
  * multiple of 8 rows (the packed groups, and the 8-row decode chunk of
- * llm_matmul_rows). Fixed by the matrix, so how the work is cut never
- * depends on the thread count. A task is one stream through memory, and
- * its first KB stall before the kernels' prefetches run ahead, so short
- * tasks are slow; and tasks of equal size balance the threads best.
- * SmolLM2 decode, 2 threads, median of 8 interleaved runs: 214 tok/s at 32
- * rows a task (11 KB), 231 at 256 rows, 204 at 512 rows (576-row products
- * in 2 unequal tasks); equal tasks of <= 96, 128, 192 KB: 221, 232, 220. */
+ * llm_matmul_rows), in a number of tasks that the threads share evenly.
+ * Every row's result is the same however the rows are cut (the kernels'
+ * promise, tested), so the cut may follow the thread count. A task is one
+ * stream through memory, and its first KB stall before the kernels'
+ * prefetches run ahead, so short tasks are slow; and tasks of equal size
+ * balance the threads best. SmolLM2 decode, 2 threads, median of 8
+ * interleaved runs (Zen 4): 214 tok/s at 32 rows a task (11 KB), 231 at
+ * 256 rows, 204 at 512 rows (576-row products in 2 unequal tasks); equal
+ * tasks of <= 96, 128, 192 KB: 221, 232, 220. Its 1536-row FFN matrices are
+ * 553 KB, 5 such tasks: 3 on one thread, 2 on the other. Rounded up to 6
+ * (Zen 1, 2 threads, 4 interleaved runs): 116-119 -> 124-126 tok/s. */
 enum { MM_BYTES = 128 << 10 };
-static int64_t rows_per_task(const llm_matrix *w) {
-    const int64_t rb = llm_row_bytes(w->type, w->cols), tasks = rb > 0 ? (w->rows * rb + MM_BYTES - 1) / MM_BYTES : 1;
+static int64_t rows_per_task(const llm_matrix *w, int32_t threads) {
+    const int64_t rb = llm_row_bytes(w->type, w->cols);
+    int64_t tasks = rb > 0 ? (w->rows * rb + MM_BYTES - 1) / MM_BYTES : 1;
+    tasks = (tasks + threads - 1) / threads * threads;
     const int64_t rows = (w->rows + tasks - 1) / tasks;   /* tasks of equal size */
     return (rows + 7) / 8 * 8;
 }
@@ -58,9 +64,8 @@ int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows) {
 
 /* ---------------------------------------------------------------- matrix products */
 
-static int32_t tasks_of(const llm_matrix *w) {
-    const int64_t n = rows_per_task(w);
-    return (int32_t)((w->rows + n - 1) / n);
+static int32_t tasks_of(const llm_matrix *w, int64_t task_rows) {
+    return (int32_t)((w->rows + task_rows - 1) / task_rows);
 }
 
 /* The gated activations, one element each: silu(g) * u = g sigmoid(g) u,
@@ -83,7 +88,7 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     (void)thread;
     const llm_mm_job *j = ctx;
     if (j->glu) {   /* the same rows of gate and up, then the activation on them */
-        const int64_t F = j->part[0].w->rows, n = rows_per_task(j->part[0].w), r0 = task * n;
+        const int64_t F = j->part[0].w->rows, n = j->part[0].task_rows, r0 = task * n;
         const int64_t r1 = r0 + n < F ? r0 + n : F;
         part_rows(j, 0, r0, r1), part_rows(j, 1, r0, r1);
         float (*act)(float, float) = j->glu_act == LLM_GLU_GELU_TANH ? gelu_mul : silu_mul;
@@ -96,7 +101,7 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     }
     int i = j->n_parts - 1;
     while (task < j->part[i].first_task) i--;
-    const int64_t rows = j->part[i].w->rows, n = rows_per_task(j->part[i].w);
+    const int64_t rows = j->part[i].w->rows, n = j->part[i].task_rows;
     const int64_t r0 = (task - j->part[i].first_task) * n;
     part_rows(j, i, r0, r0 + n < rows ? r0 + n : rows);
 }
@@ -113,9 +118,8 @@ llm_mm_job llm_mm_glu(int32_t m, const llm_matrix *w_gate, const llm_matrix *w_u
 }
 
 void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, int64_t ldy) {
-    int32_t first = j->n_parts ? j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w) : 0;
     j->part[j->n_parts].w = w, j->part[j->n_parts].x = x, j->part[j->n_parts].y = y;
-    j->part[j->n_parts].ldy = ldy, j->part[j->n_parts].first_task = first;
+    j->part[j->n_parts].ldy = ldy;
     j->n_parts++;
 }
 
@@ -136,8 +140,14 @@ void llm_mm_run(const llm_pass *ps, llm_mm_job *j) {
                          (char *)ps->ws->qa + (size_t)n_inputs * ps->ws->qa_bytes, ps->ws->qa_bytes);
         n_inputs++;
     }
-    int32_t n_tasks = j->glu ? tasks_of(j->part[0].w)
-                             : j->part[j->n_parts - 1].first_task + tasks_of(j->part[j->n_parts - 1].w);
+    /* the cut: each part's tasks in turn (a GLU job's tasks take gate's and up's rows together) */
+    const int32_t threads = kv_pool_threads(ps->c->pool);
+    int32_t n_tasks = 0;
+    for (int i = 0; i < j->n_parts; i++) {
+        j->part[i].task_rows = rows_per_task(j->part[i].w, threads);
+        j->part[i].first_task = n_tasks;
+        if (i == 0 || !j->glu) n_tasks += tasks_of(j->part[i].w, j->part[i].task_rows);
+    }
     kv_pool_run(ps->c->pool, n_tasks, mm_task, j);
 }
 

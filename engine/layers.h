@@ -37,7 +37,8 @@ typedef struct {
         const float *x;         /* [m][cols] */
         float *y;               /* [m][ldy] */
         int64_t ldy;            /* row stride of y (>= w->rows) */
-        int32_t first_task;     /* index of this part's first task in the job */
+        int32_t first_task;     /* index of this part's first task in the job (set by run) */
+        int64_t task_rows;      /* rows of w each task computes (set by run) */
         int input;              /* index into act of this part's input (set by run) */
     } part[LLM_MM_INPUTS];
     int n_parts;
