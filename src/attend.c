@@ -175,10 +175,19 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
 
 /* Decode streams K/V from memory at a few keys per step: the kernels ask for
  * the rows of one (block, K or V, head) slot of the item's traversal while
- * they work on the slot DECODE_PREFETCH_AHEAD before it. Slot f of a block:
- * f < n_heads K of head f, else V of head f - n_heads; past the last slot,
- * the next block's. */
-enum { DECODE_PREFETCH_AHEAD = 2 };
+ * they work on a slot some way before it, about DECODE_PREFETCH_BYTES ahead
+ * (at least 2 slots, at most a block's worth). Slot f of a block: f <
+ * n_heads K of head f, else V of head f - n_heads; past the last slot, the
+ * next block's. A K/V row stream needs that much in flight to keep one core's
+ * loads fed: on Sapphire Rapids, 2 threads, H9/Hkv3/d64 q8 decode at S = 512k
+ * read 15.3 GB/s with 2 slots (2 KB) ahead, 17.8 with 6 (6 KB); the f16
+ * shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead. */
+enum { DECODE_PREFETCH_BYTES = 6 << 10 };
+
+static int32_t slots_ahead(const attend_job *j, const kv_work_item *it, int32_t dtype_size) {
+    const int32_t slot = 16 * j->d * dtype_size, a = (DECODE_PREFETCH_BYTES + slot - 1) / slot;
+    return a < 2 ? 2 : a > 2 * it->n_heads ? 2 * it->n_heads : a;
+}
 
 static kv_ahead slot_ahead(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
     const int32_t hn = it->n_heads;
@@ -196,24 +205,50 @@ static kv_ahead slot_ahead(const attend_job *j, const kv_work_item *it, int32_t 
                       .bytes = src.d * (int32_t)kv_dtype_size(src.dtype)};
 }
 
+/* KV_Q8's scales of the 16 positions from j0 (if the item has them), every
+ * head's K and V: a line or two each, asked for a block before the kernels
+ * read them, where the slots' rows do not reach. */
+static void prefetch_scales(const attend_job *j, const kv_work_item *it, int32_t j0) {
+    if (j0 > it->khi) return;
+    for (int32_t a = 0; a < it->n_heads; a++) {
+        const key_source src = head_source(j, it, it->head + a);
+        const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
+        const int32_t last = (src.block - in_blk < 16 ? src.block - in_blk : 16) - 1;
+        const key_block kb = source_block(&src, blk);
+        if (!kb.kscale) return;
+        __builtin_prefetch(kb.kscale + in_blk, 0, 2), __builtin_prefetch(kb.kscale + in_blk + last, 0, 2);
+        __builtin_prefetch(kb.vscale + in_blk, 0, 2), __builtin_prefetch(kb.vscale + in_blk + last, 0, 2);
+    }
+}
+
 /* The n query vectors q [n][d] as the KV_Q8 integer scores take them: q ~
  * qs qi, one scale per vector, |qi| <= 32767, each element rounded to
  * nearest (about 1e-5 of the vector's largest). False when one has a NaN or
- * an infinity: the f32 path keeps the non-finite rule for it. */
+ * an infinity: the f32 path keeps the non-finite rule for it. d % 16 == 0;
+ * sixteen elements a step in loops of fixed length, which the compiler takes
+ * as vector operations (each split of a long decode quantizes its queries
+ * again, so a scalar loop here cost 5% of a q8 decode). */
 static bool quantize_queries(const float *q, int32_t n, int32_t d, int16_t *qi, float *qs) {
     for (int32_t v = 0; v < n; v++) {
         const float *x = q + (size_t)v * d;
+        float mx[16] = {0};
+        int bad = 0;
+        for (int32_t e = 0; e < d; e += 16)
+            for (int32_t k = 0; k < 16; k++) {
+                const float a = fabsf(x[e + k]);
+                bad |= !(a <= FLT_MAX);
+                mx[k] = a > mx[k] ? a : mx[k];
+            }
+        if (bad) return false;
         float amax = 0;
-        for (int32_t e = 0; e < d; e++) {
-            const float a = fabsf(x[e]);
-            if (!(a <= FLT_MAX)) return false;
-            amax = a > amax ? a : amax;
-        }
+        for (int32_t k = 0; k < 16; k++) amax = mx[k] > amax ? mx[k] : amax;
         qs[v] = amax / 32767.0f;
-        for (int32_t e = 0; e < d; e++) {
-            const float r = qs[v] > 0 ? rintf(x[e] / qs[v]) : 0.0f; /* within +-32767 but for rounding */
-            qi[(size_t)v * d + e] = (int16_t)(r > 32767.0f ? 32767 : r < -32767.0f ? -32767 : (int32_t)r);
-        }
+        const float s = qs[v] > 0 ? qs[v] : 1.0f; /* an all-zero vector: every x / s is 0 */
+        for (int32_t e = 0; e < d; e += 16)
+            for (int32_t k = 0; k < 16; k++) {
+                const float r = rintf(x[e + k] / s); /* within +-32767 but for rounding */
+                qi[(size_t)v * d + e + k] = (int16_t)(r > 32767.0f ? 32767 : r < -32767.0f ? -32767 : (int32_t)r);
+            }
     }
     return true;
 }
@@ -232,6 +267,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
+    const int32_t ahead_slots = slots_ahead(j, it, (int32_t)kv_dtype_size(first.dtype));
     for (int32_t j0 = it->klo; j0 <= it->khi;) {
         const int32_t blk = j0 / block, in_blk = j0 - blk * block;
         int32_t n = 16 - j0 % 16;
@@ -242,6 +278,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
             lo[i] = j->window > 0 && pos - j->window + 1 > j0 ? pos - j->window + 1 - j0 : 0;
             hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
         }
+        if (first.dtype == KV_Q8) prefetch_scales(j, it, j0 + n);
         /* every head's K in the page, then every head's V: two runs through memory */
         float w[KV_WIDE_HEADS][KV_DECODE_VECS][16], corr[KV_WIDE_HEADS][KV_DECODE_VECS];
         for (int pass = 0; pass < 2; pass++)
@@ -250,7 +287,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
                 const size_t off = (size_t)in_blk * src.stride;
                 const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
-                const kv_ahead ahead = slot_ahead(j, it, j0, n, pass * it->n_heads + a + DECODE_PREFETCH_AHEAD);
+                const kv_ahead ahead = slot_ahead(j, it, j0, n, pass * it->n_heads + a + ahead_slots);
                 const float *ks = kb.kscale ? kb.kscale + in_blk : NULL, *vs = kb.vscale ? kb.vscale + in_blk : NULL;
                 if (pass == 0 && q8i)
                     j->simd->decode_scores_q8i(qi + at * d, qs + at, nv, d, kb.k + off, src.stride, ks, vs, n, lo, hi,
