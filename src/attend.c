@@ -194,35 +194,51 @@ static int32_t slots_ahead(const attend_job *j, const kv_work_item *it, int32_t 
     return a < 2 ? 2 : a > 2 * it->n_heads ? 2 * it->n_heads : a;
 }
 
-static kv_ahead slot_ahead(const attend_job *j, const kv_work_item *it, int32_t j0, int32_t n, int32_t f) {
-    const int32_t hn = it->n_heads;
-    if (f >= 2 * hn) { /* the next block: it starts where this one ends */
-        j0 += n, f -= 2 * hn;
-        if (j0 > it->khi) return (kv_ahead){0};
-        n = 16;
-    }
-    const key_source src = head_source(j, it, it->head + f % hn);
-    const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
-    if (n > src.block - in_blk) n = src.block - in_blk;
-    if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
-    const key_block kb = source_block(&src, blk);
-    return (kv_ahead){.p = (f < hn ? kb.k : kb.v) + (size_t)in_blk * src.stride, .stride = src.stride, .rows = n,
-                      .bytes = src.d * (int32_t)kv_dtype_size(src.dtype)};
-}
+/* One block of the decode traversal: up to 16 keys from j0, never across a
+ * page, and where every head of the item keeps them (rows already offset to
+ * j0; KV_Q8's scales too, else NULL). n == 0: past the item's keys. */
+typedef struct {
+    int32_t j0, n;
+    const unsigned char *k[KV_WIDE_HEADS], *v[KV_WIDE_HEADS];
+    const float *ks[KV_WIDE_HEADS], *vs[KV_WIDE_HEADS];
+} decode_block;
 
-/* KV_Q8's scales of the 16 positions from j0 (if the item has them), every
- * head's K and V: a line or two each, asked for a block before the kernels
- * read them, where the slots' rows do not reach. */
-static void prefetch_scales(const attend_job *j, const kv_work_item *it, int32_t j0) {
+static void block_at(const attend_job *j, const kv_work_item *it, int32_t j0, decode_block *b) {
+    b->j0 = j0, b->n = 0;
     if (j0 > it->khi) return;
     for (int32_t a = 0; a < it->n_heads; a++) {
         const key_source src = head_source(j, it, it->head + a);
         const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
-        const int32_t last = (src.block - in_blk < 16 ? src.block - in_blk : 16) - 1;
+        if (a == 0) {
+            b->n = 16 - j0 % 16;
+            if (b->n > src.block - in_blk) b->n = src.block - in_blk;
+            if (b->n > it->khi - j0 + 1) b->n = it->khi - j0 + 1;
+        }
         const key_block kb = source_block(&src, blk);
-        if (!kb.kscale) return;
-        __builtin_prefetch(kb.kscale + in_blk, 0, 2), __builtin_prefetch(kb.kscale + in_blk + last, 0, 2);
-        __builtin_prefetch(kb.vscale + in_blk, 0, 2), __builtin_prefetch(kb.vscale + in_blk + last, 0, 2);
+        b->k[a] = kb.k + (size_t)in_blk * src.stride, b->v[a] = kb.v + (size_t)in_blk * src.stride;
+        b->ks[a] = kb.kscale ? kb.kscale + in_blk : NULL, b->vs[a] = kb.vscale ? kb.vscale + in_blk : NULL;
+    }
+}
+
+/* The rows of slot f of block `cur` (f < n_heads: K of head f, else V of
+ * head f - n_heads), or past its last slot of the block after it, `next`. */
+static kv_ahead slot_rows(const kv_work_item *it, const decode_block *cur, const decode_block *next, int32_t f,
+                          size_t stride, int32_t row_bytes) {
+    const int32_t hn = it->n_heads;
+    const decode_block *b = f < 2 * hn ? cur : next;
+    f = f < 2 * hn ? f : f - 2 * hn;
+    if (b->n == 0) return (kv_ahead){0};
+    return (kv_ahead){.p = f < hn ? b->k[f] : b->v[f - hn], .stride = stride, .rows = b->n, .bytes = row_bytes};
+}
+
+/* KV_Q8's scales of block b, every head's K and V: a line or two each,
+ * asked for a block before the kernels read them, where the slots' rows do
+ * not reach. */
+static void prefetch_scales(const kv_work_item *it, const decode_block *b) {
+    if (b->n == 0 || !b->ks[0]) return;
+    for (int32_t a = 0; a < it->n_heads; a++) {
+        __builtin_prefetch(b->ks[a], 0, 2), __builtin_prefetch(b->ks[a] + b->n - 1, 0, 2);
+        __builtin_prefetch(b->vs[a], 0, 2), __builtin_prefetch(b->vs[a] + b->n - 1, 0, 2);
     }
 }
 
@@ -266,45 +282,45 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     const int32_t d = j->d, G = j->G, nv = it->v1 - it->v0;
     int32_t lo[KV_DECODE_VECS], hi[KV_DECODE_VECS];
     const key_source first = item_source(j, it);
-    const int32_t block = first.block;
     /* KV_Q8 on a kernel with integer scores: the queries as int16, once */
     int16_t qi[ATT_WIDE_ELEMS];
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
     const int32_t ahead_slots = slots_ahead(j, it, (int32_t)kv_dtype_size(first.dtype));
-    for (int32_t j0 = it->klo; j0 <= it->khi;) {
-        const int32_t blk = j0 / block, in_blk = j0 - blk * block;
-        int32_t n = 16 - j0 % 16;
-        if (n > block - in_blk) n = block - in_blk;
-        if (n > it->khi - j0 + 1) n = it->khi - j0 + 1;
+    const int32_t row_bytes = d * (int32_t)kv_dtype_size(first.dtype);
+    /* each block's rows found once, the next one's a block early for the prefetches */
+    decode_block blocks[2];
+    decode_block *cur = &blocks[0], *next = &blocks[1];
+    block_at(j, it, it->klo, cur);
+    while (cur->n > 0) {
+        const int32_t j0 = cur->j0, n = cur->n;
+        block_at(j, it, j0 + n, next);
         for (int32_t i = 0; i < nv; i++) { /* visible: pos - window < key <= pos */
             const int32_t pos = pos0 + (it->v0 + i) / G;
             lo[i] = j->window > 0 && pos - j->window + 1 > j0 ? pos - j->window + 1 - j0 : 0;
             hi[i] = pos - j0 < n - 1 ? pos - j0 : n - 1;
         }
-        if (first.dtype == KV_Q8) prefetch_scales(j, it, j0 + n);
+        prefetch_scales(it, next);
         /* every head's K in the page, then every head's V: two runs through memory */
         float w[KV_WIDE_HEADS][KV_DECODE_VECS][16], corr[KV_WIDE_HEADS][KV_DECODE_VECS];
         for (int pass = 0; pass < 2; pass++)
             for (int32_t a = 0; a < it->n_heads; a++) {
-                const key_source src = head_source(j, it, it->head + a);
-                const size_t off = (size_t)in_blk * src.stride;
-                const key_block kb = source_block(&src, blk);
                 const size_t at = (size_t)a * nv;
-                const kv_ahead ahead = slot_ahead(j, it, j0, n, pass * it->n_heads + a + ahead_slots);
-                const float *ks = kb.kscale ? kb.kscale + in_blk : NULL, *vs = kb.vscale ? kb.vscale + in_blk : NULL;
+                const kv_ahead ahead = slot_rows(it, cur, next, pass * it->n_heads + a + ahead_slots, first.stride,
+                                                 row_bytes);
                 if (pass == 0 && q8i)
-                    j->simd->decode_scores_q8i(qi + at * d, qs + at, nv, d, kb.k + off, src.stride, ks, vs, n, lo, hi,
-                                               m + at, l + at, w[a], corr[a], &ahead);
+                    j->simd->decode_scores_q8i(qi + at * d, qs + at, nv, d, cur->k[a], first.stride, cur->ks[a],
+                                               cur->vs[a], n, lo, hi, m + at, l + at, w[a], corr[a], &ahead);
                 else if (pass == 0)
-                    j->simd->decode_scores(src.dtype, qbuf + at * d, nv, d, kb.k + off, src.stride, ks, vs, n, lo, hi,
-                                           m + at, l + at, w[a], corr[a], &ahead);
+                    j->simd->decode_scores(first.dtype, qbuf + at * d, nv, d, cur->k[a], first.stride, cur->ks[a],
+                                           cur->vs[a], n, lo, hi, m + at, l + at, w[a], corr[a], &ahead);
                 else
-                    j->simd->decode_values(src.dtype, nv, d, kb.v + off, src.stride, n, lo, hi, w[a], corr[a],
+                    j->simd->decode_values(first.dtype, nv, d, cur->v[a], first.stride, n, lo, hi, w[a], corr[a],
                                            acc + at * d, &ahead);
             }
-        j0 += n;
+        decode_block *done = cur;
+        cur = next, next = done;
     }
 }
 
