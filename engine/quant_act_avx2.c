@@ -226,12 +226,29 @@ static inline void plain_scales(const int type, const uint8_t *row, int64_t b, f
  * one gather; K-quant sub-block scales by the scalar decoding, once a chunk. */
 static inline __attribute__((always_inline)) void
 chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
-    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K) {
-        /* chunks start at multiples of 8 blocks: one chunk is one super-block */
-        _Alignas(32) float a[8], c[8];
-        for (int s = 0; s < 8; s++) plain_scales(type, row, b0 + s, &a[s], &c[s]);
-        *wa = _mm256_load_ps(a);
-        *wb = _mm256_load_ps(c);
+    /* K-quants: chunks start at multiples of 8 blocks, so one chunk is one
+     * super-block. The lanes are built in registers: eight scalar stores read
+     * back as one vector cannot be forwarded, and that stall was a tenth of
+     * the K-quant products. */
+    if (type == LLM_TYPE_Q6_K) {   /* the sub-block scales go in the integer sums (sc16) */
+        *wa = _mm256_set1_ps(half_at(row + (b0 / 8) * sizeof(llm_block_q6_k) + offsetof(llm_block_q6_k, d)));
+        *wb = _mm256_setzero_ps();
+        return;
+    }
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K) {   /* plain_scales on 8 lanes: llm_k_scale_min, 4 bytes a step */
+        const uint8_t *sb = row + (b0 / 8) * (type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k));
+        uint32_t s03, m03, hi;
+        memcpy(&s03, sb + offsetof(llm_block_q4_k, scales), 4);
+        memcpy(&m03, sb + offsetof(llm_block_q4_k, scales) + 4, 4);
+        memcpy(&hi, sb + offsetof(llm_block_q4_k, scales) + 8, 4);
+        const uint32_t sc47 = (hi & 0x0f0f0f0fu) | ((s03 >> 6) & 0x03030303u) << 4;
+        const uint32_t mn47 = (hi >> 4 & 0x0f0f0f0fu) | ((m03 >> 6) & 0x03030303u) << 4;
+        const __m128i sc = _mm_cvtsi64_si128((long long)((uint64_t)(s03 & 0x3f3f3f3fu) | (uint64_t)sc47 << 32));
+        const __m128i mn = _mm_cvtsi64_si128((long long)((uint64_t)(m03 & 0x3f3f3f3fu) | (uint64_t)mn47 << 32));
+        *wa = _mm256_mul_ps(_mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, d))),
+                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));   /* exact: 11 x 6 bits */
+        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(_mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, dmin))),
+                                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
         return;
     }
     const int bb = (int)block32_bytes(type);
