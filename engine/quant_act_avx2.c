@@ -364,14 +364,35 @@ static inline __attribute__((always_inline)) void act_tail(const int type, const
     for (int t = 0; t < T; t++) fn(row, b0, nv, x + t, acc + t);
 }
 
+/* Bytes of one chunk of 8 blocks (for the K-quants, one super-block). */
+static inline int64_t chunk_bytes(const int type) {
+    switch (type) {
+    case LLM_TYPE_Q4_K: return (int64_t)sizeof(llm_block_q4_k);
+    case LLM_TYPE_Q5_K: return (int64_t)sizeof(llm_block_q5_k);
+    case LLM_TYPE_Q6_K: return (int64_t)sizeof(llm_block_q6_k);
+    default: return 8 * block32_bytes(type);
+    }
+}
+
+/* How far ahead of the chunk it works on a row asks for the memory. The
+ * plain rows (the K-quants' in decode) are short (576 and 1680 bytes for
+ * Gemma 3's Q4_K and Q6_K) and lie back to back, so this reaches into the
+ * rows after; a prefetch of a row that is elsewhere is only a wasted one. */
+enum { ROW_PREFETCH_BYTES = 2048 };
+
 /* R weight rows against T X rows, each weight row streamed in order */
 static inline __attribute__((always_inline)) void
 act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row *x, const int T, int64_t nb,
          float *out, const int W16) {
+    const int64_t cb = chunk_bytes(type);
     for (int r = 0; r < R; r++) {
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         int64_t b0 = 0;
-        for (; b0 + 8 <= nb; b0 += 8) act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
+        for (; b0 + 8 <= nb; b0 += 8) {
+            const uint8_t *ahead = w[r] + b0 / 8 * cb + ROW_PREFETCH_BYTES;
+            for (int64_t o = 0; o < cb; o += 64) __builtin_prefetch(ahead + o, 0, 2);
+            act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
+        }
         if (b0 < nb) act_tail(type, w[r], b0, (int)(nb - b0), x, T, acc, W16);
         UNROLL for (int t = 0; t < T; t++) out[r * T + t] = lanes_sum(acc[t]);
     }
