@@ -223,7 +223,7 @@ static inline void plain_scales(const int type, const uint8_t *row, int64_t b, f
 /* Scale and offset (wa, wb) of blocks b0 .. b0+7 of one weight row as the
  * reference's weight_block gives them, one lane per block; lanes >= nv are 0.
  * The 32-bit formats' headers (scale half, then Q4_1's offset half) come in
- * one gather; K-quant sub-block scales by the scalar decoding, once a chunk. */
+ * one gather; K-quant sub-block scales unpacked in registers, once a chunk. */
 static inline __attribute__((always_inline)) void
 chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
     /* K-quants: chunks start at multiples of 8 blocks, so one chunk is one
@@ -235,8 +235,9 @@ chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa,
         *wb = _mm256_setzero_ps();
         return;
     }
-    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K) {   /* plain_scales on 8 lanes: llm_k_scale_min, 4 bytes a step */
-        const uint8_t *sb = row + (b0 / 8) * (type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k));
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K) {   /* plain_scales, llm_k_scale_min on 8 lanes */
+        const size_t kb = type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+        const uint8_t *sb = row + (b0 / 8) * kb;
         uint32_t s03, m03, hi;
         memcpy(&s03, sb + offsetof(llm_block_q4_k, scales), 4);
         memcpy(&m03, sb + offsetof(llm_block_q4_k, scales) + 4, 4);
@@ -245,10 +246,10 @@ chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa,
         const uint32_t mn47 = (hi >> 4 & 0x0f0f0f0fu) | ((m03 >> 6) & 0x03030303u) << 4;
         const __m128i sc = _mm_cvtsi64_si128((long long)((uint64_t)(s03 & 0x3f3f3f3fu) | (uint64_t)sc47 << 32));
         const __m128i mn = _mm_cvtsi64_si128((long long)((uint64_t)(m03 & 0x3f3f3f3fu) | (uint64_t)mn47 << 32));
-        *wa = _mm256_mul_ps(_mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, d))),
-                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));   /* exact: 11 x 6 bits */
-        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(_mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, dmin))),
-                                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
+        const __m256 d = _mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, d)));
+        const __m256 dmin = _mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, dmin)));
+        *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));   /* exact: 11 x 6 bits */
+        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
         return;
     }
     const int bb = (int)block32_bytes(type);
