@@ -38,9 +38,19 @@ static inline float half_at(const uint8_t *p) {
 /* The 32 quants q (0..31) of a Q5_0 block from its fifth bits qh[4] and
  * nibbles qs[16]: elements 0..15 in *lo, 16..31 in *hi. Byte i of each half
  * picks the fifth bit i of its 16 with a shuffle (byte i/8 of the bit field)
- * and a per-byte bit mask. q5_0_unsigned: the same from a whole block. */
+ * and a per-byte bit mask; with AVX-512 (BW, VL) the bit field itself is the
+ * mask of a masked add of 16, half the operations. q5_0_unsigned: the same
+ * from a whole block. */
 static inline void q5_0_bits(const uint8_t *qh, const uint8_t *qs, __m128i *lo, __m128i *hi) {
     const __m128i m4 = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i l4 = _mm_and_si128(q, m4), h4 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    *lo = _mm_mask_add_epi8(l4, (__mmask16)h, l4, sixteen);   /* + 16 is | 16 on 4-bit values */
+    *hi = _mm_mask_add_epi8(h4, (__mmask16)(h >> 16), h4, sixteen);
+#else
     const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
     uint32_t h;
     memcpy(&h, qh, 4);
@@ -52,6 +62,7 @@ static inline void q5_0_bits(const uint8_t *qh, const uint8_t *qs, __m128i *lo, 
     __m128i q = _mm_loadu_si128((const __m128i *)qs);
     *lo = _mm_or_si128(_mm_and_si128(q, m4), h0);
     *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), h1);
+#endif
 }
 static inline void q5_0_unsigned(const uint8_t *p, __m128i *lo, __m128i *hi) {
     q5_0_bits(p + offsetof(llm_block_q5_0, qh), p + offsetof(llm_block_q5_0, qs), lo, hi);
