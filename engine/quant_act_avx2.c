@@ -365,16 +365,6 @@ static inline __attribute__((always_inline)) void act_tail(const int type, const
     for (int t = 0; t < T; t++) fn(row, b0, nv, x + t, acc + t);
 }
 
-/* Bytes of one chunk of 8 blocks (for the K-quants, one super-block). */
-static inline int64_t chunk_bytes(const int type) {
-    switch (type) {
-    case LLM_TYPE_Q4_K: return (int64_t)sizeof(llm_block_q4_k);
-    case LLM_TYPE_Q5_K: return (int64_t)sizeof(llm_block_q5_k);
-    case LLM_TYPE_Q6_K: return (int64_t)sizeof(llm_block_q6_k);
-    default: return 8 * block32_bytes(type);
-    }
-}
-
 /* How far ahead of the chunk it works on a row asks for the memory. The
  * plain rows (the K-quants' in decode) are short (576 and 1680 bytes for
  * Gemma 3's Q4_K and Q6_K) and lie back to back, so this reaches into the
@@ -385,7 +375,7 @@ enum { ROW_PREFETCH_BYTES = 2048 };
 static inline __attribute__((always_inline)) void
 act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row *x, const int T, int64_t nb,
          float *out, const int W16) {
-    const int64_t cb = chunk_bytes(type);
+    const int64_t cb = llm_row_bytes(type, LLM_QK_K);   /* a chunk: 8 blocks of 32, or one super-block */
     for (int r = 0; r < R; r++) {
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         int64_t b0 = 0;

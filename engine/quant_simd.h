@@ -43,25 +43,22 @@ static inline float half_at(const uint8_t *p) {
  * from a whole block. */
 static inline void q5_0_bits(const uint8_t *qh, const uint8_t *qs, __m128i *lo, __m128i *hi) {
     const __m128i m4 = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    uint32_t h;
-    memcpy(&h, qh, 4);
     const __m128i q = _mm_loadu_si128((const __m128i *)qs);
     const __m128i l4 = _mm_and_si128(q, m4), h4 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    uint32_t h;
+    memcpy(&h, qh, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
     *lo = _mm_mask_add_epi8(l4, (__mmask16)h, l4, sixteen);   /* + 16 is | 16 on 4-bit values */
     *hi = _mm_mask_add_epi8(h4, (__mmask16)(h >> 16), h4, sixteen);
 #else
     const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
-    uint32_t h;
-    memcpy(&h, qh, 4);
     __m128i hv = _mm_cvtsi32_si128((int)h);
     __m128i h0 = _mm_shuffle_epi8(hv, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     __m128i h1 = _mm_shuffle_epi8(hv, _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h0, bit), bit), sixteen);
     h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h1, bit), bit), sixteen);
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    *lo = _mm_or_si128(_mm_and_si128(q, m4), h0);
-    *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), h1);
+    *lo = _mm_or_si128(l4, h0);
+    *hi = _mm_or_si128(h4, h1);
 #endif
 }
 static inline void q5_0_unsigned(const uint8_t *p, __m128i *lo, __m128i *hi) {

@@ -189,8 +189,8 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
  * shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead. */
 enum { DECODE_PREFETCH_BYTES = 6 << 10 };
 
-static int32_t slots_ahead(const attend_job *j, const kv_work_item *it, int32_t dtype_size) {
-    const int32_t slot = 16 * j->d * dtype_size, a = (DECODE_PREFETCH_BYTES + slot - 1) / slot;
+static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
+    const int32_t slot = 16 * row_bytes, a = (DECODE_PREFETCH_BYTES + slot - 1) / slot;
     return a < 2 ? 2 : a > 2 * it->n_heads ? 2 * it->n_heads : a;
 }
 
@@ -287,8 +287,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
-    const int32_t ahead_slots = slots_ahead(j, it, (int32_t)kv_dtype_size(first.dtype));
-    const int32_t row_bytes = d * (int32_t)kv_dtype_size(first.dtype);
+    const int32_t row_bytes = d * (int32_t)kv_dtype_size(first.dtype), ahead_slots = slots_ahead(it, row_bytes);
     /* each block's rows found once, the next one's a block early for the prefetches */
     decode_block blocks[2];
     decode_block *cur = &blocks[0], *next = &blocks[1];
