@@ -453,39 +453,70 @@ KERNEL_INLINE tile_scores(const int32_t KB, const bool two, const float *qt, int
     }
 }
 
-/* acc[i + x] = acc[i + x] corr_(i + x) + sum_j w[j][i + x] v[j] for the NI
- * <= 4 vectors from i, over the NE <= 4 16-dim groups from e0 (a 16 x 4
- * block of accumulators in registers where NI and NE are known). */
-KERNEL_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t e0, int32_t d, int32_t ldq,
-                          const float *v, int32_t n, int32_t j0, const int32_t *pos, int32_t window, const float *s,
-                          const float *corr, float *acc) {
-    __m512 a[4][4];
+/* The accumulators a[x][y] (vector i + x, dims e0 + 16 y) scaled by corr
+ * from acc, and stored back. */
+KERNEL_INLINE acc_load(const int32_t NI, const int32_t NE, __m512 (*a)[4], const float *acc, int32_t d, int32_t i,
+                       int32_t e0, const float *corr) {
 #pragma GCC unroll 4
     for (int32_t x = 0; x < NI; x++)
 #pragma GCC unroll 4
         for (int32_t y = 0; y < NE; y++)
             a[x][y] = _mm512_mul_ps(_mm512_set1_ps(corr[i + x]), _mm512_loadu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y));
-    /* keys every one of the NI vectors sees take the unrolled loop; the
-     * others only the vectors that see them (a weight of 0 times a NaN or
-     * infinite V would still poison a vector) */
-    int32_t all_lo = window > 0 ? pos[i + NI - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
-    all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
-    if (!(NI == 4 && NE == 4) || all_lo > all_hi) all_lo = n, all_hi = n - 1; /* none fast */
-    for (int32_t j = all_lo; j <= all_hi; j++) {
+}
+
+KERNEL_INLINE acc_store(const int32_t NI, const int32_t NE, __m512 (*a)[4], float *acc, int32_t d, int32_t i,
+                        int32_t e0) {
+#pragma GCC unroll 4
+    for (int32_t x = 0; x < NI; x++)
+#pragma GCC unroll 4
+        for (int32_t y = 0; y < NE; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);
+}
+
+/* a[x][y] += w[j][i + x] v[j][e0 + 16 y ..] for keys jlo..jhi, which all
+ * four vectors see: each V row loaded once for the four. */
+KERNEL_INLINE block_keys(__m512 (*a)[4], int32_t jlo, int32_t jhi, int32_t i, int32_t e0, int32_t d, int32_t ldq,
+                         const float *v, const float *s) {
+    for (int32_t j = jlo; j <= jhi; j++) {
         const float *vj = v + (size_t)j * d + e0, *wj = s + (size_t)j * ldq + i;
         __m512 x4[4];
 #pragma GCC unroll 4
-        for (int32_t y = 0; y < NE; y++) {
+        for (int32_t y = 0; y < 4; y++) {
             x4[y] = _mm512_loadu_ps(vj + 16 * y);
             __asm__("" : "+v"(x4[y])); /* loaded once for the vectors: gcc would fold it into each FMA again */
         }
 #pragma GCC unroll 4
-        for (int32_t x = 0; x < NI; x++) {
+        for (int32_t x = 0; x < 4; x++) {
             const __m512 w = _mm512_set1_ps(wj[x]);
 #pragma GCC unroll 4
-            for (int32_t y = 0; y < NE; y++) a[x][y] = _mm512_fmadd_ps(w, x4[y], a[x][y]);
+            for (int32_t y = 0; y < 4; y++) a[x][y] = _mm512_fmadd_ps(w, x4[y], a[x][y]);
         }
     }
+}
+
+/* acc[i + x] = acc[i + x] corr_(i + x) + sum_j w[j][i + x] v[j] for the four
+ * vectors from i and the 64 dims from e0, all of which see every key of the
+ * chunk: a 16 x 4 block of accumulators that never leaves the registers. */
+KERNEL_INLINE tile_values_all(int32_t i, int32_t e0, int32_t d, int32_t ldq, const float *v, int32_t n,
+                              const float *s, const float *corr, float *acc) {
+    __m512 a[4][4];
+    acc_load(4, 4, a, acc, d, i, e0, corr);
+    block_keys(a, 0, n - 1, i, e0, d, ldq, v, s);
+    acc_store(4, 4, a, acc, d, i, e0);
+}
+
+/* The same for the NI <= 4 vectors from i and NE <= 4 16-dim groups from e0
+ * where some do not see every key: the keys all four see in the unrolled
+ * loop (full blocks only), every other key only for the vectors that see it
+ * (a weight of 0 times a NaN or infinite V would still poison a vector). */
+KERNEL_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t e0, int32_t d, int32_t ldq,
+                          const float *v, int32_t n, int32_t j0, const int32_t *pos, int32_t window, const float *s,
+                          const float *corr, float *acc) {
+    __m512 a[4][4];
+    acc_load(NI, NE, a, acc, d, i, e0, corr);
+    int32_t all_lo = window > 0 ? pos[i + NI - 1] - window + 1 - j0 : 0, all_hi = pos[i] - j0;
+    all_lo = all_lo < 0 ? 0 : all_lo, all_hi = all_hi > n - 1 ? n - 1 : all_hi;
+    if (NI == 4 && NE == 4 && all_lo <= all_hi) block_keys(a, all_lo, all_hi, i, e0, d, ldq, v, s);
+    else all_lo = n, all_hi = n - 1; /* none in the unrolled loop */
     /* then the keys before and after those, in order */
     for (int32_t j = 0; j < n; j++) {
         if (j == all_lo) j = all_hi + 1;
@@ -498,10 +529,41 @@ KERNEL_INLINE tile_values(const int32_t NI, const int32_t NE, int32_t i, int32_t
                 a[x][y] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (size_t)j * d + e0 + 16 * y), a[x][y]);
         }
     }
-#pragma GCC unroll 4
-    for (int32_t x = 0; x < NI; x++)
-#pragma GCC unroll 4
-        for (int32_t y = 0; y < NE; y++) _mm512_storeu_ps(acc + (size_t)(i + x) * d + e0 + 16 * y, a[x][y]);
+    acc_store(NI, NE, a, acc, d, i, e0);
+}
+
+/* The online-softmax update of 16 lanes from the raw scores s[j] (rows ldq
+ * apart) of n keys from j0: the visible keys of each lane, the new max,
+ * weights in place (zero where not visible), sums, and corr in the row after
+ * the weights. `all`: every key is visible to every lane, no masks. */
+KERNEL_INLINE tile_softmax(const bool all, int32_t live_n, int32_t ldq, int32_t n, int32_t j0, const int32_t *pos,
+                           int32_t window, float *m, float *l, float *s) {
+    const __mmask16 live = live_n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << live_n) - 1);
+    const __m512i p = _mm512_maskz_loadu_epi32(live, pos);
+    const __m512i lo = window > 0 ? _mm512_sub_epi32(p, _mm512_set1_epi32(window - 1)) : _mm512_set1_epi32(INT32_MIN);
+#define VISIBLE(j)                                                                                              \
+    (all ? (__mmask16)0xffff                                                                                    \
+         : live & _mm512_cmple_epi32_mask(_mm512_set1_epi32(j0 + (j)), p) &                                    \
+               _mm512_cmpge_epi32_mask(_mm512_set1_epi32(j0 + (j)), lo))
+    const __m512 mold = _mm512_loadu_ps(m);
+    __m512 mx = mold;
+    for (int32_t j = 0; j < n; j++) mx = _mm512_mask_max_ps(mx, VISIBLE(j), mx, _mm512_loadu_ps(s + (size_t)j * ldq));
+    /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the first sight */
+    const __mmask16 seen = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __mmask16 had = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    __m512 corr = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.0f), _mm512_setzero_ps());
+    corr = _mm512_mask_mov_ps(corr, seen & had, exp16(_mm512_sub_ps(mold, mx)));
+    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l), corr);
+    for (int32_t j = 0; j < n; j++) {
+        float *sj = s + (size_t)j * ldq;
+        const __m512 w = _mm512_maskz_mov_ps(VISIBLE(j), exp16(_mm512_sub_ps(_mm512_loadu_ps(sj), mx)));
+        _mm512_storeu_ps(sj, w);
+        sum = _mm512_add_ps(sum, w);
+    }
+#undef VISIBLE
+    _mm512_storeu_ps(l, sum);
+    _mm512_storeu_ps(m, mx);
+    _mm512_storeu_ps(s + (size_t)n * ldq, corr);
 }
 
 static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
@@ -522,36 +584,15 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
         }
 #undef SCORES
     }
-    /* 2. online softmax along the lanes: the visible keys of each vector,
-     *    the new max, weights (zero where not visible), sums */
+    /* 2. online softmax along the lanes, 16 at a time */
     for (int32_t i0 = 0; i0 < ldq; i0 += 16) {
-        const __mmask16 live = nv - i0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nv - i0)) - 1);
-        const __m512i p = _mm512_maskz_loadu_epi32(live, pos + i0);
-        const __m512i lo = window > 0 ? _mm512_sub_epi32(p, _mm512_set1_epi32(window - 1)) : _mm512_set1_epi32(INT32_MIN);
-        __m512 mx = _mm512_loadu_ps(m + i0);
-        for (int32_t j = 0; j < n; j++) {
-            const __m512i jj = _mm512_set1_epi32(j0 + j);
-            const __mmask16 vis = live & _mm512_cmple_epi32_mask(jj, p) & _mm512_cmpge_epi32_mask(jj, lo);
-            mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(s + (size_t)j * ldq + i0));
-        }
-        const __m512 mold = _mm512_loadu_ps(m + i0);
-        /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the first sight */
-        const __mmask16 seen = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __mmask16 had = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        __m512 corr = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.0f), _mm512_setzero_ps());
-        corr = _mm512_mask_mov_ps(corr, seen & had, exp16(_mm512_sub_ps(mold, mx)));
-        __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l + i0), corr);
-        for (int32_t j = 0; j < n; j++) {
-            const __m512i jj = _mm512_set1_epi32(j0 + j);
-            const __mmask16 vis = live & _mm512_cmple_epi32_mask(jj, p) & _mm512_cmpge_epi32_mask(jj, lo);
-            float *sj = s + (size_t)j * ldq + i0;
-            __m512 w = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(_mm512_loadu_ps(sj), mx)));
-            _mm512_storeu_ps(sj, w);
-            sum = _mm512_add_ps(sum, w);
-        }
-        _mm512_storeu_ps(l + i0, sum);
-        _mm512_storeu_ps(m + i0, mx);
-        _mm512_storeu_ps(s + (size_t)n * ldq + i0, corr); /* the row after the weights: corr */
+        /* every live lane sees every key of the chunk (pos grows along the
+         * lanes): no masks, the padding lanes' weights never read */
+        const int32_t last = nv - i0 < 16 ? nv - 1 : i0 + 15;
+        if (j0 + n - 1 <= pos[i0] && (window == 0 || j0 > pos[last] - window))
+            tile_softmax(true, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
+        else
+            tile_softmax(false, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
     }
     /* 3. acc[i] = acc[i] corr_i + sum_j w[j][i] v[j]: four vectors by 64
      *    dimensions per step, V rows along the lanes */
@@ -560,7 +601,9 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
         const int32_t ne = d - e0 >= 64 ? 4 : (d - e0) / 16;
         for (int32_t i = 0; i < nv; i += 4) {
             const int32_t ni = nv - i < 4 ? nv - i : 4;
-            if (ni == 4 && ne == 4) tile_values(4, 4, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
+            const bool all = j0 + n - 1 <= pos[i] && (window == 0 || j0 > pos[i + ni - 1] - window);
+            if (ni == 4 && ne == 4 && all) tile_values_all(i, e0, d, ldq, v, n, s, corr, acc);
+            else if (ni == 4 && ne == 4) tile_values(4, 4, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
             else tile_values(ni, ne, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
         }
     }
