@@ -43,14 +43,24 @@ typedef struct {
 static const kv_ahead kv_no_ahead = {0};
 
 /* A walk through the lines (64 bytes) of `a`, row by row: a kernel asks for
- * the next few at each step of its work, a share it fixes once per call. */
+ * the next few at each step of its work, a share it fixes once per call.
+ * Rows that follow one another (a page's rows of one head) are walked as one:
+ * a pointer and its end, a few instructions a line. */
 typedef struct {
-    const kv_ahead *a;
-    int32_t row, line, row_lines;
+    const unsigned char *at, *end; /* the lines of the current row not yet asked for */
+    const unsigned char *row;      /* where it starts */
+    size_t stride;
+    int32_t rows_left, bytes;      /* rows after the current one, of `bytes` each */
 } kv_ahead_walk;
 
 static inline int32_t kv_ahead_row_lines(const kv_ahead *a) { return (a->bytes + 63) / 64; }
-static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) { return (kv_ahead_walk){a, 0, 0, kv_ahead_row_lines(a)}; }
+static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) {
+    if (a->rows <= 0) return (kv_ahead_walk){0};
+    const bool whole = a->stride == (size_t)a->bytes;
+    return (kv_ahead_walk){.at = a->p, .end = a->p + (size_t)a->bytes * (whole ? (size_t)a->rows : 1),
+                           .row = a->p, .stride = a->stride, .rows_left = whole ? 0 : a->rows - 1,
+                           .bytes = a->bytes};
+}
 
 /* Lines of `a` in all. */
 static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * kv_ahead_row_lines(a); }
@@ -62,9 +72,13 @@ static inline int32_t kv_ahead_step(const kv_ahead *a, int32_t steps) {
 
 /* Asks for the next n lines (as far as there are any). */
 static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {
-    for (; n > 0 && w->row < w->a->rows; n--) {
-        __builtin_prefetch(w->a->p + (size_t)w->row * w->a->stride + (size_t)w->line * 64, 0, 2);
-        if (++w->line == w->row_lines) w->line = 0, w->row++;
+    for (; n > 0; n--) {
+        if (w->at >= w->end) {
+            if (w->rows_left == 0) return;
+            w->rows_left--, w->row += w->stride, w->at = w->row, w->end = w->row + w->bytes;
+        }
+        __builtin_prefetch(w->at, 0, 2);
+        w->at += 64;
     }
 }
 
