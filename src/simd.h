@@ -162,6 +162,14 @@ enum { KV_DECODE_VECS = 8 };
     default: break;                                                                             \
     }
 
+/* Whether the tile vectors first..last (their positions pos[] never fall
+ * along the lanes) all see every one of the n keys from j0: then the tile
+ * kernels need no visibility masks for them. */
+static inline bool kv_tile_sees_all(const int32_t *pos, int32_t first, int32_t last, int32_t j0, int32_t n,
+                                    int32_t window) {
+    return j0 + n - 1 <= pos[first] && (window == 0 || j0 > pos[last] - window);
+}
+
 /* Whether every vector sees the same keys lo[0]..hi[0] of a block (T = 1,
  * or every row past the block): then one pass serves them all. */
 static inline bool kv_block_uniform(int32_t nv, const int32_t *lo, const int32_t *hi) {

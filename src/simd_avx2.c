@@ -516,6 +516,46 @@ DECODE_INLINE tile_values(const int32_t NI, const float *s, int32_t ldq, int32_t
     }
 }
 
+/* The online-softmax update of 8 lanes from the raw scores s[j] (rows ldq
+ * apart) of n keys from j0: the visible keys of each lane, the new max,
+ * weights in place (zero where not visible), sums, and corr in the row after
+ * the weights. `all`: every key is visible to every lane, no masks. */
+DECODE_INLINE tile_softmax(const bool all, int32_t live_n, int32_t ldq, int32_t n, int32_t j0, const int32_t *pos,
+                           int32_t window, float *m, float *l, float *s) {
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(live_n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i p = _mm256_loadu_si256((const __m256i *)pos);
+    /* visible: p - window < key <= p, i.e. key > lo and key < p + 1 */
+    const __m256i lo = window > 0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(window)) : _mm256_set1_epi32(INT32_MIN);
+    const __m256i p1 = _mm256_add_epi32(p, _mm256_set1_epi32(1));
+#define VISIBLE(j)                                                                                              \
+    _mm256_castsi256_ps(_mm256_and_si256(live, _mm256_and_si256(_mm256_cmpgt_epi32(p1, _mm256_set1_epi32(j0 + (j))), \
+                                                                _mm256_cmpgt_epi32(_mm256_set1_epi32(j0 + (j)), lo))))
+    const __m256 mold = _mm256_loadu_ps(m);
+    __m256 mx = mold;
+    for (int32_t j = 0; j < n; j++) {
+        const __m256 mj = _mm256_max_ps(mx, _mm256_loadu_ps(s + (size_t)j * ldq));
+        mx = all ? mj : _mm256_blendv_ps(mx, mj, VISIBLE(j));
+    }
+    /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the
+     * first sight (a NaN max counts as unseen: its weights are NaN) */
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 seen = _mm256_cmp_ps(mx, ninf, _CMP_NEQ_OQ), had = _mm256_cmp_ps(mold, ninf, _CMP_NEQ_OQ);
+    __m256 corr = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_setzero_ps(), seen);
+    corr = _mm256_blendv_ps(corr, exp8(_mm256_sub_ps(mold, mx)), _mm256_and_ps(seen, had));
+    __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(l), corr);
+    for (int32_t j = 0; j < n; j++) {
+        float *sj = s + (size_t)j * ldq;
+        __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(sj), mx));
+        if (!all) w = _mm256_and_ps(VISIBLE(j), w);
+        _mm256_storeu_ps(sj, w);
+        sum = _mm256_add_ps(sum, w);
+    }
+#undef VISIBLE
+    _mm256_storeu_ps(l, sum);
+    _mm256_storeu_ps(m, mx);
+    _mm256_storeu_ps(s + (size_t)n * ldq, corr);
+}
+
 static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
                        int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
                        float *s) {
@@ -537,42 +577,13 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
             j += kp;
         }
     }
-    /* 2. online softmax along the lanes: the visible keys of each vector, the
-     *    new max, weights (zero where not visible), sums */
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    /* 2. online softmax along the lanes, 8 at a time */
     for (int32_t i0 = 0; i0 < ldq; i0 += 8) {
-        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(nv - i0), iota);
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(pos + i0));
-        /* visible: p - window < key <= p, i.e. key > lo and key < p + 1 */
-        const __m256i lo = window > 0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(window)) : _mm256_set1_epi32(INT32_MIN);
-        const __m256i p1 = _mm256_add_epi32(p, _mm256_set1_epi32(1));
-        const __m256 mold = _mm256_loadu_ps(m + i0);
-        __m256 mx = mold;
-        for (int32_t j = 0; j < n; j++) {
-            const __m256i jj = _mm256_set1_epi32(j0 + j);
-            const __m256 vis = _mm256_castsi256_ps(
-                _mm256_and_si256(live, _mm256_and_si256(_mm256_cmpgt_epi32(p1, jj), _mm256_cmpgt_epi32(jj, lo))));
-            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_loadu_ps(s + (size_t)j * ldq + i0)), vis);
-        }
-        /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the
-         * first sight (a NaN max counts as unseen: its weights are NaN) */
-        const __m256 ninf = _mm256_set1_ps(-INFINITY);
-        const __m256 seen = _mm256_cmp_ps(mx, ninf, _CMP_NEQ_OQ), had = _mm256_cmp_ps(mold, ninf, _CMP_NEQ_OQ);
-        __m256 corr = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_setzero_ps(), seen);
-        corr = _mm256_blendv_ps(corr, exp8(_mm256_sub_ps(mold, mx)), _mm256_and_ps(seen, had));
-        __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(l + i0), corr);
-        for (int32_t j = 0; j < n; j++) {
-            const __m256i jj = _mm256_set1_epi32(j0 + j);
-            const __m256 vis = _mm256_castsi256_ps(
-                _mm256_and_si256(live, _mm256_and_si256(_mm256_cmpgt_epi32(p1, jj), _mm256_cmpgt_epi32(jj, lo))));
-            float *sj = s + (size_t)j * ldq + i0;
-            const __m256 w = _mm256_and_ps(vis, exp8(_mm256_sub_ps(_mm256_loadu_ps(sj), mx)));
-            _mm256_storeu_ps(sj, w);
-            sum = _mm256_add_ps(sum, w);
-        }
-        _mm256_storeu_ps(l + i0, sum);
-        _mm256_storeu_ps(m + i0, mx);
-        _mm256_storeu_ps(s + (size_t)n * ldq + i0, corr); /* the row after the weights: corr */
+        /* every live lane sees the whole chunk: no masks, the padding lanes' weights never read */
+        if (kv_tile_sees_all(pos, i0, nv - i0 < 8 ? nv - 1 : i0 + 7, j0, n, window))
+            tile_softmax(true, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
+        else
+            tile_softmax(false, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
     }
     /* 3. acc[i] = acc[i] corr_i + sum_j w[j][i] v[j]: six vectors by 16
      *    dimensions per step */
