@@ -134,6 +134,17 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
 enum { TILE_SCRATCH = 8192, TILE_SUBS = 4 };
 _Static_assert(TILE_SUBS * ATT_ACC_ELEMS <= ATT_WIDE_ELEMS, "an item's vectors fit run_item's buffers");
 
+/* Keys per chunk on the tile path: twice att_chunk's budget up to 64 keys,
+ * never fewer than att_chunk, so that each V block's accumulators stay in
+ * registers over more keys: T = S = 2048, H32/Hkv8/d128 f16 (32 -> 64 keys),
+ * 2 threads on Sapphire Rapids: 2% faster on the mean, 3% on the best, of
+ * 12 interleaved runs. */
+enum { TILE_CHUNK_ELEMS = 2 * ATT_CHUNK_ELEMS, TILE_CHUNK_KEYS = 64 };
+static int32_t tile_chunk(int32_t d) {
+    const int32_t wide = TILE_CHUNK_ELEMS / d < TILE_CHUNK_KEYS ? TILE_CHUNK_ELEMS / d : TILE_CHUNK_KEYS;
+    return wide > att_chunk(d) ? wide : att_chunk(d);
+}
+
 /* Query vectors per sub-tile: a multiple of the kernel's 16 lanes within the
  * accumulator budget; where that budget is under 16 vectors (d > 256), all
  * of it, one sub-tile an item. */
@@ -142,14 +153,14 @@ static int32_t tile_subs(int32_t d) { return att_tile(d) >= 16 ? TILE_SUBS : 1; 
 
 static bool tile_path(const attend_job *j) {
     const int32_t ldq = (tile_sub(j->d) + 15) & ~15;
-    return j->simd->tile_block && j->d % 16 == 0 && (att_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
+    return j->simd->tile_block && j->d % 16 == 0 && (tile_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
 }
 
 static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
                         int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
-    const int32_t d = j->d, G = j->G, kmax = att_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
+    const int32_t d = j->d, G = j->G, kmax = tile_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
     float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
-    float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS];
+    float kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
     int32_t pos[ATT_ACC_ELEMS + 16], nts[TILE_SUBS], ldqs[TILE_SUBS]; /* sub-tile t: vectors, lanes */
     for (int32_t t = 0; t < n_sub; t++) {
         const int32_t i0 = t * sub, nt = nts[t] = nv - i0 < sub ? nv - i0 : sub, ldq = ldqs[t] = (nt + 15) & ~15;
