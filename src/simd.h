@@ -162,12 +162,11 @@ enum { KV_DECODE_VECS = 8 };
     default: break;                                                                             \
     }
 
-/* Whether the tile vectors first..last (their positions pos[] never fall
- * along the lanes) all see every one of the n keys from j0: then the tile
- * kernels need no visibility masks for them. */
-static inline bool kv_tile_sees_all(const int32_t *pos, int32_t first, int32_t last, int32_t j0, int32_t n,
-                                    int32_t window) {
-    return j0 + n - 1 <= pos[first] && (window == 0 || j0 > pos[last] - window);
+/* Whether the `count` tile vectors at pos[0..count) (positions that never
+ * fall along the lanes) all see every one of the n keys from j0: then the
+ * tile kernels need no visibility masks for them. */
+static inline bool kv_tile_sees_all(const int32_t *pos, int32_t count, int32_t j0, int32_t n, int32_t window) {
+    return j0 + n - 1 <= pos[0] && (window == 0 || j0 > pos[count - 1] - window);
 }
 
 /* Whether every vector sees the same keys lo[0]..hi[0] of a block (T = 1,

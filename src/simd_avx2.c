@@ -580,7 +580,7 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     /* 2. online softmax along the lanes, 8 at a time */
     for (int32_t i0 = 0; i0 < ldq; i0 += 8) {
         /* every live lane sees the whole chunk: no masks, the padding lanes' weights never read */
-        if (kv_tile_sees_all(pos, i0, nv - i0 < 8 ? nv - 1 : i0 + 7, j0, n, window))
+        if (kv_tile_sees_all(pos + i0, nv - i0 < 8 ? nv - i0 : 8, j0, n, window))
             tile_softmax(true, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
         else
             tile_softmax(false, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);

@@ -587,7 +587,7 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     /* 2. online softmax along the lanes, 16 at a time */
     for (int32_t i0 = 0; i0 < ldq; i0 += 16) {
         /* every live lane sees the whole chunk: no masks, the padding lanes' weights never read */
-        if (kv_tile_sees_all(pos, i0, nv - i0 < 16 ? nv - 1 : i0 + 15, j0, n, window))
+        if (kv_tile_sees_all(pos + i0, nv - i0 < 16 ? nv - i0 : 16, j0, n, window))
             tile_softmax(true, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
         else
             tile_softmax(false, nv - i0, ldq, n, j0, pos + i0, window, m + i0, l + i0, s + i0);
@@ -599,7 +599,8 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
         const int32_t ne = d - e0 >= 64 ? 4 : (d - e0) / 16;
         for (int32_t i = 0; i < nv; i += 4) {
             const int32_t ni = nv - i < 4 ? nv - i : 4;
-            if (ni == 4 && ne == 4 && kv_tile_sees_all(pos, i, i + 3, j0, n, window)) tile_values_all(i, e0, d, ldq, v, n, s, corr, acc);
+            if (ni == 4 && ne == 4 && kv_tile_sees_all(pos + i, 4, j0, n, window))
+                tile_values_all(i, e0, d, ldq, v, n, s, corr, acc);
             else if (ni == 4 && ne == 4) tile_values(4, 4, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
             else tile_values(ni, ne, i, e0, d, ldq, v, n, j0, pos, window, s, corr, acc);
         }
