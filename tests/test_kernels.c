@@ -170,6 +170,53 @@ TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
     kv_simd_select("auto");
 }
 
+/* Scores that rise past the exponential's range from one block of keys to
+ * the next: 0 for the first 64 keys (a page and a prefill chunk boundary),
+ * about 100 after them (e^100 overflows f32),
+ * so a kernel that kept a stale running max instead of rescaling would
+ * reach inf / inf. The online softmax stays exact up to rounding: the
+ * scores near 100 carry an absolute f32 error of a few 1e-5 (their ulp is
+ * 7.6e-6, summed over d products), which is the weights' relative error, so
+ * the output must agree with the oracle within 1e-3 of its largest value.
+ * Decode (T = 1, 2) and prefill (T = 40), all query group sizes to 8. */
+TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
+    int tested = 0;
+    for (int si = 0; si < 3; si++) {
+        if (kv_simd_select(simd_names[si]) != KV_OK) continue;
+        tested++;
+        test_rng r = {951};
+        for (int it = 0; it < 48; it++) { /* every group size, shape and storage type */
+            const int G = (int[]){1, 3, 4, 8}[it % 4], shape = it / 4 % 3;
+            kcase k = {.H = 2 * G, .Hkv = 2, .d = shape == 2 ? 128 : 64, .S = 160, .T = (int[]){1, 2, 40}[shape],
+                       .P = 16, .dtype = (kv_dtype)(KV_F32 + it / 12)};
+            kv_cache_params p = kv_cache_default_params();
+            p.n_kv_heads = k.Hkv, p.head_dim = k.d, p.dtype = k.dtype, p.page_size = k.P, p.n_pages = k.S / k.P + 1;
+            kv_cache *c;
+            int32_t seq, rows[2];
+            CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+            CHECK_EQ_INT(kv_seq_new(c, &seq), KV_OK);
+            const size_t nkv = (size_t)k.S * k.Hkv * k.d, nq = (size_t)k.T * k.H * k.d;
+            double *kd = rand_normal(&r, nkv, 0.1), *vd = rand_normal(&r, nkv, 1), *qd = rand_normal(&r, nq, 0.1);
+            /* dim 0 carries the score: q[0] = sqrt(d) cancels the 1 / sqrt(d) scaling */
+            for (int j = 0; j < k.S; j++)
+                for (int h = 0; h < k.Hkv; h++) kd[((size_t)j * k.Hkv + h) * k.d] = j < 64 ? 0.0 : 100.0 + j % 7;
+            for (size_t v = 0; v < nq / k.d; v++) qd[v * k.d] = sqrt(k.d);
+            float *kf = to_f32(kd, nkv), *vf = to_f32(vd, nkv), *q = to_f32(qd, nq);
+            kv_batch b = one_seq(&seq, rows, k.S);
+            CHECK_EQ_INT(kv_seq_reserve(c, seq, k.S, NULL), KV_OK);
+            CHECK_EQ_INT(kv_append_f32(c, 0, &b, kf, vf), KV_OK);
+            const double err = attend_error(c, seq, &k, q, NULL);
+            if (!(err < 1e-3))
+                test_fail(__FILE__, __LINE__, "%s: G=%d d=%d T=%d %s: relative error %.3g", simd_names[si], G, k.d,
+                          k.T, kv_dtype_name(k.dtype), err);
+            kv_cache_free(c);
+            free(kd), free(vd), free(qd), free(kf), free(vf), free(q);
+        }
+    }
+    CHECK(tested >= 1);
+    kv_simd_select("auto");
+}
+
 /* A long windowed prefill: items of several sub-tiles, whose windows start
  * at every offset within a chunk of keys (d = 128: 32 keys a chunk, 32
  * vectors a sub-tile), so that each sub-tile's first and last chunks are
