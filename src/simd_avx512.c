@@ -178,10 +178,16 @@ KERNEL_INLINE softmax_block(const int32_t nv, const float *ks, const float *vs, 
         const __mmask16 vis = (__mmask16)(((1u << (hi[i] + 1)) - 1) & ~((1u << lo[i]) - 1));
         __m512 si = _mm512_maskz_loadu_ps(vis, s[i]);
         if (ks) si = _mm512_mul_ps(si, ksv);
-        float mx = _mm512_mask_reduce_max_ps(vis, si);
-        mx = mx > m[i] ? mx : m[i];
-        /* an unchanged finite max (most blocks) rescales by exactly 1: no exp */
-        corr[i] = mx == m[i] && isfinite(mx) ? 1.0f : kv_corr_exp(m[i], mx);
+        /* a finite max that no visible score passes (nor is NaN; most blocks)
+         * stays, and rescales by exactly 1: no reduction, no exp */
+        float mx = m[i];
+        if (isfinite(mx) && !_mm512_mask_cmp_ps_mask(vis, si, _mm512_set1_ps(mx), _CMP_NLE_UQ)) {
+            corr[i] = 1.0f;
+        } else {
+            mx = _mm512_mask_reduce_max_ps(vis, si);
+            mx = mx > m[i] ? mx : m[i];
+            corr[i] = mx == m[i] && isfinite(mx) ? 1.0f : kv_corr_exp(m[i], mx);
+        }
         __m512 p = _mm512_maskz_mov_ps(vis, exp16(_mm512_sub_ps(si, _mm512_set1_ps(mx))));
         l[i] = l[i] * corr[i] + _mm512_reduce_add_ps(p);
         m[i] = mx;
