@@ -89,7 +89,7 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
                           int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
     const kv_simd *simd = j->simd;
     const int32_t d = j->d, G = j->G, kmax = att_chunk(d);
-    float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS], s[ATT_ACC_ELEMS];
+    LINE_ALIGNED float kbuf[ATT_CHUNK_ELEMS], vbuf[ATT_CHUNK_ELEMS], s[ATT_ACC_ELEMS];
     /* scores of the tile against one chunk: nv x kmax must fit s */
     const int32_t lds = kmax;
     for (int32_t j0 = it->klo; j0 <= it->khi;) {
@@ -159,8 +159,8 @@ static bool tile_path(const attend_job *j) {
 static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
                         int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
     const int32_t d = j->d, G = j->G, kmax = tile_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
-    float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
-    float kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
+    LINE_ALIGNED float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
+    LINE_ALIGNED float kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
     int32_t pos[ATT_ACC_ELEMS + 16], nts[TILE_SUBS], ldqs[TILE_SUBS]; /* sub-tile t: vectors, lanes */
     for (int32_t t = 0; t < n_sub; t++) {
         const int32_t i0 = t * sub, nt = nts[t] = nv - i0 < sub ? nv - i0 : sub, ldq = ldqs[t] = (nt + 15) & ~15;
@@ -294,7 +294,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     int32_t lo[KV_DECODE_VECS], hi[KV_DECODE_VECS];
     const key_source first = item_source(j, it);
     /* KV_Q8 on a kernel with integer scores: the queries as int16, once */
-    int16_t qi[ATT_WIDE_ELEMS];
+    LINE_ALIGNED int16_t qi[ATT_WIDE_ELEMS];
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
@@ -313,7 +313,8 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
         }
         prefetch_scales(it, next);
         /* every head's K in the page, then every head's V: two runs through memory */
-        float w[KV_WIDE_HEADS][KV_DECODE_VECS][16], corr[KV_WIDE_HEADS][KV_DECODE_VECS];
+        LINE_ALIGNED float w[KV_WIDE_HEADS][KV_DECODE_VECS][16];
+        float corr[KV_WIDE_HEADS][KV_DECODE_VECS];
         for (int pass = 0; pass < 2; pass++)
             for (int32_t a = 0; a < it->n_heads; a++) {
                 const size_t at = (size_t)a * nv;
@@ -357,7 +358,8 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     const int32_t d = j->d, nv = it->v1 - it->v0, hn = it->n_heads;
     int32_t row0, T, S;
     item_seq(j, it, &row0, &T, &S);
-    float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS], m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
+    LINE_ALIGNED float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS];
+    float m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
     /* the scale goes into q once: s = (scale q) . k */
     for (int32_t a = 0; a < hn; a++)
         for (int32_t i = 0; i < nv; i++) {

@@ -60,6 +60,13 @@ struct kv_attend_work {
  * (hence every rounding) does not depend on the page size or key layout. */
 enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
 
+/* The kernels' buffers on the stack start on a cache line: a 64-byte vector
+ * load or store that straddles two lines costs two. The frame is aligned to
+ * only 16 or 32 bytes otherwise; T = S = 2048, H32/Hkv8/d128 f16 prefill on
+ * Sapphire Rapids, 2 threads: 255 -> 287 GFLOP/s (+12%) over 8 interleaved
+ * runs. */
+#define LINE_ALIGNED _Alignas(64)
+
 /* Decode-like groups (at most KV_SPLIT_ROWS rows) are cut into splits of
  * KV_SPLIT keys at fixed absolute positions, attended in parallel and combined
  * by log-sum-exp in split order (flash-decoding): one long sequence keeps every
