@@ -38,18 +38,22 @@ void llm_scratch_free(llm_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* n floats from a cache line on: the kernels' 64-byte vectors never
+ * straddle two lines at a row start (malloc gives 16 bytes) */
+static float *line_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63); }
+
 int llm_scratch_alloc(llm_scratch *s, const llm_hparams *hp, int32_t rows) {
     size_t r = (size_t)rows, qd = (size_t)hp->n_heads * (size_t)hp->head_dim;
     size_t kvd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
     s->rows = rows;
-    s->x = malloc(sizeof(float) * r * (size_t)hp->dim);
-    s->h = malloc(sizeof(float) * r * (size_t)hp->dim);
-    s->q = malloc(sizeof(float) * r * qd);
-    s->k = malloc(sizeof(float) * r * kvd);
-    s->v = malloc(sizeof(float) * r * kvd);
-    s->att = malloc(sizeof(float) * r * qd);
-    s->gate = malloc(sizeof(float) * r * (size_t)hp->ffn_dim);
-    s->up = malloc(sizeof(float) * r * (size_t)hp->ffn_dim);
+    s->x = line_floats(r * (size_t)hp->dim);
+    s->h = line_floats(r * (size_t)hp->dim);
+    s->q = line_floats(r * qd);
+    s->k = line_floats(r * kvd);
+    s->v = line_floats(r * kvd);
+    s->att = line_floats(r * qd);
+    s->gate = line_floats(r * (size_t)hp->ffn_dim);
+    s->up = line_floats(r * (size_t)hp->ffn_dim);
     s->pos = malloc(sizeof(int32_t) * r);
     s->out_rows = malloc(sizeof(int32_t) * r);
     int64_t widest = hp->dim > (int64_t)qd ? hp->dim : (int64_t)qd;
