@@ -128,9 +128,9 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
  * own: the chunks end at the same absolute positions, keys it does not see
  * are masked or skipped. Four sub-tiles share each chunk's conversion:
  * T = S = 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids, 222 -> 247
- * GFLOP/s over two (three interleaved runs each). An item's vectors and
- * accumulators, TILE_SUBS x ATT_ACC_ELEMS floats at most, fill the wide
- * buffers (qbuf, acc) of run_item. */
+ * GFLOP/s over two (three interleaved runs each). An item's vectors,
+ * transposed (qt), and its accumulators, TILE_SUBS x ATT_ACC_ELEMS floats at
+ * most each, fill the wide buffers (qbuf, acc) of run_item. */
 enum { TILE_SCRATCH = 8192, TILE_SUBS = 4 };
 _Static_assert(TILE_SUBS * ATT_ACC_ELEMS <= ATT_WIDE_ELEMS, "an item's vectors fit run_item's buffers");
 
@@ -156,17 +156,26 @@ static bool tile_path(const attend_job *j) {
     return j->simd->tile_block && j->d % 16 == 0 && (tile_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
 }
 
-static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, const float *qbuf,
-                        int32_t nv, int32_t pos0, float *m, float *l, float *acc) {
+/* Query vector i of head a of the item: its row of q (and of out). */
+static size_t vec_offset(const attend_job *j, const kv_work_item *it, int32_t row0, int32_t a, int32_t i) {
+    const int32_t vec = it->v0 + i, r = vec / j->G, h = vec % j->G;
+    return ((size_t)(row0 + r) * j->H + (size_t)(it->head + a) * j->G + h) * j->d;
+}
+
+static void attend_tile(const attend_job *j, const kv_work_item *it, const key_source *src, int32_t row0,
+                        int32_t nv, int32_t pos0, float *qt, float *m, float *l, float *acc) {
     const int32_t d = j->d, G = j->G, kmax = tile_chunk(d), sub = tile_sub(d), n_sub = (nv + sub - 1) / sub;
-    LINE_ALIGNED float qt[TILE_SUBS * ATT_ACC_ELEMS], s[TILE_SCRATCH]; /* sub-tile t's d x ldq at t * sub * d */
-    LINE_ALIGNED float kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
+    LINE_ALIGNED float s[TILE_SCRATCH], kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
     int32_t pos[ATT_ACC_ELEMS + 16], nts[TILE_SUBS], ldqs[TILE_SUBS]; /* sub-tile t: vectors, lanes */
+    /* qt: sub-tile t's d x ldq at t * sub * d, the scale in (s = (scale q) . k),
+     * straight from q: each vector read once, in order */
     for (int32_t t = 0; t < n_sub; t++) {
         const int32_t i0 = t * sub, nt = nts[t] = nv - i0 < sub ? nv - i0 : sub, ldq = ldqs[t] = (nt + 15) & ~15;
-        for (int32_t e = 0; e < d; e++)
-            for (int32_t i = 0; i < ldq; i++)
-                qt[(size_t)i0 * d + (size_t)e * ldq + i] = i < nt ? qbuf[(size_t)(i0 + i) * d + e] : 0.0f;
+        float *qs = qt + (size_t)i0 * d;
+        for (int32_t i = 0; i < ldq; i++) {
+            const float *qv = i < nt ? j->q + vec_offset(j, it, row0, 0, i0 + i) : NULL;
+            for (int32_t e = 0; e < d; e++) qs[(size_t)e * ldq + i] = qv ? qv[e] * j->scale : 0.0f;
+        }
     }
     /* the lanes the kernel reads: up to the last sub-tile's, rounded up to 16 */
     for (int32_t i = 0; i < (n_sub - 1) * sub + ldqs[n_sub - 1]; i++) {
@@ -335,12 +344,6 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     }
 }
 
-/* Query vector i of head a of the item: its row of q (and of out). */
-static size_t vec_offset(const attend_job *j, const kv_work_item *it, int32_t row0, int32_t a, int32_t i) {
-    const int32_t vec = it->v0 + i, r = vec / j->G, h = vec % j->G;
-    return ((size_t)(row0 + r) * j->H + (size_t)(it->head + a) * j->G + h) * j->d;
-}
-
 /* dst = src * s, eight elements a step: a fixed-length inner loop the
  * compiler takes as one vector operation (the same bits as one at a time),
  * so a row streams from memory a few loads per line, not one per element. */
@@ -360,23 +363,22 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     item_seq(j, it, &row0, &T, &S);
     LINE_ALIGNED float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS];
     float m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
-    /* the scale goes into q once: s = (scale q) . k */
-    for (int32_t a = 0; a < hn; a++)
-        for (int32_t i = 0; i < nv; i++) {
-            const float *qv = j->q + vec_offset(j, it, row0, a, i);
-            float *dst = qbuf + ((size_t)a * nv + i) * d;
-            scaled_row(dst, qv, j->scale, d);
-            m[a * nv + i] = -INFINITY, l[a * nv + i] = 0;
-        }
+    for (int32_t i = 0; i < hn * nv; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
-    if (decode_shaped(j, nv)) {
-        attend_decode(j, it, S - T, qbuf, m, l, acc);
-    } else if (tile_path(j)) {
+    if (!decode_shaped(j, nv) && tile_path(j)) {
         key_source src = item_source(j, it);
-        attend_tile(j, it, &src, qbuf, nv, S - T, m, l, acc);
+        attend_tile(j, it, &src, row0, nv, S - T, qbuf, m, l, acc); /* qbuf holds q transposed */
     } else {
-        key_source src = item_source(j, it);
-        attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);
+        /* the scale goes into q once: s = (scale q) . k */
+        for (int32_t a = 0; a < hn; a++)
+            for (int32_t i = 0; i < nv; i++)
+                scaled_row(qbuf + ((size_t)a * nv + i) * d, j->q + vec_offset(j, it, row0, a, i), j->scale, d);
+        if (decode_shaped(j, nv)) {
+            attend_decode(j, it, S - T, qbuf, m, l, acc);
+        } else {
+            key_source src = item_source(j, it);
+            attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);
+        }
     }
     if (it->partial >= 0) { /* a split: keep, per head, m [nv] | l [nv] | acc [nv][d] */
         for (int32_t a = 0; a < hn; a++) {
