@@ -191,8 +191,10 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
             const int32_t i0 = t * sub, nt = nts[t], ldq = ldqs[t];
             /* the chunk is past the sub-tile's last position, or before its first one's window */
             if (j0 > pos[i0 + nt - 1] || (j->window > 0 && j0 + n - 1 <= pos[i0] - j->window)) continue;
-            j->simd->tile_block(qt + (size_t)i0 * d, nt, ldq, d, kc, vc, n, j0, pos + i0, j->window, m + i0, l + i0,
-                                acc + (size_t)i0 * d, s);
+            /* up to its last position: the keys after it it would mask, whose weights are exactly 0 */
+            const int32_t seen = pos[i0 + nt - 1] - j0 + 1 < n ? pos[i0 + nt - 1] - j0 + 1 : n;
+            j->simd->tile_block(qt + (size_t)i0 * d, nt, ldq, d, kc, vc, seen, j0, pos + i0, j->window, m + i0,
+                                l + i0, acc + (size_t)i0 * d, s);
         }
         j0 += n;
     }
