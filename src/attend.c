@@ -153,7 +153,7 @@ static int32_t tile_subs(int32_t d) { return att_tile(d) >= 16 ? TILE_SUBS : 1; 
 
 static bool tile_path(const attend_job *j) {
     const int32_t ldq = (tile_sub(j->d) + 15) & ~15;
-    return j->simd->tile_block && j->d % 16 == 0 && (tile_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
+    return j->simd->tile_block && j->simd->tile_q && j->d % 16 == 0 && (tile_chunk(j->d) + 1) * ldq <= TILE_SCRATCH;
 }
 
 /* Query vector i of head a of the item: its row of q (and of out). */
@@ -168,14 +168,12 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
     LINE_ALIGNED float s[TILE_SCRATCH], kbuf[TILE_CHUNK_ELEMS], vbuf[TILE_CHUNK_ELEMS];
     int32_t pos[ATT_ACC_ELEMS + 16], nts[TILE_SUBS], ldqs[TILE_SUBS]; /* sub-tile t: vectors, lanes */
     /* qt: sub-tile t's d x ldq at t * sub * d, the scale in (s = (scale q) . k),
-     * straight from q: each vector read once, in order */
+     * straight from the rows of q */
     for (int32_t t = 0; t < n_sub; t++) {
         const int32_t i0 = t * sub, nt = nts[t] = nv - i0 < sub ? nv - i0 : sub, ldq = ldqs[t] = (nt + 15) & ~15;
-        float *qs = qt + (size_t)i0 * d;
-        for (int32_t i = 0; i < ldq; i++) {
-            const float *qv = i < nt ? j->q + vec_offset(j, it, row0, 0, i0 + i) : NULL;
-            for (int32_t e = 0; e < d; e++) qs[(size_t)e * ldq + i] = qv ? qv[e] * j->scale : 0.0f;
-        }
+        const float *rows[ATT_ACC_ELEMS / 16]; /* nt <= att_tile(d), d >= 16 */
+        for (int32_t i = 0; i < nt; i++) rows[i] = j->q + vec_offset(j, it, row0, 0, i0 + i);
+        j->simd->tile_q(rows, nt, d, j->scale, ldq, qt + (size_t)i0 * d);
     }
     /* the lanes the kernel reads: up to the last sub-tile's, rounded up to 16 */
     for (int32_t i = 0; i < (n_sub - 1) * sub + ldqs[n_sub - 1]; i++) {

@@ -139,6 +139,10 @@ typedef struct {
     void (*tile_block)(const float *qt, int32_t nv, int32_t ldq, int32_t d, const float *k, const float *v,
                        int32_t n, int32_t j0, const int32_t *pos, int32_t window, float *m, float *l, float *acc,
                        float *s);
+    /* tile_block's qt from n <= ldq query vectors (ldq % 16 == 0, d % 16 ==
+     * 0): qt[e][i] = scale * rows[i][e], 0 for the lanes i >= n (NULL where
+     * tile_block is). */
+    void (*tile_q)(const float *const *rows, int32_t n, int32_t d, float scale, int32_t ldq, float *qt);
 } kv_simd;
 
 enum { KV_DECODE_VECS = 8 };

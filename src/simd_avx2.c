@@ -607,9 +607,42 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     }
 }
 
+/* qt[e][i] = scale rows[i][e], eight vectors by eight dims a step, the rows
+ * loaded whole and transposed in registers (as in simd_avx512.c). */
+static void tile_q(const float *const *rows, int32_t n, int32_t d, float scale, int32_t ldq, float *qt) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int32_t i0 = 0; i0 < ldq; i0 += 8)
+        for (int32_t e0 = 0; e0 < d; e0 += 8) {
+            __m256 r[8], a[8], b[8];
+#pragma GCC unroll 8
+            for (int32_t x = 0; x < 8; x++)
+                r[x] = i0 + x < n ? _mm256_mul_ps(_mm256_loadu_ps(rows[i0 + x] + e0), sc) : _mm256_setzero_ps();
+            /* within 128-bit lanes: b[4 y + c] lane L holds dim 4 L + c of vectors 4 y .. 4 y + 3 */
+#pragma GCC unroll 4
+            for (int32_t x = 0; x < 8; x += 2) {
+                a[x] = _mm256_unpacklo_ps(r[x], r[x + 1]);
+                a[x + 1] = _mm256_unpackhi_ps(r[x], r[x + 1]);
+            }
+#pragma GCC unroll 2
+            for (int32_t x = 0; x < 8; x += 4) {
+                b[x] = _mm256_shuffle_ps(a[x], a[x + 2], 0x44);
+                b[x + 1] = _mm256_shuffle_ps(a[x], a[x + 2], 0xee);
+                b[x + 2] = _mm256_shuffle_ps(a[x + 1], a[x + 3], 0x44);
+                b[x + 3] = _mm256_shuffle_ps(a[x + 1], a[x + 3], 0xee);
+            }
+            /* then across the lanes: dims c and 4 + c from b[c] and b[4 + c] */
+            float *out = qt + (size_t)e0 * ldq + i0;
+#pragma GCC unroll 4
+            for (int32_t c = 0; c < 4; c++) {
+                _mm256_storeu_ps(out + (size_t)c * ldq, _mm256_permute2f128_ps(b[c], b[4 + c], 0x20));
+                _mm256_storeu_ps(out + (size_t)(4 + c) * ldq, _mm256_permute2f128_ps(b[c], b[4 + c], 0x31));
+            }
+        }
+}
+
 static const kv_simd avx2 = {.name = "avx2", .load_rows = load_rows, .dot_rows = dot_rows, .exp_sum = exp_sum,
                              .axpy_rows = axpy_rows, .decode_scores = decode_scores, .decode_values = decode_values,
-                             .tile_block = tile_block};
+                             .tile_block = tile_block, .tile_q = tile_q};
 
 const kv_simd *kv_simd_avx2(void) { return kv_cpu_avx2() ? &avx2 : NULL; }
 #else

@@ -613,11 +613,50 @@ static void tile_block(const float *qt, int32_t nv, int32_t ldq, int32_t d, cons
     }
 }
 
+/* qt[e][i] = scale rows[i][e], sixteen vectors by sixteen dims a step: the
+ * rows loaded whole (sixteen lines in flight, where one float a step kept
+ * the reads of q from memory waiting) and transposed in registers. */
+static void tile_q(const float *const *rows, int32_t n, int32_t d, float scale, int32_t ldq, float *qt) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int32_t i0 = 0; i0 < ldq; i0 += 16)
+        for (int32_t e0 = 0; e0 < d; e0 += 16) {
+            __m512 r[16], a[16], b[16];
+#pragma GCC unroll 16
+            for (int32_t x = 0; x < 16; x++)
+                r[x] = i0 + x < n ? _mm512_mul_ps(_mm512_loadu_ps(rows[i0 + x] + e0), sc) : _mm512_setzero_ps();
+            /* within 128-bit lanes: b[4 y + c] lane L holds dim 4 L + c of vectors 4 y .. 4 y + 3 */
+#pragma GCC unroll 8
+            for (int32_t x = 0; x < 16; x += 2) {
+                a[x] = _mm512_unpacklo_ps(r[x], r[x + 1]);
+                a[x + 1] = _mm512_unpackhi_ps(r[x], r[x + 1]);
+            }
+#pragma GCC unroll 4
+            for (int32_t x = 0; x < 16; x += 4) {
+                b[x] = _mm512_shuffle_ps(a[x], a[x + 2], 0x44);
+                b[x + 1] = _mm512_shuffle_ps(a[x], a[x + 2], 0xee);
+                b[x + 2] = _mm512_shuffle_ps(a[x + 1], a[x + 3], 0x44);
+                b[x + 3] = _mm512_shuffle_ps(a[x + 1], a[x + 3], 0xee);
+            }
+            /* then across lanes: dims c, 4 + c, 8 + c, 12 + c from b[c], b[4 + c], b[8 + c], b[12 + c] */
+            float *out = qt + (size_t)e0 * ldq + i0;
+#pragma GCC unroll 4
+            for (int32_t c = 0; c < 4; c++) {
+                const __m512 p = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88), q = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xdd);
+                const __m512 p2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
+                const __m512 q2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xdd);
+                _mm512_storeu_ps(out + (size_t)c * ldq, _mm512_shuffle_f32x4(p, p2, 0x88));
+                _mm512_storeu_ps(out + (size_t)(8 + c) * ldq, _mm512_shuffle_f32x4(p, p2, 0xdd));
+                _mm512_storeu_ps(out + (size_t)(4 + c) * ldq, _mm512_shuffle_f32x4(q, q2, 0x88));
+                _mm512_storeu_ps(out + (size_t)(12 + c) * ldq, _mm512_shuffle_f32x4(q, q2, 0xdd));
+            }
+        }
+}
+
 /* Two tables, told apart by the int16-query q8 scores: VNNI's where the CPU has it */
 #define AVX512_TABLE(Q8I)                                                                                     \
     {.name = "avx512", .load_rows = load_rows, .dot_rows = dot_rows, .exp_sum = exp_sum, .axpy_rows = axpy_rows, \
      .decode_scores = decode_scores, .decode_values = decode_values, .decode_scores_q8i = Q8I,                  \
-     .tile_block = tile_block}
+     .tile_block = tile_block, .tile_q = tile_q}
 static const kv_simd avx512_vnni = AVX512_TABLE(decode_scores_q8i_vnni), avx512_bw = AVX512_TABLE(decode_scores_q8i_bw);
 #undef AVX512_TABLE
 
