@@ -189,7 +189,7 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
             const int32_t i0 = t * sub, nt = nts[t], ldq = ldqs[t];
             /* the chunk is past the sub-tile's last position, or before its first one's window */
             if (j0 > pos[i0 + nt - 1] || (j->window > 0 && j0 + n - 1 <= pos[i0] - j->window)) continue;
-            /* up to its last position: the keys after it it would mask, whose weights are exactly 0 */
+            /* only up to its last position: it would mask the keys after it to weights of exactly 0 */
             const int32_t seen = pos[i0 + nt - 1] - j0 + 1 < n ? pos[i0 + nt - 1] - j0 + 1 : n;
             j->simd->tile_block(qt + (size_t)i0 * d, nt, ldq, d, kc, vc, seen, j0, pos + i0, j->window, m + i0,
                                 l + i0, acc + (size_t)i0 * d, s);
@@ -354,6 +354,15 @@ static void scaled_row(float *restrict dst, const float *restrict src, float s, 
     for (; e < n; e++) dst[e] = src[e] * s;
 }
 
+/* The item's query vectors (head a's vector i at (a nv + i) d) with the
+ * scale in, once: s = (scale q) . k. */
+static void scaled_queries(const attend_job *j, const kv_work_item *it, int32_t row0, float *qbuf) {
+    const int32_t nv = it->v1 - it->v0;
+    for (int32_t a = 0; a < it->n_heads; a++)
+        for (int32_t i = 0; i < nv; i++)
+            scaled_row(qbuf + ((size_t)a * nv + i) * j->d, j->q + vec_offset(j, it, row0, a, i), j->scale, j->d);
+}
+
 /* One work item: the online softmax of its query vectors over its keys. */
 static void run_item(void *ctx, int32_t index, int32_t thread) {
     const attend_job *j = ctx;
@@ -365,20 +374,16 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     float m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
     for (int32_t i = 0; i < hn * nv; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
-    if (!decode_shaped(j, nv) && tile_path(j)) {
+    if (decode_shaped(j, nv)) {
+        scaled_queries(j, it, row0, qbuf);
+        attend_decode(j, it, S - T, qbuf, m, l, acc);
+    } else if (tile_path(j)) {
         key_source src = item_source(j, it);
         attend_tile(j, it, &src, row0, nv, S - T, qbuf, m, l, acc); /* qbuf holds q transposed */
     } else {
-        /* the scale goes into q once: s = (scale q) . k */
-        for (int32_t a = 0; a < hn; a++)
-            for (int32_t i = 0; i < nv; i++)
-                scaled_row(qbuf + ((size_t)a * nv + i) * d, j->q + vec_offset(j, it, row0, a, i), j->scale, d);
-        if (decode_shaped(j, nv)) {
-            attend_decode(j, it, S - T, qbuf, m, l, acc);
-        } else {
-            key_source src = item_source(j, it);
-            attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);
-        }
+        key_source src = item_source(j, it);
+        scaled_queries(j, it, row0, qbuf);
+        attend_chunks(j, it, &src, qbuf, nv, S - T, m, l, acc);
     }
     if (it->partial >= 0) { /* a split: keep, per head, m [nv] | l [nv] | acc [nv][d] */
         for (int32_t a = 0; a < hn; a++) {
