@@ -70,6 +70,18 @@ static double attend_error_q(const kv_cache *c, int32_t seq, const kcase *k, con
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
+/* Selects the SIMD paths this CPU has, one after another, from *si = -1:
+ * for (int si = -1; next_simd(&si);) ...; false after the last, with the
+ * automatic choice back. */
+static bool next_simd(int *si) {
+    while (++*si < 3) {
+        if (kv_simd_select(simd_names[*si]) == KV_OK) return true;
+        printf("     %s: not available on this CPU, not tested here\n", simd_names[*si]);
+    }
+    kv_simd_select("auto");
+    return false;
+}
+
 static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const float *q, double *allow) {
     return attend_error_q(c, seq, k, q, NULL, allow);
 }
@@ -94,11 +106,7 @@ static double oracle_case(test_rng *r, const kcase *k, const char *simd) {
 TEST(kernels_every_simd_path_matches_the_oracle) {
     static const int dims[] = {64, 80, 96, 128, 256};
     int tested = 0;
-    for (int si = 0; si < 3; si++) {
-        if (kv_simd_select(simd_names[si]) != KV_OK) {
-            printf("     %s: not available on this CPU, not tested here\n", simd_names[si]);
-            continue;
-        }
+    for (int si = -1; next_simd(&si);) {
         tested++;
         test_rng r = {700};
         double worst = 0;
@@ -117,7 +125,6 @@ TEST(kernels_every_simd_path_matches_the_oracle) {
         printf("     %s: worst relative error %.2g\n", simd_names[si], worst);
     }
     CHECK(tested >= 1);
-    kv_simd_select("auto");
 }
 
 /* The KV_Q8 integer scores (AVX-512): on decode-shaped calls (T x G <= 8
@@ -181,8 +188,7 @@ TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
  * Decode (T = 1, 2) and prefill (T = 40), all query group sizes to 8. */
 TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
     int tested = 0;
-    for (int si = 0; si < 3; si++) {
-        if (kv_simd_select(simd_names[si]) != KV_OK) continue;
+    for (int si = -1; next_simd(&si);) {
         tested++;
         test_rng r = {951};
         for (int it = 0; it < 48; it++) { /* every group size, shape and storage type */
@@ -214,7 +220,6 @@ TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
         }
     }
     CHECK(tested >= 1);
-    kv_simd_select("auto");
 }
 
 /* A long windowed prefill: items of several sub-tiles, whose windows start
@@ -223,8 +228,7 @@ TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
  * exactly the ones it sees; and d = 384, one sub-tile of 10 vectors an item. */
 TEST(kernels_prefill_sub_tiles_see_exactly_their_windows) {
     int tested = 0;
-    for (int si = 0; si < 3; si++) {
-        if (kv_simd_select(simd_names[si]) != KV_OK) continue;
+    for (int si = -1; next_simd(&si);) {
         tested++;
         test_rng r = {901};
         for (int g = 1; g <= 8; g *= 4)
@@ -236,7 +240,6 @@ TEST(kernels_prefill_sub_tiles_see_exactly_their_windows) {
             }
     }
     CHECK(tested >= 1);
-    kv_simd_select("auto");
 }
 
 /* The outputs of one decode-like and one prefill-like call under `threads`. */
