@@ -206,10 +206,10 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
         for (int32_t kk = 0; kk < KP; kk++) _mm256_store_ps(tmp[i][j + kk], a[i][kk]);
 }
 
-/* vhaddps, as two shuffles and an add: the same sums of the same pairs (so
- * the same bits) in fewer micro-ops on Zen 3; the score trees' hadds cost
- * H9/Hkv3/d64 decode a quarter of its dots there (the dots of one block,
- * in L1: 332 -> 311 cycles, H32/Hkv8/d128 676 -> 652, the best of 3 x 15). */
+/* vhaddps, as two shuffles and an add: the same sums of the same pairs, so
+ * the same bits, and faster on Zen 3, where the trees below are a fifth of
+ * a block's dots at d = 64 (one block's dots, in L1: H9/Hkv3/d64 332 -> 311
+ * cycles, H32/Hkv8/d128 676 -> 652, the best of 3 x 15 runs). */
 static inline __m256 hadd8(__m256 a, __m256 b) {
     return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
 }
