@@ -17,7 +17,9 @@
 #
 # Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build),
 # PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
-# any interpreter that has numpy and pytest, which then skips the venv).
+# any interpreter that has numpy and pytest, which then skips the venv),
+# TEST_JOBS (processes sharing the C suite, 2 by default: most tests use one
+# core, and the sanitizer runs take minutes; 1 prints a failure's lines in order).
 
 .DEFAULT_GOAL := all
 
@@ -103,8 +105,9 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
 
 # ---------------------------------------------------------------- tests
+TEST_JOBS ?= 2
 test-c: $(BUILD)/run_tests $(BUILD)/kvcache
-	KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
+	KVCACHE_TEST_JOBS=$(TEST_JOBS) KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
 # The Debian packages first (scripts/deps.sh installs or says how), then the rest.
 test: deps

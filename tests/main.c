@@ -1,11 +1,19 @@
 /* tests/main.c - runs the registered tests; `run_tests [SUBSTRING]`.
  * KVCACHE_TEST_EXCLUDE=a,b,... leaves out the tests whose names contain any
  * of the substrings (the sanitizer and scalar runs leave out the slowest
- * real-model tests, which the plain run keeps), and says how many. */
+ * real-model tests, which the plain run keeps), and says how many.
+ * KVCACHE_TEST_JOBS=N runs them in N processes, each taking the next test
+ * not yet taken, so that a machine's cores share a slow (sanitizer) run; a
+ * test's lines come whole, but two tests' lines may interleave: run one job
+ * (the default) to read a failure's messages in order. */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -54,17 +62,19 @@ static int excluded(const char *name, const char *list) {
     return 0;
 }
 
-int main(int argc, char **argv) {
-    const char *filter = argc > 1 ? argv[1] : NULL, *exclude = getenv("KVCACHE_TEST_EXCLUDE");
-    int passed = 0, failed = 0, left_out = 0;
-    /* run in a stable order, whatever the link order */
-    qsort(tests, (size_t)n_tests, sizeof tests[0], by_name);
-    for (int i = 0; i < n_tests; i++) {
-        if (filter && !strstr(tests[i].name, filter)) continue;
-        if (excluded(tests[i].name, exclude)) {
-            left_out++;
-            continue;
-        }
+/* What the processes of one run share: the next test to take, the counts,
+ * and the test each worker is in (-1: none), to name one that dies. */
+typedef struct {
+    atomic_int next;
+    int passed, failed;
+    int running[64];
+} shared_counts;
+
+/* Takes tests in name order until none is left, counting each in `sh`. */
+static void run_some(shared_counts *sh, int worker, const char *filter, const char *exclude) {
+    for (int i; (i = atomic_fetch_add(&sh->next, 1)) < n_tests;) {
+        if ((filter && !strstr(tests[i].name, filter)) || excluded(tests[i].name, exclude)) continue;
+        sh->running[worker] = i;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         current_failed = 0;
@@ -73,9 +83,62 @@ int main(int argc, char **argv) {
         double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         printf("%-4s %s (%.0f ms)\n", current_failed ? "FAIL" : "ok", tests[i].name, ms);
         fflush(stdout);
-        if (current_failed) failed++; else passed++;
+        __atomic_add_fetch(current_failed ? &sh->failed : &sh->passed, 1, __ATOMIC_SEQ_CST); /* kept if it dies later */
     }
-    if (left_out) printf("%d passed, %d failed (%d left out by KVCACHE_TEST_EXCLUDE=%s)\n", passed, failed, left_out, exclude);
-    else printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    sh->running[worker] = -1;
+    fflush(stderr);
+}
+
+int main(int argc, char **argv) {
+    const char *filter = argc > 1 ? argv[1] : NULL, *exclude = getenv("KVCACHE_TEST_EXCLUDE");
+    const char *jobs_env = getenv("KVCACHE_TEST_JOBS");
+    const int jobs = jobs_env ? atoi(jobs_env) : 1;
+    if (jobs < 1 || jobs > 64) {
+        fprintf(stderr, "KVCACHE_TEST_JOBS must be 1..64, not '%s'\n", jobs_env);
+        return 2;
+    }
+    /* run in a stable order, whatever the link order */
+    qsort(tests, (size_t)n_tests, sizeof tests[0], by_name);
+    int left_out = 0;
+    for (int i = 0; i < n_tests; i++)
+        left_out += !(filter && !strstr(tests[i].name, filter)) && excluded(tests[i].name, exclude);
+    shared_counts *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        perror("run_tests: mmap");
+        return 2;
+    }
+    atomic_init(&sh->next, 0);
+    if (jobs == 1) { /* in this process: a debugger sees the tests */
+        run_some(sh, 0, filter, exclude);
+    } else { /* workers, and this process counts what they did, even when one dies */
+        fflush(stdout); /* nothing buffered for the workers to print again */
+        pid_t pids[64];
+        int started = 0;
+        for (int k = 0; k < jobs; k++) {
+            sh->running[k] = -1;
+            pids[k] = fork();
+            if (pids[k] == 0) {
+                run_some(sh, k, filter, exclude);
+                exit(0); /* exit, not _exit: LeakSanitizer checks a worker at exit */
+            }
+            if (pids[k] < 0) {
+                perror("run_tests: fork");
+                break;
+            }
+            started++;
+        }
+        if (started == 0) run_some(sh, 0, filter, exclude);
+        for (int k = 0; k < started; k++) {
+            int status;
+            if (waitpid(pids[k], &status, 0) == pids[k] && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+            /* in a test (a crash, a sanitizer's report), or after its last (a leak report) */
+            const int t = sh->running[k], code = WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status);
+            printf("FAIL %s (worker %d %s %d)\n", t >= 0 ? tests[t].name : "after its last test", k,
+                   WIFSIGNALED(status) ? "killed by signal" : "exited with status", code);
+            sh->failed++; /* the tests it had not taken, the others took */
+        }
+    }
+    if (left_out) printf("%d passed, %d failed (%d left out by KVCACHE_TEST_EXCLUDE=%s)\n", sh->passed, sh->failed, left_out, exclude);
+    else printf("%d passed, %d failed\n", sh->passed, sh->failed);
+    return sh->failed ? 1 : 0;
 }
