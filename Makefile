@@ -255,25 +255,27 @@ install-python: lib
 
 # ---------------------------------------------------------------- fuzzing
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from
-# tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each.
+# tests/fuzz/corpus_NAME when present, run for FUZZ_SECONDS each; each is its
+# own target, so that make -j2 fuzz builds and runs two at a time.
 FUZZ_SECONDS ?= 60
+FUZZ_RUNS := $(patsubst tests/fuzz/%.c,build-fuzz/%.done,$(wildcard tests/fuzz/fuzz_*.c))
 # The libraries are test-asan's build (ASAN_FLAGS carries fuzzer-no-link).
 fuzz: deps
 	$(MAKE) $(ASAN_FLAGS) build-asan/libkvengine.a build-asan/libkvcache.a
-	@mkdir -p build-fuzz
-	@for src in tests/fuzz/fuzz_*.c; do \
-	    name=$$(basename $$src .c); seeds=tests/fuzz/corpus_$${name#fuzz_}; \
-	    extra=; case $$name in fuzz_request) extra="server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)";; esac; \
-	    clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined \
-	        -Iinclude -Iengine $$src $$extra build-asan/libkvengine.a build-asan/libkvcache.a -lm -lpthread \
-	        -o build-fuzz/$$name || exit 1; \
-	    mkdir -p build-fuzz/corpus_$$name; \
-	    echo "== $$name: $(FUZZ_SECONDS) s"; \
-	    build-fuzz/$$name -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus_$$name \
-	        $$( [ -d $$seeds ] && echo $$seeds ) > build-fuzz/$$name.log 2>&1; rc=$$?; \
-	    tail -2 build-fuzz/$$name.log; \
-	    if [ $$rc -ne 0 ]; then cat build-fuzz/$$name.log | tail -40; echo "== $$name FAILED"; exit 1; fi; \
-	done
+	@rm -f $(FUZZ_RUNS)
+	@$(MAKE) --no-print-directory $(FUZZ_RUNS)
+
+build-fuzz/fuzz_request.done: FUZZ_EXTRA = server/request.c $(SERVER_CFLAGS) $(SERVER_LIBS)
+build-fuzz/%.done: tests/fuzz/%.c
+	@mkdir -p build-fuzz/corpus_$*
+	@clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -Iinclude -Iengine $< $(FUZZ_EXTRA) \
+	    build-asan/libkvengine.a build-asan/libkvcache.a -lm -lpthread -o build-fuzz/$*
+	@seeds=tests/fuzz/corpus_$(patsubst fuzz_%,%,$*); \
+	build-fuzz/$* -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus_$* $$( [ -d $$seeds ] && echo $$seeds ) \
+	    > build-fuzz/$*.log 2>&1; rc=$$?; \
+	echo "== $*: $(FUZZ_SECONDS) s"; tail -2 build-fuzz/$*.log; \
+	if [ $$rc -ne 0 ]; then tail -40 build-fuzz/$*.log; echo "== $* FAILED"; exit 1; fi
+	@touch $@
 
 clean:
 	rm -rf build build-asan build-portable build-fuzz build-tsan
