@@ -5,11 +5,14 @@
 #include "internal.h"
 
 #include <civetweb.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- replies */
 
@@ -300,6 +303,33 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* civetweb 1.15's listening thread notices mg_stop only when its poll()
+ * returns, which without a connection takes its 2-second quantum: every
+ * SIGTERM would wait that long. The waker connects to our own port (and
+ * closes at once) every 20 ms until mg_stop has returned, so that it returns
+ * within one tick. A connection refused or lost is of no matter. (A worker
+ * waiting on a client's idle keep-alive connection still takes up to one
+ * quantum to notice: civetweb gives no way to close it from outside.) */
+typedef struct {
+    const srv *s;
+    atomic_int done;
+} waker;
+
+static void *wake_listener(void *arg) {
+    waker *w = arg;
+    char port[16];
+    snprintf(port, sizeof port, "%d", w->s->port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV}, *ai = NULL;
+    if (getaddrinfo(w->s->host, port, &hints, &ai) != 0) return NULL;
+    while (!atomic_load(&w->done)) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0) connect(fd, ai->ai_addr, ai->ai_addrlen), close(fd);
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    freeaddrinfo(ai);
+    return NULL;
+}
+
 void srv_shutdown(srv *s) {
     if (!s) return;
     atomic_store(&s->state, SRV_STOPPING);   /* new requests: 503 */
@@ -310,7 +340,12 @@ void srv_shutdown(srv *s) {
     /* civetweb refuses writes once stopping: let the handlers write their
      * last chunks and [DONE] first (bounded: a stalled client cannot hold us) */
     for (int i = 0; i < 1000 && atomic_load(&s->generating) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    waker w = {.s = s};
+    atomic_init(&w.done, 0);
+    pthread_t wt;
+    int waking = pthread_create(&wt, NULL, wake_listener, &w) == 0;
     mg_stop(s->mg);                           /* waits for every worker */
+    if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
     llm_sched_free(s->sched);
     pthread_mutex_destroy(&s->metrics.mu);

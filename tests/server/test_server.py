@@ -287,3 +287,14 @@ def test_sigterm_ends_streams_cleanly():
     s.stop()             # exits 0 (checked by stop)
     rest = resp.read().decode()
     assert rest.rstrip().endswith("data: [DONE]")
+
+
+def test_an_idle_server_stops_at_once():
+    """civetweb notices mg_stop only when its listening poll returns (a 2 s
+    quantum); the server wakes it, so SIGTERM with no connection open ends
+    well inside that quantum. (urllib closes each connection after its reply.)"""
+    s = Server("-t", "1", "--ctx", "256")
+    assert s.get("/health")[0] == 200
+    t0 = time.monotonic()
+    s.stop()
+    assert time.monotonic() - t0 < 1.0
