@@ -389,20 +389,24 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
     }
 }
 
-#define ACT_T(T_, W_)                                                             \
-    do {                                                                          \
-        switch (nt) {                                                             \
-        case 1: act_rows(T_, w, nr, x, 1, nb, out, W_); break;                    \
-        case 2: act_rows(T_, w, nr, x, 2, nb, out, W_); break;                    \
-        case 3: act_rows(T_, w, nr, x, 3, nb, out, W_); break;                    \
-        default: act_rows(T_, w, nr, x, 4, nb, out, W_); break;                   \
-        }                                                                         \
-    } while (0)
-#define ACT_SHAPES(T_)                                     \
-    do {                                                   \
-        if (x[0].bits == LLM_ACT_Q16) ACT_T(T_, 1);        \
-        else ACT_T(T_, 0);                                 \
-    } while (0)
+/* One function per weight type and width, each holding its four T shapes:
+ * inlined all into llm_act_dot they made one 120 KB function that took gcc
+ * half a minute to compile, in each of the three builds of this file. */
+#define ACT_T(T_, W_)                                                                                  \
+    static __attribute__((noinline)) void act_##T_##_##W_(const uint8_t *const *w, int nr, const llm_act_row *x, \
+                                                          int nt, int64_t nb, float *out) {            \
+        switch (nt) {                                                                                  \
+        case 1: act_rows(T_, w, nr, x, 1, nb, out, W_); break;                                         \
+        case 2: act_rows(T_, w, nr, x, 2, nb, out, W_); break;                                         \
+        case 3: act_rows(T_, w, nr, x, 3, nb, out, W_); break;                                         \
+        default: act_rows(T_, w, nr, x, 4, nb, out, W_); break;                                        \
+        }                                                                                              \
+    }
+#define ACT_W(T_) ACT_T(T_, 0) ACT_T(T_, 1)
+ACT_W(LLM_TYPE_Q4_0) ACT_W(LLM_TYPE_Q4_1) ACT_W(LLM_TYPE_Q5_0) ACT_W(LLM_TYPE_Q8_0)
+ACT_W(LLM_TYPE_Q4_K) ACT_W(LLM_TYPE_Q5_K) ACT_W(LLM_TYPE_Q6_K)
+#undef ACT_W
+#undef ACT_T
 
 static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                      float *out);
@@ -411,16 +415,15 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
                                    int64_t nb, float *out) {
     if (nt > 4) return many_rows(type, w, nr, x, nt, nb, out);
     if (nt < 1) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    const int w16 = x[0].bits == LLM_ACT_Q16;
+#define CASE(T_) \
+    case T_: (w16 ? act_##T_##_1 : act_##T_##_0)(w, nr, x, nt, nb, out); return 0;
     switch (type) {
-    case LLM_TYPE_Q4_0: ACT_SHAPES(LLM_TYPE_Q4_0); return 0;
-    case LLM_TYPE_Q4_1: ACT_SHAPES(LLM_TYPE_Q4_1); return 0;
-    case LLM_TYPE_Q5_0: ACT_SHAPES(LLM_TYPE_Q5_0); return 0;
-    case LLM_TYPE_Q8_0: ACT_SHAPES(LLM_TYPE_Q8_0); return 0;
-    case LLM_TYPE_Q4_K: ACT_SHAPES(LLM_TYPE_Q4_K); return 0;
-    case LLM_TYPE_Q5_K: ACT_SHAPES(LLM_TYPE_Q5_K); return 0;
-    case LLM_TYPE_Q6_K: ACT_SHAPES(LLM_TYPE_Q6_K); return 0;
+        CASE(LLM_TYPE_Q4_0) CASE(LLM_TYPE_Q4_1) CASE(LLM_TYPE_Q5_0) CASE(LLM_TYPE_Q8_0)
+        CASE(LLM_TYPE_Q4_K) CASE(LLM_TYPE_Q5_K) CASE(LLM_TYPE_Q6_K)
     default: return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
     }
+#undef CASE
 }
 
 /* ---- packed groups of 8 rows (llm_pack_rows) ----
