@@ -389,9 +389,9 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
     }
 }
 
-/* One function per weight type and width, each holding its four T shapes:
- * inlined all into llm_act_dot they made one 120 KB function that took gcc
- * half a minute to compile, in each of the three builds of this file. */
+/* One function per weight type and width, each holding its four T shapes
+ * (noinline: all 56 shapes inlined into llm_act_dot made one 120 KB function,
+ * slower to compile and opaque in a profile). */
 #define ACT_T(T_, W_)                                                                                  \
     static __attribute__((noinline)) void act_##T_##_##W_(const uint8_t *const *w, int nr, const llm_act_row *x, \
                                                           int nt, int64_t nb, float *out) {            \
