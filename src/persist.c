@@ -110,6 +110,12 @@ static int read_header(const kv_cache *c, stream *s, int32_t *len, int32_t *firs
     *len = h[7];
     *first_pos = h[8];
     if (*len < 0 || *first_pos < 0 || *first_pos > *len) return KV_ERR_FORMAT;
+    /* Only a window evicts, and never a key the next query sees (at len: keys
+     * j > len - window); the positions of the first page below first_pos are
+     * restored as zeros, which that query must not see either. */
+    if (*first_pos > 0 && (c->p.window == 0 || (int64_t)*first_pos > (int64_t)*len - c->p.window + 1))
+        return KV_ERR_FORMAT;
+    if (*first_pos > 0 && c->p.no_evict) return KV_ERR_MISMATCH; /* saved by a cache that evicts */
     if (*len > c->p.max_seq_len) return KV_ERR_CAPACITY;
     return KV_OK;
 }

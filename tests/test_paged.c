@@ -406,6 +406,111 @@ TEST(restore_refuses_corrupt_truncated_and_mismatched_files) {
     kv_cache_free(c);
 }
 
+/* A saved file's bytes, and the same file made to start `drop` positions
+ * later (first_pos moved up, those positions' tokens and K/V cut out), its
+ * checksum made right again: what the checksum cannot catch. */
+static unsigned char *read_all(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    rewind(f);
+    unsigned char *b = malloc((size_t)*n);
+    CHECK(fread(b, 1, (size_t)*n, f) == (size_t)*n);
+    fclose(f);
+    return b;
+}
+
+static long starting_later(const unsigned char *file, long n, int32_t drop, unsigned char *out) {
+    enum { HEAD = 8 + 10 * 4 };
+    int32_t h[10];
+    memcpy(h, file + 8, sizeof h);
+    const int32_t count = h[7] - h[8];
+    const long per = (n - HEAD - 8 - 4L * count) / count; /* one position's K/V, every layer */
+    memcpy(out, file, HEAD);
+    h[8] += drop;
+    memcpy(out + 8, h, sizeof h);
+    long at = HEAD;
+    memcpy(out + at, file + HEAD + 4L * drop, 4L * (count - drop)), at += 4L * (count - drop);
+    memcpy(out + at, file + HEAD + 4L * count + per * drop, (size_t)(per * (count - drop))), at += per * (count - drop);
+    uint64_t sum = 0xCBF29CE484222325ull;
+    for (long i = 0; i < at; i++) sum = (sum ^ out[i]) * 0x100000001B3ull;
+    memcpy(out + at, &sum, sizeof sum);
+    return at + 8;
+}
+
+/* A file whose first positions are gone (first_pos > 0) comes only from a
+ * window that evicted them, and never with a key the next query would see:
+ * a crafted one would restore a sequence that no later call could attend
+ * (or one whose zero-filled first page it would), so it is refused. */
+TEST(restore_refuses_evicted_positions_that_no_window_could_have_evicted) {
+    enum { N = 13, W = 6, P = 4 };
+    char path[] = "/tmp/kvcache_evict_XXXXXX";
+    close(mkstemp(path));
+    float k[N * Hkv * d];
+    for (int i = 0; i < N * Hkv * d; i++) k[i] = (float)(i % 11) - 5;
+    kv_cache_params p = kv_cache_default_params();
+    p.n_kv_heads = Hkv, p.head_dim = d, p.dtype = KV_F16, p.page_size = P, p.n_pages = 16, p.max_seqs = 2;
+    unsigned char out[65536];
+    /* no window: nothing is ever evicted */
+    kv_cache *c;
+    CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+    int32_t s, s2, rows[2];
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, N, NULL), KV_OK);
+    kv_batch b = one_seq(&s, rows, N);
+    CHECK_EQ_INT(kv_append_f32(c, 0, &b, k, k), KV_OK);
+    CHECK_EQ_INT(kv_seq_save(c, s, path), KV_OK);
+    long n;
+    unsigned char *file = read_all(path, &n);
+    CHECK(n < (long)sizeof out);
+    for (int32_t drop = 1; drop <= P; drop += P - 1) {
+        write_file(path, out, starting_later(file, n, drop, out));
+        CHECK_REFUSED(c, kv_seq_restore(c, path, &s2), KV_ERR_FORMAT);
+    }
+    write_file(path, out, starting_later(file, n, 0, out)); /* the rewrite itself keeps a file good */
+    CHECK_EQ_INT(kv_seq_restore(c, path, &s2), KV_OK);
+    kv_cache_free(c);
+    free(file);
+
+    /* a window of W, decoded one token at a time: the first page goes */
+    p.window = W;
+    CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    for (int t = 0; t < N; t++) {
+        CHECK_EQ_INT(kv_seq_reserve(c, s, 1, NULL), KV_OK);
+        b = one_seq(&s, rows, 1);
+        CHECK_EQ_INT(kv_append_f32(c, 0, &b, k + t * Hkv * d, k + t * Hkv * d), KV_OK);
+    }
+    CHECK_EQ_INT(kv_seq_save(c, s, path), KV_OK);
+    file = read_all(path, &n);
+    int32_t h[10];
+    memcpy(h, file + 8, sizeof h);
+    CHECK(h[8] > 0 && h[8] <= N - W + 1); /* evicted, as the window allows */
+    CHECK_EQ_INT(kv_seq_restore(c, path, &s2), KV_OK); /* and it restores, to attend on */
+    float q[H * d], o[H * d];
+    for (int i = 0; i < H * d; i++) q[i] = (float)(i % 5) - 2;
+    CHECK_EQ_INT(kv_seq_reserve(c, s2, 1, NULL), KV_OK);
+    b = one_seq(&s2, rows, 1);
+    CHECK_EQ_INT(kv_append_f32(c, 0, &b, k, k), KV_OK);
+    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, H, q, o, 0), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s2), KV_OK);
+    /* past what the window evicts: the next query would see the zero-filled
+     * positions below first_pos */
+    const int32_t drop = N - W + 2 - h[8];
+    write_file(path, out, starting_later(file, n, drop, out));
+    CHECK_REFUSED(c, kv_seq_restore(c, path, &s2), KV_ERR_FORMAT);
+    /* a window that never evicts was not what saved it */
+    write_file(path, file, n);
+    p.no_evict = 1;
+    kv_cache *keep;
+    CHECK_EQ_INT(kv_cache_create(&p, &keep), KV_OK);
+    CHECK_REFUSED(keep, kv_seq_restore(keep, path, &s2), KV_ERR_MISMATCH);
+    kv_cache_free(keep);
+    kv_cache_free(c);
+    free(file);
+    remove(path);
+}
+
 /* ------------------------------------------------------------------ accounting */
 
 TEST(accounting_paging_wastes_at_most_one_partial_page_per_sequence) {
