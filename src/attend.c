@@ -403,6 +403,14 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     (void)thread;
 }
 
+/* acc += src * w, eight elements a step (as scaled_row). */
+static void add_scaled_row(float *restrict acc, const float *restrict src, float w, int32_t n) {
+    int32_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int32_t k = 0; k < 8; k++) acc[e + k] += src[e + k] * w;
+    for (; e < n; e++) acc[e] += src[e] * w;
+}
+
 /* out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s, for
  * the n consecutive split items starting at `first`, in split order. */
 static void combine(const attend_job *j, int32_t first, int32_t n) {
@@ -410,6 +418,7 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
     const int32_t d = j->d, nv = it->v1 - it->v0;
     int32_t row0, T, S;
     item_seq(j, it, &row0, &T, &S);
+    LINE_ALIGNED float sum[KV_MAX_HEAD_DIM];
     for (int32_t a = 0; a < it->n_heads; a++)
         for (int32_t i = 0; i < nv; i++) {
             const size_t head_off = (size_t)a * nv * (d + 2);
@@ -418,17 +427,15 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
                 const float mk = j->partials[j->items[first + k].partial + head_off + i];
                 M = mk > M ? mk : M;
             }
-            float *o = j->out + vec_offset(j, it, row0, a, i);
-            memset(o, 0, sizeof(float) * (size_t)d);
+            memset(sum, 0, sizeof(float) * (size_t)d);
             for (int32_t k = 0; k < n; k++) {
                 const float *p = j->partials + j->items[first + k].partial + head_off;
                 if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
                 const float w = kv_corr_exp(p[i], M); /* never 0: an infinite acc stays infinite */
                 L += p[nv + i] * w;
-                const float *ai = p + 2 * nv + (size_t)i * d;
-                for (int32_t e = 0; e < d; e++) o[e] += ai[e] * w;
+                add_scaled_row(sum, p + 2 * nv + (size_t)i * d, w, d);
             }
-            for (int32_t e = 0; e < d; e++) o[e] /= L;
+            scaled_row(j->out + vec_offset(j, it, row0, a, i), sum, 1.0f / L, d);
         }
 }
 
@@ -465,7 +472,8 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
             kv_work_item it = {.b = at.b, .head = at.head, .n_heads = hn, .v0 = at.v0, .v1 = v1, .klo = lo,
                                .khi = last, .partial = -1};
             const size_t split_size = (size_t)hn * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
-            int32_t splits = T <= KV_SPLIT_ROWS && partials ? last / KV_SPLIT - lo / KV_SPLIT + 1 : 1;
+            const int32_t len = kv_split_len(last - lo + 1);
+            int32_t splits = T <= KV_SPLIT_ROWS && partials ? last / len - lo / len + 1 : 1;
             size_t need = (size_t)splits * split_size;
             if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */
             if (splits > 1 && (used + need > partial_cap || n_items + splits > item_cap)) break; /* next wave */
@@ -474,8 +482,8 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
             } else {
                 for (int32_t k = 0; k < splits; k++) {
                     kv_work_item sp = it;
-                    sp.klo = k == 0 ? lo : (lo / KV_SPLIT + k) * KV_SPLIT;
-                    sp.khi = k == splits - 1 ? last : (lo / KV_SPLIT + k + 1) * KV_SPLIT - 1;
+                    sp.klo = k == 0 ? lo : (lo / len + k) * len;
+                    sp.khi = k == splits - 1 ? last : (lo / len + k + 1) * len - 1;
                     sp.partial = (int32_t)(used + (size_t)k * split_size);
                     items[n_items++] = sp;
                 }
@@ -605,6 +613,7 @@ kv_attend_work *kv_attend_work_create(int32_t max_seq_len, int32_t n_kv_heads) {
     /* room for every split of one longest sequence (all heads), within 64 MB;
      * untouched, the memory costs nothing */
     size_t splits = (size_t)max_seq_len / KV_SPLIT + 2;
+    if (splits < 4 + 2) splits = 4 + 2; /* a short group's splits (kv_split_len) */
     w->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * (size_t)n_kv_heads);
     if (w->partial_cap > (16u << 20)) w->partial_cap = 16u << 20;
     w->item_cap = 8192;
