@@ -261,6 +261,9 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         {.H = 9, .Hkv = 3, .d = 64, .S = 3001, .T = 4, .P = 7, .dtype = KV_Q8},
         {.H = 4, .Hkv = 4, .d = 80, .S = 700, .T = 300, .P = 16, .dtype = KV_BF16}, /* prefill tiles */
         {.H = 6, .Hkv = 1, .d = 96, .S = 2500, .T = 2, .P = 5, .window = 1500, .dtype = KV_F32},
+        {.H = 8, .Hkv = 2, .d = 128, .S = 600, .T = 1, .P = 16, .dtype = KV_F16},  /* 3 splits of 256 */
+        /* a 512-key window from 1488: 5 splits of 128, the first one short */
+        {.H = 4, .Hkv = 1, .d = 64, .S = 2000, .T = 1, .P = 16, .window = 512, .dtype = KV_Q8},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const kcase *k = &cases[ci];
@@ -281,8 +284,9 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         int32_t item_cap = c->work->item_cap;
         size_t partial_cap = c->work->partial_cap;
         c->work->item_cap = 7;
-        /* room for one sequence's splits, no more */
-        c->work->partial_cap = ((size_t)k->S / 1024 + 2) * (size_t)k->H * k->T * (k->d + 2);
+        /* room for one sequence's splits (of 1024 keys, or up to 4 + 1 short ones), no more */
+        const size_t splits = k->S / 1024 + 2 > 5 ? (size_t)k->S / 1024 + 2 : 5;
+        c->work->partial_cap = splits * (size_t)k->H * k->T * (k->d + 2);
         run_threads(c, seq, k, q, 3, many);
         CHECK(memcmp(one, many, sizeof(float) * n) == 0);
         c->work->item_cap = item_cap, c->work->partial_cap = partial_cap;
