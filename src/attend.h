@@ -76,7 +76,7 @@ enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 3
 
 /* Keys per split of a group that sees n keys: KV_SPLIT, or below 4 KV_SPLIT
  * keys the least power of two from KV_SPLIT_MIN that cuts them into at most
- * four splits. Decode keeps all of a sequence's heads in one item, so with
+ * four splits (five when they start between two multiples of it). Decode keeps all of a sequence's heads in one item, so with
  * splits of KV_SPLIT alone a context under 1024 keys (or a 512-key sliding
  * window) ran on one thread. Four, not more: each split costs a few
  * microseconds (its stream starts cold, and its partial result is combined),
@@ -87,6 +87,7 @@ static inline int32_t kv_split_len(int32_t n) {
     while (len < KV_SPLIT && 4 * len < n) len *= 2;
     return len;
 }
+
 static inline int32_t att_chunk(int32_t d) { return ATT_CHUNK_ELEMS / d < 1 ? 1 : ATT_CHUNK_ELEMS / d; }
 static inline int32_t att_tile(int32_t d) { return ATT_ACC_ELEMS / d < 1 ? 1 : ATT_ACC_ELEMS / d; }
 
