@@ -403,14 +403,6 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     (void)thread;
 }
 
-/* acc += src * w, eight elements a step (as scaled_row). */
-static void add_scaled_row(float *restrict acc, const float *restrict src, float w, int32_t n) {
-    int32_t e = 0;
-    for (; e + 8 <= n; e += 8)
-        for (int32_t k = 0; k < 8; k++) acc[e + k] += src[e + k] * w;
-    for (; e < n; e++) acc[e] += src[e] * w;
-}
-
 /* out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s, for
  * the n consecutive split items starting at `first`, in split order. */
 static void combine(const attend_job *j, int32_t first, int32_t n) {
@@ -433,7 +425,7 @@ static void combine(const attend_job *j, int32_t first, int32_t n) {
                 if (p[i] == -INFINITY) continue; /* this split saw none of the vector's keys */
                 const float w = kv_corr_exp(p[i], M); /* never 0: an infinite acc stays infinite */
                 L += p[nv + i] * w;
-                add_scaled_row(sum, p + 2 * nv + (size_t)i * d, w, d);
+                j->simd->axpy_rows(&w, p + 2 * nv + (size_t)i * d, 1, d, 1.0f, sum);
             }
             scaled_row(j->out + vec_offset(j, it, row0, a, i), sum, 1.0f / L, d);
         }

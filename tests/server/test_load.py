@@ -9,8 +9,10 @@ a greedy choice between two tokens whose log-probabilities lie within that of
 each other may go either way. A text that differs must first differ at such a
 tie, in both runs' own log-probabilities, and only a few may."""
 import threading
+from types import SimpleNamespace as NS
 
 import openai
+import pytest
 
 from conftest import Server
 from prom import value
@@ -94,9 +96,6 @@ def test_32_concurrent_streams_equal_their_solo_runs():
 
 def test_a_difference_passes_only_at_a_tie():
     """check_tie itself, on made-up steps: it must refuse what is not a tie."""
-    import pytest
-    from types import SimpleNamespace as NS
-
     def step(token, *alts):
         return NS(token=token, top_logprobs=[NS(token=t, logprob=lp) for t, lp in alts])
     common = [step(" a", (" a", -0.1), (" b", -3.0))]
