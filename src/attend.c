@@ -605,7 +605,7 @@ kv_attend_work *kv_attend_work_create(int32_t max_seq_len, int32_t n_kv_heads) {
     /* room for every split of one longest sequence (all heads), within 64 MB;
      * untouched, the memory costs nothing */
     size_t splits = (size_t)max_seq_len / KV_SPLIT + 2;
-    if (splits < 4 + 2) splits = 4 + 2; /* a short group's splits (kv_split_len) */
+    if (splits < KV_SPLIT_SHORT + 2) splits = KV_SPLIT_SHORT + 2; /* a short group's (kv_split_len) */
     w->partial_cap = splits * (ATT_WIDE_ELEMS + 2 * (size_t)KV_DECODE_VECS * (size_t)n_kv_heads);
     if (w->partial_cap > (16u << 20)) w->partial_cap = 16u << 20;
     w->item_cap = 8192;

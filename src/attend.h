@@ -72,19 +72,20 @@ enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
  * and combined by log-sum-exp in split order (flash-decoding): one long
  * sequence keeps every core busy, and the result is the same for any number
  * of threads. */
-enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 32 };
+enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_SHORT = 4, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 32 };
 
-/* Keys per split of a group that sees n keys: KV_SPLIT, or below 4 KV_SPLIT
- * keys the least power of two from KV_SPLIT_MIN that cuts them into at most
- * four splits (five when they start between two multiples of it). Decode keeps all of a sequence's heads in one item, so with
- * splits of KV_SPLIT alone a context under 1024 keys (or a 512-key sliding
- * window) ran on one thread. Four, not more: each split costs a few
+/* Keys per split of a group that sees n keys: KV_SPLIT, or below
+ * KV_SPLIT_SHORT x KV_SPLIT keys the least power of two from KV_SPLIT_MIN that
+ * cuts them into at most KV_SPLIT_SHORT splits (one more when they start
+ * between two multiples of it). Decode keeps all of a sequence's heads in
+ * one item, so with splits of KV_SPLIT alone a context under 1024 keys (or a
+ * 512-key sliding window) ran on one thread. Four, not more: each split costs a few
  * microseconds (its stream starts cold, and its partial result is combined),
  * and eight were slower on 2 threads from 2048 keys. It depends on n alone,
  * never on the threads. */
 static inline int32_t kv_split_len(int32_t n) {
     int32_t len = KV_SPLIT_MIN;
-    while (len < KV_SPLIT && 4 * len < n) len *= 2;
+    while (len < KV_SPLIT && KV_SPLIT_SHORT * len < n) len *= 2;
     return len;
 }
 
