@@ -552,15 +552,26 @@ KERNEL_INLINE tile_softmax(const bool all, int32_t live_n, int32_t ldq, int32_t 
          : live & _mm512_cmple_epi32_mask(_mm512_set1_epi32(j0 + (j)), p) &                                    \
                _mm512_cmpge_epi32_mask(_mm512_set1_epi32(j0 + (j)), lo))
     const __m512 mold = _mm512_loadu_ps(m);
-    __m512 mx = mold;
-    for (int32_t j = 0; j < n; j++) mx = _mm512_mask_max_ps(mx, VISIBLE(j), mx, _mm512_loadu_ps(s + (size_t)j * ldq));
+    /* four running maxima: one alone waits out each max's latency, key after
+     * key (2.5% of a prefill's time went to that chain; T = S = 1024,
+     * H32/Hkv8/d128 f16, 1 thread on Sapphire Rapids: 61.6 -> 60.4 ms a call,
+     * best of six interleaved rounds). The max is exact in any order; a NaN
+     * score makes its weight NaN whichever maximum it lands in. */
+    __m512 m4[4] = {mold, mold, mold, mold};
+    int32_t j = 0;
+    for (; j + 4 <= n; j += 4)
+#pragma GCC unroll 4
+        for (int32_t u = 0; u < 4; u++)
+            m4[u] = _mm512_mask_max_ps(m4[u], VISIBLE(j + u), m4[u], _mm512_loadu_ps(s + (size_t)(j + u) * ldq));
+    for (; j < n; j++) m4[0] = _mm512_mask_max_ps(m4[0], VISIBLE(j), m4[0], _mm512_loadu_ps(s + (size_t)j * ldq));
+    const __m512 mx = _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3]));
     /* corr = e^(m_old - m_new); 1 where nothing was ever seen, 0 on the first sight */
     const __mmask16 seen = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
     const __mmask16 had = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
     __m512 corr = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.0f), _mm512_setzero_ps());
     corr = _mm512_mask_mov_ps(corr, seen & had, exp16(_mm512_sub_ps(mold, mx)));
     __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l), corr);
-    for (int32_t j = 0; j < n; j++) {
+    for (j = 0; j < n; j++) {
         float *sj = s + (size_t)j * ldq;
         const __m512 w = _mm512_maskz_mov_ps(VISIBLE(j), exp16(_mm512_sub_ps(_mm512_loadu_ps(sj), mx)));
         _mm512_storeu_ps(sj, w);
