@@ -126,13 +126,16 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
  * update of the accumulators of each sub-tile that sees the chunk, all along
  * vector lanes. A sub-tile's arithmetic is what it would be as an item of its
  * own: the chunks end at the same absolute positions, keys it does not see
- * are masked or skipped. Four sub-tiles share each chunk's conversion:
- * T = S = 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids, 222 -> 247
- * GFLOP/s over two (three interleaved runs each). An item's vectors,
- * transposed (qt), and its accumulators, TILE_SUBS x ATT_ACC_ELEMS floats at
- * most each, fill the wide buffers (qbuf, acc) of run_item. */
-enum { TILE_SCRATCH = 8192, TILE_SUBS = 4 };
-_Static_assert(TILE_SUBS * ATT_ACC_ELEMS <= ATT_WIDE_ELEMS, "an item's vectors fit run_item's buffers");
+ * are masked or skipped. Sub-tiles sharing each chunk's conversion, T = S =
+ * 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids: 1 -> 4, 222 -> 247
+ * GFLOP/s over two (three interleaved runs each); 4 -> 8, 119.4 -> 116.5 ms
+ * a call, median of five interleaved rounds of ten (the conversion,
+ * load_rows, 5.0% -> 3.3% of the time). An item's vectors, transposed (qt), and its
+ * accumulators, TILE_ITEM_ELEMS floats at most each, go in the buffers
+ * (qbuf, acc) of run_item. */
+enum { TILE_SCRATCH = 8192, TILE_SUBS = 8, TILE_ITEM_ELEMS = TILE_SUBS * ATT_ACC_ELEMS };
+/* run_item's buffers: a decode item's wide rows or a tile item's vectors */
+enum { ITEM_ELEMS = (int)ATT_WIDE_ELEMS > (int)TILE_ITEM_ELEMS ? (int)ATT_WIDE_ELEMS : (int)TILE_ITEM_ELEMS };
 
 /* Keys per chunk on the tile path: twice att_chunk's budget up to 64 keys,
  * never fewer than att_chunk, so that each V block's accumulators stay in
@@ -370,7 +373,7 @@ static void run_item(void *ctx, int32_t index, int32_t thread) {
     const int32_t d = j->d, nv = it->v1 - it->v0, hn = it->n_heads;
     int32_t row0, T, S;
     item_seq(j, it, &row0, &T, &S);
-    LINE_ALIGNED float qbuf[ATT_WIDE_ELEMS], acc[ATT_WIDE_ELEMS];
+    LINE_ALIGNED float qbuf[ITEM_ELEMS], acc[ITEM_ELEMS];
     float m[ATT_ACC_ELEMS + 16], l[ATT_ACC_ELEMS + 16];
     for (int32_t i = 0; i < hn * nv; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, sizeof(float) * (size_t)hn * nv * d);
