@@ -130,9 +130,10 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
  * 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids: 1 -> 4, 222 -> 247
  * GFLOP/s over two (three interleaved runs each); 4 -> 8, 119.4 -> 116.5 ms
  * a call, median of five interleaved rounds of ten (the conversion,
- * load_rows, 5.0% -> 3.3% of the time). An item's vectors, transposed (qt), and its
- * accumulators, TILE_ITEM_ELEMS floats at most each, go in the buffers
- * (qbuf, acc) of run_item. */
+ * load_rows, 5.0% -> 3.3% of the time). An item's vectors, transposed (qt),
+ * and its accumulators, TILE_ITEM_ELEMS floats at most each, go in the
+ * buffers (qbuf, acc) of run_item: 128 KB each on the stack, where the
+ * pool's threads have 4 MB. */
 enum { TILE_SCRATCH = 8192, TILE_SUBS = 8, TILE_ITEM_ELEMS = TILE_SUBS * ATT_ACC_ELEMS };
 /* run_item's buffers: a decode item's wide rows or a tile item's vectors */
 enum { ITEM_ELEMS = (int)ATT_WIDE_ELEMS > (int)TILE_ITEM_ELEMS ? (int)ATT_WIDE_ELEMS : (int)TILE_ITEM_ELEMS };
