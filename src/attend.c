@@ -468,8 +468,9 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
             kv_work_item it = {.b = at.b, .head = at.head, .n_heads = hn, .v0 = at.v0, .v1 = v1, .klo = lo,
                                .khi = last, .partial = -1};
             const size_t split_size = (size_t)hn * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
-            const int32_t len = kv_split_len(last - lo + 1);
-            int32_t splits = T <= KV_SPLIT_ROWS && partials ? last / len - lo / len + 1 : 1;
+            const bool may_split = T <= KV_SPLIT_ROWS && partials; /* decode-like: prefill groups never split */
+            const int32_t len = may_split ? kv_split_len(last - lo + 1) : 0;
+            int32_t splits = may_split ? last / len - lo / len + 1 : 1;
             size_t need = (size_t)splits * split_size;
             if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */
             if (splits > 1 && (used + need > partial_cap || n_items + splits > item_cap)) break; /* next wave */

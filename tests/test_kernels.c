@@ -284,8 +284,9 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         int32_t item_cap = c->work->item_cap;
         size_t partial_cap = c->work->partial_cap;
         c->work->item_cap = 7;
-        /* room for one sequence's splits (of 1024 keys, or up to 4 + 1 short ones), no more */
-        const size_t splits = k->S / 1024 + 2 > 5 ? (size_t)k->S / 1024 + 2 : 5;
+        /* room for one sequence's splits (of KV_SPLIT keys, or up to KV_SPLIT_SHORT + 1 short ones), no more */
+        const size_t long_splits = (size_t)k->S / KV_SPLIT + 2;
+        const size_t splits = long_splits > KV_SPLIT_SHORT + 1 ? long_splits : KV_SPLIT_SHORT + 1;
         c->work->partial_cap = splits * (size_t)k->H * k->T * (k->d + 2);
         run_threads(c, seq, k, q, 3, many);
         CHECK(memcmp(one, many, sizeof(float) * n) == 0);
