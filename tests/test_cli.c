@@ -435,6 +435,7 @@ TEST(cli_a_nul_byte_in_a_prompt_file_is_tokenized_not_a_silent_cut) {
     r = EXPECT(args, NULL, 1);
     CHECK(strstr(r.err, "NUL byte at offset 5") != NULL);
     done(&r);
+    remove(file);
     /* perplexity over a text with a NUL near its start still sees the whole text */
     char *text = slurp("tests/data/perplexity_en.txt");
     size_t n = strlen(text);
