@@ -423,13 +423,9 @@ static int32_t build_batch(llm_sched *s, int32_t *n_seqs, int32_t *n_out) {
     return rows;
 }
 
-/* log-softmax of the raw logits into s->lsm; the top n ids into ids/lps. */
+/* The log-softmax of `token`, and of the n best ids (ties to the lower) into ids/lps. */
 static float logprobs_of(llm_sched *s, const float *logits, int32_t token, int32_t n, int32_t *ids, float *lps) {
-    float mx = logits[0];
-    for (int32_t v = 1; v < s->V; v++) mx = logits[v] > mx ? logits[v] : mx;
-    double sum = 0;
-    for (int32_t v = 0; v < s->V; v++) sum += exp((double)logits[v] - mx);
-    double lz = mx + log(sum);
+    const double lz = llm_log_sum_exp(logits, s->V);
     int32_t have = 0;
     for (int32_t v = 0; v < s->V && n > 0; v++) { /* insertion into the n best, ties to the lower id */
         if (have == n && logits[v] <= logits[ids[have - 1]]) continue;

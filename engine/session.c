@@ -4,6 +4,7 @@
 #include "session.h"
 #include "policy.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,10 +148,16 @@ int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n) {
     return LLM_OK;
 }
 
+/* Whether every logit is finite: sixteen a step in an inner loop of fixed
+ * length, which the compiler takes as vector operations (one at a time, a
+ * 262144-word vocabulary took 200 us a token). */
 static int all_finite(const float *x, int32_t n) {
-    for (int32_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return 0;
-    return 1;
+    int bad = 0;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int32_t k = 0; k < 16; k++) bad |= !(fabsf(x[i + k]) <= FLT_MAX);
+    for (; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX);
+    return !bad;
 }
 
 /* Sends text to the caller; nonzero when it asks to stop. */

@@ -76,6 +76,202 @@ TEST(engine_sampler_draws_follow_softmax_with_temperature_top_k_and_top_p) {
     check_frequencies(1.0f, 0, 0.9f, l, 5, p3);
 }
 
+/* The reference: the argmax as one plain loop (the first of the largest
+ * logits that are not NaN; the first that is not NaN when none is above
+ * -inf; 0 when all are NaN). */
+static int32_t ref_argmax(const float *l, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(l[i]) && (best < 0 || l[i] > l[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+TEST(engine_sampler_argmax_matches_a_plain_loop_on_ragged_lengths_ties_nan_and_inf) {
+    test_rng r = {11};
+    enum { N = 1000 };
+    float *l = malloc(sizeof(float) * N);
+    for (int trial = 0; trial < 400; trial++) {
+        const int32_t n = 1 + test_rng_int(&r, 0, N - 1);
+        const int kind = trial % 4; /* values from few distinct ones (ties), or continuous */
+        for (int32_t i = 0; i < n; i++) l[i] = kind == 0 ? (float)test_rng_int(&r, -3, 3) : (float)test_rng_normal(&r);
+        const int specials = test_rng_int(&r, 0, 6);
+        for (int k = 0; k < specials; k++) {
+            const float sp[3] = {NAN, -INFINITY, INFINITY};
+            l[test_rng_int(&r, 0, n - 1)] = sp[test_rng_int(&r, 0, trial % 8 == 1 ? 1 : 2)];
+        }
+        if (trial % 16 == 3) /* no finite logit: all NaN, or NaN and -inf */
+            for (int32_t i = 0; i < n; i++) l[i] = test_rng_int(&r, 0, 1) ? NAN : trial % 32 == 3 ? NAN : -INFINITY;
+        if (llm_argmax(l, n) != ref_argmax(l, n))
+            test_fail(__FILE__, __LINE__, "trial %d (n %d): argmax %d, the plain loop %d", trial, (int)n,
+                      (int)llm_argmax(l, n), (int)ref_argmax(l, n));
+    }
+    free(l);
+}
+
+/* The reference distribution, in double: tokens ranked by logit (NaN as
+ * -inf), then id; the top_k first; softmax at temp over them; the shortest
+ * best-first prefix whose mass reaches top_p; renormalized into p [V]. */
+static int by_logit_then_id(const void *pa, const void *pb, void *ctx) {
+    const float *l = ctx;
+    const int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    const double la = isnan(l[a]) ? -INFINITY : l[a], lb = isnan(l[b]) ? -INFINITY : l[b];
+    return la > lb ? -1 : la < lb ? 1 : a < b ? -1 : a > b;
+}
+
+static void ref_distribution(const float *l, int32_t V, double temp, int32_t top_k, double top_p, double *p) {
+    int32_t *rank = malloc(sizeof(int32_t) * (size_t)V);
+    for (int32_t i = 0; i < V; i++) rank[i] = i, p[i] = 0;
+    qsort_r(rank, (size_t)V, sizeof *rank, by_logit_then_id, (void *)l);
+    const int32_t k = top_k > 0 && top_k < V ? top_k : V;
+    double *w = malloc(sizeof(double) * (size_t)k), z = 0;
+    for (int32_t j = 0; j < k; j++) z += w[j] = isnan(l[rank[j]]) ? 0 : exp(((double)l[rank[j]] - l[rank[0]]) / temp);
+    int32_t keep = k;
+    double cum = 0;
+    for (int32_t j = 0; j < k && top_p < 1; j++)
+        if ((cum += w[j] / z) >= top_p) {
+            keep = j + 1;
+            break;
+        }
+    double kept = 0;
+    for (int32_t j = 0; j < keep; j++) kept += w[j];
+    for (int32_t j = 0; j < keep; j++) p[rank[j]] = w[j] / kept;
+    free(w), free(rank);
+}
+
+/* llm_sample_at over a grid of M draws u = (m + 1/2) / M: the share of the
+ * grid each token takes is its probability, within 2 / M (a token's share is
+ * one interval of [0, 1), or a few) plus 1e-5 of it (the float weights); a
+ * token outside the top-k or the nucleus is never drawn. */
+static void check_grid(const char *what, const float *l, int32_t V, float temp, int32_t top_k, float top_p,
+                       int32_t M) {
+    double *p = malloc(sizeof(double) * (size_t)V);
+    int32_t *count = calloc((size_t)V, sizeof(int32_t));
+    ref_distribution(l, V, temp, top_k, top_p, p);
+    llm_sampler s = make(temp, top_k, top_p, 1, V);
+    for (int32_t m = 0; m < M; m++) {
+        const int32_t t = llm_sample_at(&s, l, (m + 0.5) / M);
+        if (t < 0 || t >= V) {
+            test_fail(__FILE__, __LINE__, "%s: token %d of %d", what, (int)t, (int)V);
+            break;
+        }
+        count[t]++;
+    }
+    int bad = 0;
+    for (int32_t i = 0; i < V && bad < 5; i++) {
+        const double f = (double)count[i] / M;
+        if (p[i] == 0 ? count[i] != 0 : !(fabs(f - p[i]) <= 2.0 / M + 1e-5 * p[i])) {
+            test_fail(__FILE__, __LINE__, "%s (T %g, k %d, p %g): token %d drawn at %.6f of the grid, p = %.6f", what,
+                      temp, (int)top_k, top_p, (int)i, f, p[i]);
+            bad++;
+        }
+    }
+    llm_sampler_free(&s);
+    free(p), free(count);
+}
+
+TEST(engine_sampler_draws_match_a_double_reference_over_whole_vocabularies) {
+    test_rng r = {21};
+    /* 1501 tokens: blocks of 256 and runs of 16, with ragged ends */
+    enum { V = 1501, M = 20000 };
+    float *l = malloc(sizeof(float) * V);
+    for (int32_t i = 0; i < V; i++) l[i] = (float)(2.0 * test_rng_normal(&r));
+    check_grid("normal logits, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    check_grid("normal logits, nucleus 0.9", l, V, 1.0f, 0, 0.9f, M);
+    check_grid("normal logits, cold, nucleus 0.5", l, V, 0.3f, 0, 0.5f, M);
+    check_grid("normal logits, hot, nucleus 0.99", l, V, 2.0f, 0, 0.99f, M);
+    check_grid("normal logits, top-k 50, nucleus 0.8", l, V, 1.0f, 50, 0.8f, M);
+    /* peaked: a few tokens far above the rest (the nucleus is a handful of
+     * them, found after no fall of tau or one), with ties among them */
+    for (int j = 0; j < 12; j++) l[(j * 257 + 5) % V] = 12.0f - 0.5f * (float)(j / 2);
+    check_grid("peaked with ties, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    check_grid("peaked with ties, nucleus 0.3", l, V, 1.0f, 0, 0.3f, M);
+    check_grid("peaked with ties, nucleus 0.95", l, V, 0.7f, 0, 0.95f, M);
+    /* one token holds nearly all: the nucleus is it alone */
+    l[77] = 40.0f;
+    check_grid("one dominant token, nucleus 0.9", l, V, 1.0f, 0, 0.9f, M);
+    check_grid("one dominant token, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    /* flat: every token alike but for a little noise, so tau falls far */
+    for (int32_t i = 0; i < V; i++) l[i] = (float)(0.01 * test_rng_normal(&r));
+    check_grid("flat logits, nucleus 0.9", l, V, 1.0f, 0, 0.9f, M);
+    check_grid("flat logits, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    /* NaN and -inf logits are never drawn; logits far below the top have no weight */
+    for (int32_t i = 0; i < V; i++) l[i] = (float)(3.0 * test_rng_normal(&r));
+    for (int32_t i = 0; i < V; i += 97) l[i] = NAN;
+    for (int32_t i = 5; i < V; i += 89) l[i] = -INFINITY;
+    for (int32_t i = 7; i < V; i += 101) l[i] = -1000.0f;
+    check_grid("NaN, -inf and very low logits, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    check_grid("NaN, -inf and very low logits, nucleus 0.9", l, V, 1.0f, 0, 0.9f, M);
+    check_grid("NaN, -inf and very low logits, top-k 200", l, V, 1.0f, 200, 1.0f, M);
+    /* the last token the best: the ragged end of the last run and block */
+    l[V - 1] = 12.0f, l[V - 2] = 11.5f;
+    check_grid("the last two tokens best, top-k 3", l, V, 1.0f, 3, 1.0f, M);
+    check_grid("the last two tokens best, all tokens", l, V, 1.0f, 0, 1.0f, M);
+    check_grid("the last two tokens best, nucleus 0.5", l, V, 1.0f, 0, 0.5f, M);
+    /* tiny vocabularies: shorter than a run of 16 */
+    const float small[5] = {1.0f, 3.0f, 0.0f, 2.0f, -1.0f};
+    check_grid("five tokens, all", small, 5, 2.0f, 0, 1.0f, M);
+    check_grid("five tokens, nucleus 0.9", small, 5, 1.0f, 0, 0.9f, M);
+    free(l);
+}
+
+/* Two tokens d apart at temperature T: token 0's share of [0, 1), found by
+ * bisecting u to the one step between the tokens, is 1 / (1 + e^(d / T))
+ * within 1e-5 of the smaller share (the float weights, and their exp over
+ * its whole range of reduced arguments). */
+TEST(engine_sampler_two_token_shares_match_the_softmax_closely) {
+    const float temps[3] = {0.5f, 1.0f, 1.7f};
+    const int32_t ks[2] = {0, 2};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ki = 0; ki < 2; ki++) {
+            llm_sampler s = make(temps[ti], ks[ki], 1.0f, 1, 2);
+            for (double d = -30; d <= 30; d += 0.37) {
+                const float l[2] = {0.0f, (float)d};
+                const double p0 = 1 / (1 + exp((double)l[1] / temps[ti]));
+                const int32_t first = llm_sample_at(&s, l, 0.0);
+                double lo = 0, hi = 1; /* u below lo picks `first`, from hi the other */
+                for (int it = 0; it < 60; it++) {
+                    const double mid = (lo + hi) / 2;
+                    if (llm_sample_at(&s, l, mid) == first) lo = mid;
+                    else hi = mid;
+                }
+                const double share0 = first == 0 ? lo : 1 - lo, small = p0 < 1 - p0 ? p0 : 1 - p0;
+                if (!(fabs(share0 - p0) <= 1e-5 * small + 1e-15))
+                    test_fail(__FILE__, __LINE__, "T %g, k %d, d %g: token 0's share %.9g, softmax %.9g", temps[ti],
+                              (int)ks[ki], d, share0, p0);
+            }
+            llm_sampler_free(&s);
+        }
+}
+
+/* llm_log_sum_exp against the sum in double: within 1e-6, NaN logits left
+ * out; the cases with no finite logit by their rule. */
+TEST(engine_sampler_log_sum_exp_matches_double_and_leaves_nan_out) {
+    test_rng r = {31};
+    enum { N = 5000 };
+    float *l = malloc(sizeof(float) * N);
+    for (int trial = 0; trial < 40; trial++) {
+        const int32_t n = 1 + test_rng_int(&r, 0, N - 1);
+        const double scale = trial % 3 == 0 ? 0.1 : trial % 3 == 1 ? 3 : 30;
+        for (int32_t i = 0; i < n; i++) l[i] = (float)(scale * test_rng_normal(&r) + 5);
+        if (trial % 2)
+            for (int32_t i = trial % 7; i < n; i += 53) l[i] = i % 2 ? NAN : -INFINITY;
+        double mx = -INFINITY, z = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (l[i] > mx) mx = l[i];
+        for (int32_t i = 0; i < n; i++)
+            if (!isnan(l[i])) z += exp((double)l[i] - mx);
+        const double want = mx + log(z), got = llm_log_sum_exp(l, n);
+        if (!(fabs(got - want) <= 1e-6 * (1 + fabs(want))))
+            test_fail(__FILE__, __LINE__, "trial %d (n %d, scale %g): %.9g, in double %.9g", trial, (int)n, scale, got,
+                      want);
+    }
+    const float none[3] = {-INFINITY, NAN, -INFINITY}, nans[2] = {NAN, NAN}, inf[3] = {1.0f, INFINITY, NAN};
+    CHECK(llm_log_sum_exp(none, 3) == -INFINITY);
+    CHECK(isnan(llm_log_sum_exp(nans, 2)));
+    CHECK(llm_log_sum_exp(inf, 3) == INFINITY);
+    free(l);
+}
+
 TEST(engine_sampler_rejects_bad_parameters) {
     llm_sampler s;
     llm_sampler_params p = llm_sampler_default_params();
