@@ -790,7 +790,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
-        if (nt > 1 && (W_ || !llm_packed_lanes(T_))) group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_); \
+        if (nt > LLM_PACKED_ROWWISE && (W_ || !llm_packed_lanes(T_))) group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_); \
         else                                                                                           \
             for (int t = 0; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);            \
     }

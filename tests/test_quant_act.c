@@ -284,15 +284,16 @@ static int decode_in_pieces_equals(const problem *p, const void *P, const float 
 
 /* The integer arithmetic is exact and the float part follows one stated
  * order, so every kernel gives the same bits, whatever the row split or the
- * number of X rows per call. */
+ * number of X rows per call: 6 (a packed group takes them one at a time,
+ * LLM_PACKED_ROWWISE) or 11 (in lanes of 8, the second group ragged). */
 TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_vs_prefill) {
     test_rng r = {33};
-    for (int tb = 0; tb < 2 * N_INT8; tb++) {   /* every type at both widths */
-        int ti = tb / 2, type = int8_types[ti];
+    for (int tb = 0; tb < 4 * N_INT8; tb++) {   /* every type at both widths, with 6 and 11 X rows */
+        int ti = tb / 4, type = int8_types[ti];
         int64_t n = llm_type_block_elems(type) == 32 ? 32 * 18 : 256 * 2;
-        int bits = tb % 2 ? LLM_ACT_Q8 : LLM_ACT_Q16;
+        int bits = tb % 2 ? LLM_ACT_Q8 : LLM_ACT_Q16, m = tb % 4 < 2 ? 6 : 11;
         problem p;
-        make_problem(&p, &r, type, 21, n, 6, bits);
+        make_problem(&p, &r, type, 21, n, m, bits);
         llm_quant_select("scalar");
         float *Y0 = product(&p);
         int tried = 0;
