@@ -5,7 +5,9 @@ llama-server, vLLM, ...) with concurrent streaming chat clients.
     scripts/bench_serve.py http://127.0.0.1:8080 --concurrency 1,4,16 --requests 32 [--json]
 
 For each concurrency level C, C client threads share --requests requests
-(each streams one chat completion of --max-tokens at most, temperature 0),
+(each streams one chat completion of --max-tokens at most, at --temperature:
+0 by default, greedy; `default` sends none, so the server samples as the
+OpenAI API defaults say, temperature 1 over the whole vocabulary),
 and the script reports:
   aggregate generated tokens/s   completion tokens (from the final usage chunk)
                                  over the level's wall time
@@ -27,12 +29,14 @@ def prompt(i):
     return f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (request {i})."
 
 
-def one_request(url, model, i, max_tokens, api_key):
+def one_request(url, model, i, max_tokens, api_key, temperature):
     """(ttft, [itl...], completion_tokens) of one streamed request."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
     body = {"model": model, "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}}
+    if temperature is not None:
+        body["temperature"] = temperature
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -79,7 +83,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def run_level(url, model, conc, n_requests, max_tokens, api_key):
+def run_level(url, model, conc, n_requests, max_tokens, api_key, temperature):
     next_i, lock = [0], threading.Lock()
     ttfts, itls, tokens, failures = [], [], [0], []
 
@@ -91,7 +95,7 @@ def run_level(url, model, conc, n_requests, max_tokens, api_key):
                     return
                 next_i[0] += 1
             try:
-                t, g, n = one_request(url, model, i, max_tokens, api_key)
+                t, g, n = one_request(url, model, i, max_tokens, api_key, temperature)
                 with lock:
                     ttfts.append(t), itls.extend(g)
                     tokens[0] += n
@@ -118,11 +122,17 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default 1,4,16)")
     ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level (default 32)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request at most (default 64)")
+    ap.add_argument("--temperature", default="0",
+                    help="sampling temperature sent with each request (default 0); `default` sends none")
     ap.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",") if x]
+    try:
+        temperature = None if a.temperature == "default" else float(a.temperature)
+    except ValueError:
+        ap.error("--temperature takes a number or `default`")
     if not levels or min(levels) < 1 or a.requests < 1:
         ap.error("need --concurrency of positive counts and --requests >= 1")
     model = a.model
@@ -131,15 +141,17 @@ def main():
         conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=30)
         conn.request("GET", "/v1/models", headers={"Authorization": "Bearer " + a.api_key} if a.api_key else {})
         model = json.loads(conn.getresponse().read())["data"][0]["id"]
-    results = [run_level(a.url, model, c, a.requests, a.max_tokens, a.api_key) for c in levels]
+    results = [run_level(a.url, model, c, a.requests, a.max_tokens, a.api_key, temperature) for c in levels]
     base = results[0]["tokens_per_s"]
     for r in results:
         r["throughput_vs_first"] = r["tokens_per_s"] / base if base else float("nan")
     if a.json:
-        json.dump({"url": a.url, "model": model, "max_tokens": a.max_tokens, "levels": results}, sys.stdout, indent=1)
+        json.dump({"url": a.url, "model": model, "max_tokens": a.max_tokens, "temperature": a.temperature,
+                   "levels": results}, sys.stdout, indent=1)
         print()
     else:
-        print(f"{a.url}  model {model}  {a.requests} requests per level, max_tokens {a.max_tokens}")
+        print(f"{a.url}  model {model}  {a.requests} requests per level, max_tokens {a.max_tokens}, "
+              f"temperature {a.temperature}")
         print(f"{'clients':>7} {'failed':>6} {'tok/s':>8} {'x':>6} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>8}")
         for r in results:
             print(f"{r['concurrency']:>7} {r['failed']:>6} {r['tokens_per_s']:>8.1f} {r['throughput_vs_first']:>6.2f} "
