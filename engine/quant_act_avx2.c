@@ -788,11 +788,16 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
+/* Past LLM_PACKED_ROWWISE rows, whole groups of 8 in lanes and the rest
+ * one at a time */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
-        if (nt > LLM_PACKED_ROWWISE && (W_ || !llm_packed_lanes(T_))) group_rows(T_, 1, grp, NULL, 8, nb, x, nt, out, W_); \
-        else                                                                                           \
-            for (int t = 0; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);            \
+        int t = 0;                                                                                     \
+        if (nt > LLM_PACKED_ROWWISE && (W_ || !llm_packed_lanes(T_))) {                                \
+            t = nt / 8 * 8;                                                                            \
+            group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
+        }                                                                                              \
+        for (; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);                         \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)

@@ -104,9 +104,11 @@ int llm_type_packed(int type);
 /* Up to this many activation rows, a packed group is multiplied with them
  * one row at a time by the decode kernel (its 8 rows' blocks, a few KB,
  * stay in L1 for the rows after the first), not through the decoded-rows
- * buffer, whose lanes of 8 X rows cost as much for 2 rows as for 8. A batch
- * of decodes is such a product: SmolLM2 Q4_1 on Sapphire Rapids, 2 threads,
- * 2 rows a pass 130 -> 354 tokens/s, 4 rows 292 -> 461, 8 rows 530 -> 550. */
+ * buffer, whose lanes of 8 X rows cost as much for 2 rows as for 8; past
+ * it, whole groups of 8 go in lanes and the rest one at a time. A batch of
+ * decodes is such a product: SmolLM2 Q4_1 on Sapphire Rapids, 2 threads,
+ * `kvcache bench model -p ROWS -n 0`: 2 rows 130 -> 354-382 tokens/s, 4 rows
+ * 292 -> 461-500, 8 rows 530 -> 550-585, 9 rows 428 -> 514, 12 495 -> 590. */
 enum { LLM_PACKED_ROWWISE = 8 };
 static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
 static inline int llm_packed_scale(int r) { return 2 * r; }
