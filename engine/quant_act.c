@@ -339,17 +339,16 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     const int packed = P && llm_type_packed(type);
     llm_act_row xs[JB];
     float out[8 * JB];
-    /* with more than one X row: their quants in lanes, if the kernels take
-     * them (a packed matrix not for a few rows, which go one at a time) */
+    /* with more than a few X rows: their quants in lanes, if the kernels take them */
     int32_t *lanes = NULL;
-    if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > (packed ? LLM_PACKED_ROWWISE : 1))
+    if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS)
         lanes = malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8));
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
         int nt = (int)(m - jb < JB ? m - jb : JB);
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
-        if (lanes && nt > (packed ? LLM_PACKED_ROWWISE : 1)) k->act_lanes(xs, nt, nb, lanes);
+        if (lanes && nt > LLM_ACT_FEW_ROWS) k->act_lanes(xs, nt, nb, lanes);
         if (packed) {
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;

@@ -758,12 +758,13 @@ ROWS16(LLM_TYPE_Q4_0) ROWS16(LLM_TYPE_Q4_1) ROWS16(LLM_TYPE_Q5_0) ROWS16(LLM_TYP
 ROWS16(LLM_TYPE_Q4_K) ROWS16(LLM_TYPE_Q5_K) ROWS16(LLM_TYPE_Q6_K)
 #undef ROWS16
 
-/* nt > 4 X rows against nr <= 8 rows: 16-bit activations through the
- * decoded-rows buffer, 8-bit ones as tiles of 4 X rows */
+/* nt > 4 X rows against nr <= 8 rows: tiles of 4 X rows (8-bit
+ * activations, or up to LLM_ACT_FEW_ROWS), else through the decoded-rows
+ * buffer */
 static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                      float *out) {
     if (nr > 8 || nt > NT_MAX) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
-    if (x[0].bits != LLM_ACT_Q16) {
+    if (x[0].bits != LLM_ACT_Q16 || nt <= LLM_ACT_FEW_ROWS) {
         float part[8 * 4];
         for (int t0 = 0; t0 < nt; t0 += 4) {
             int n = nt - t0 < 4 ? nt - t0 : 4;
@@ -788,12 +789,12 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Past LLM_PACKED_ROWWISE rows, whole groups of 8 in lanes and the rest
+/* Past LLM_ACT_FEW_ROWS rows, whole groups of 8 in lanes and the rest
  * one at a time */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
-        if (nt > LLM_PACKED_ROWWISE && (W_ || !llm_packed_lanes(T_))) {                                \
+        if (nt > LLM_ACT_FEW_ROWS && (W_ || !llm_packed_lanes(T_))) {                                \
             t = nt / 8 * 8;                                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \

@@ -101,15 +101,17 @@ int llm_act_dot_packed_avx512vnni(int type, const uint8_t *group, int64_t nb, co
  * row r's parts lie in a packed block of 8 blocks of bb bytes: its scale
  * half, Q4_1's offset half, then (Q5_0, Q8_0) the rest of its block. */
 int llm_type_packed(int type);
-/* Up to this many activation rows, a packed group is multiplied with them
- * one row at a time by the decode kernel (its 8 rows' blocks, a few KB,
- * stay in L1 for the rows after the first), not through the decoded-rows
- * buffer, whose lanes of 8 X rows cost as much for 2 rows as for 8; past
- * it, whole groups of 8 go in lanes and the rest one at a time. A batch of
- * decodes is such a product: SmolLM2 Q4_1 on Sapphire Rapids, 2 threads,
- * `kvcache bench model -p ROWS -n 0`: 2 rows 130 -> 354-382 tokens/s, 4 rows
- * 292 -> 461-500, 8 rows 530 -> 550-585, 9 rows 428 -> 514, 12 495 -> 590. */
-enum { LLM_PACKED_ROWWISE = 8 };
+/* Up to this many activation rows, the 16-bit products take no lanes of 8
+ * X rows (the decoded-rows buffer's, which cost as much for 2 rows as for
+ * 8): a packed group is multiplied with the rows one at a time by the
+ * decode kernel (its 8 rows' blocks, a few KB, stay in L1 for the rows after
+ * the first), plain rows in tiles of up to 4. Past it, whole groups of 8 go
+ * in lanes, and a packed group's rest one at a time. A batch of decodes is
+ * such a product. Sapphire Rapids, 2 threads, `kvcache bench model -p ROWS
+ * -n 0`, tokens/s: SmolLM2 Q4_1 (packed) 2 rows 130 -> 354-382, 4 rows 292
+ * -> 461-500, 8 rows 530 -> 550-585, 9 rows 428 -> 514, 12 495 -> 590;
+ * Gemma 3 270M Q4_K_M (plain) 5 rows 208 -> 245, 8 rows 278 -> 294. */
+enum { LLM_ACT_FEW_ROWS = 8 };
 static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
 static inline int llm_packed_scale(int r) { return 2 * r; }
 static inline int llm_packed_offset(int r) { return 16 + 2 * r; }

@@ -284,8 +284,9 @@ static int decode_in_pieces_equals(const problem *p, const void *P, const float 
 
 /* The integer arithmetic is exact and the float part follows one stated
  * order, so every kernel gives the same bits, whatever the row split or the
- * number of X rows per call: 6 (a packed group takes them one at a time,
- * LLM_PACKED_ROWWISE) or 11 (in lanes of 8, the second group ragged). */
+ * number of X rows per call: 6 (no lanes: a packed group takes them one at
+ * a time, plain rows in tiles, LLM_ACT_FEW_ROWS) or 11 (lanes of 8, then
+ * the rest). */
 TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_vs_prefill) {
     test_rng r = {33};
     for (int tb = 0; tb < 4 * N_INT8; tb++) {   /* every type at both widths, with 6 and 11 X rows */
