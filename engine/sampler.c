@@ -2,6 +2,7 @@
  * sampler.h). Candidates are ordered by logit, then by id, so equal logits
  * never make a run depend on sort stability. */
 #include "sampler.h"
+#include "fastexp.h"
 
 #include <float.h>
 #include <math.h>
@@ -97,22 +98,6 @@ static double next_uniform(uint64_t *state) {
     return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* e^x for -87 <= x <= 0 (the caller clamps), within about 2e-7: x = n ln 2
- * + r, |r| <= ln 2 / 2, with n rounded by adding and taking away 1.5 x 2^23,
- * e^r by its Taylor polynomial to r^6, 2^n put in the exponent field. No
- * branch and no call, so that the loops over the vocabulary vectorize. */
-static inline float exp_neg(float x) {
-    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.0f / 720;
-    p = p * r + 1.0f / 120, p = p * r + 1.0f / 24, p = p * r + 1.0f / 6;
-    p = p * r + 0.5f, p = p * r + 1.0f, p = p * r + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* The sum of e^((logit - mx) inv_t) over logits [i0, i1), each term 0
  * where it is below e^-87 (NaN and -inf logits too); with STORE, each term
  * into w [i1 - i0] too. Runs of LANES summed in float lanes, the lanes in
@@ -125,14 +110,13 @@ static inline __attribute__((always_inline)) double exp_terms(const float *restr
     for (; i + LANES <= i1; i += LANES)
         for (int32_t k = 0; k < LANES; k++) {
             const float x = (logits[i + k] - mx) * inv_t;
-            const int ok = x >= -87.0f; /* false for NaN */
-            const float e = ok ? exp_neg(ok ? x : 0.0f) : 0.0f;
+            const float e = x >= -87.0f ? llm_exp(x) : 0.0f; /* 0 for NaN */
             if (STORE) w[i + k - i0] = e;
             sum[k] += e;
         }
     for (int32_t k = 0; i + k < i1; k++) {
         const float x = (logits[i + k] - mx) * inv_t;
-        const float e = x >= -87.0f ? exp_neg(x) : 0.0f;
+        const float e = x >= -87.0f ? llm_exp(x) : 0.0f;
         if (STORE) w[i + k - i0] = e;
         sum[k] += e;
     }

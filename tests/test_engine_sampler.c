@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "test.h"
+#include "../engine/fastexp.h"
 #include "../engine/sampler.h"
 
 static llm_sampler make(float temp, int32_t top_k, float top_p, uint64_t seed, int32_t V) {
@@ -270,6 +271,24 @@ TEST(engine_sampler_log_sum_exp_matches_double_and_leaves_nan_out) {
     CHECK(isnan(llm_log_sum_exp(nans, 2)));
     CHECK(llm_log_sum_exp(inf, 3) == INFINITY);
     free(l);
+}
+
+/* llm_exp (the sampler's weights, the gated activations) against exp in
+ * double: within 3e-7 of it over [-87.3, 88.3] (a million points and the
+ * ends), 0 below, +inf for +inf, NaN for NaN. */
+TEST(engine_fast_exp_is_within_3e_7_of_exp_and_keeps_its_special_values) {
+    double worst = 0;
+    float at = 0;
+    for (int i = 0; i <= 1000000; i++) {
+        const float x = -87.3f + (float)i * (88.3f + 87.3f) / 1000000;
+        const double want = exp((double)x), err = fabs(llm_exp(x) - want) / want;
+        if (err > worst) worst = err, at = x;
+    }
+    if (!(worst <= 3e-7)) test_fail(__FILE__, __LINE__, "llm_exp is off by %.3g of exp at x = %.9g", worst, at);
+    CHECK(llm_exp(0.0f) == 1.0f);
+    CHECK(llm_exp(-88.0f) == 0.0f && llm_exp(-INFINITY) == 0.0f);
+    CHECK(llm_exp(INFINITY) == INFINITY && llm_exp(100.0f) > 1e38f && llm_exp(100.0f) < INFINITY);
+    CHECK(isnan(llm_exp(NAN)));
 }
 
 TEST(engine_sampler_rejects_bad_parameters) {
