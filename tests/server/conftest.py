@@ -83,3 +83,39 @@ def server():
 def client(server):
     import openai
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+# A tie: the top two log-probabilities of a step closer than this (nats). On
+# SmolLM2 with the AVX-512 kernels, request 29 meets one of 0.0013 (" playing"
+# against "."), which goes either way with the chunking; a wrong cache or a
+# request mixed with another moves logits by far more.
+TIE = 0.01
+
+
+def check_tie(i, solo, loaded):
+    """The runs' tokens part at a step where the run that has one there holds
+    a tie between its top two (both runs' steps, when both have it). Steps
+    as the chat API gives them: .token, .top_logprobs[k].logprob, best first.
+    Two runs that reach a step by other chunkings (a prompt prefilled in other
+    pieces, a cache restored from a session file) sum attention in another
+    order, and the 16-bit activations can carry that on: their
+    log-probabilities agree to about 1e-3 (SmolLM2), so a greedy choice at
+    such a tie may go either way."""
+    k = 0
+    while k < len(solo) and k < len(loaded) and solo[k].token == loaded[k].token:
+        k += 1
+    runs = [steps[k] for steps in (solo, loaded) if k < len(steps)]
+    assert runs, f"request {i}: the same {k} tokens, yet the texts differ"
+    for step in runs:
+        top = step.top_logprobs
+        gap = top[0].logprob - top[1].logprob
+        assert gap < TIE, f"request {i} differs at token {k} ({step.token!r}), where its top two are {gap:.4f} apart"
+
+
+def completion_steps(choice):
+    """A /v1/completions choice's logprobs (tokens, top_logprobs as dicts)
+    as the steps check_tie reads."""
+    from types import SimpleNamespace as NS
+    lp = choice.logprobs
+    return [NS(token=tok, top_logprobs=[NS(logprob=v) for v in sorted(top.values(), reverse=True)])
+            for tok, top in zip(lp.tokens, lp.top_logprobs)]

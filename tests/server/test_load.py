@@ -14,15 +14,10 @@ from types import SimpleNamespace as NS
 import openai
 import pytest
 
-from conftest import Server
+from conftest import Server, check_tie
 from prom import value
 
 CLIENTS = 32
-# A tie: the top two log-probabilities of a step closer than this (nats). On
-# SmolLM2 with the AVX-512 kernels, request 29 meets one of 0.0013 (" playing"
-# against "."), which goes either way with the chunking; a wrong cache or a
-# request mixed with another moves logits by far more.
-TIE = 0.01
 MAX_TIES = 3
 TOPICS = ["rivers", "owls", "copper", "tea", "glaciers", "violins", "bees", "deserts"]
 
@@ -44,20 +39,6 @@ def stream_one(client, i, out, errors):
         out[i] = ("".join(text), finish, steps)
     except Exception as e:  # noqa: BLE001 - every failure is counted and shown
         errors.append((i, repr(e)))
-
-
-def check_tie(i, solo, loaded):
-    """The runs' tokens part at a step where the run that has one there holds
-    a tie between its top two (both runs' steps, when both have it)."""
-    k = 0
-    while k < len(solo) and k < len(loaded) and solo[k].token == loaded[k].token:
-        k += 1
-    runs = [steps[k] for steps in (solo, loaded) if k < len(steps)]
-    assert runs, f"request {i}: the same {k} tokens, yet the texts differ"
-    for step in runs:
-        top = step.top_logprobs
-        gap = top[0].logprob - top[1].logprob
-        assert gap < TIE, f"request {i} differs at token {k} ({step.token!r}), where its top two are {gap:.4f} apart"
 
 
 def test_32_concurrent_streams_equal_their_solo_runs():
