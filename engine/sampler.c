@@ -300,6 +300,6 @@ int32_t llm_sample_at(llm_sampler *s, const float *logits, double u) {
 }
 
 int32_t llm_sample(llm_sampler *s, const float *logits) {
-    if (s->p.temp <= 0.0f) return llm_argmax(logits, s->n_vocab);
+    if (s->p.temp <= 0.0f) return llm_argmax(logits, s->n_vocab); /* greedy draws nothing from the generator */
     return llm_sample_at(s, logits, next_uniform(&s->rng));
 }

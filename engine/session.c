@@ -149,8 +149,8 @@ int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n) {
 }
 
 /* Whether every logit is finite: sixteen a step in an inner loop of fixed
- * length, which the compiler takes as vector operations (one at a time, a
- * 262144-word vocabulary took 200 us a token). */
+ * length, which the compiler takes as vector operations (one at a time with
+ * an early exit, Gemma 3's 262144 logits took 105 us a token; so, 24). */
 static int all_finite(const float *x, int32_t n) {
     int bad = 0;
     int32_t i = 0;
