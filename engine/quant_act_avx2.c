@@ -554,6 +554,79 @@ packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *
     lanes_final(acc, out);
 }
 
+/* Activation rows a lane-packed group (Q4_0, Q4_1) takes at once with
+ * 16-bit quants: its nibbles masked once for all of them, each row's pairs
+ * broadcast against them. 4 rows' sums fill 16 registers, which AVX-512's
+ * 32 hold; AVX2 keeps 2. */
+#ifdef __AVX512VL__
+#define LANE_ROWS 4
+#else
+#define LANE_ROWS 2
+#endif
+
+/* lane_sums16 for NT activation rows xp[t], the block's quants loaded and
+ * masked once: the same sums, exactly */
+static inline __attribute__((always_inline)) void lane_sums16_rows(const uint8_t *q, const int16_t *const *xp,
+                                                                  const int NT, __m256i *S) {
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
+    const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
+    __m256i a[LANE_ROWS][4];
+    UNROLL for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_si256();
+    UNROLL for (int i = 0; i < 4; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        const __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
+        const __m256i v3 = _mm256_srli_epi16(v, 12);
+        UNROLL for (int t = 0; t < NT; t++) {
+            a[t][0] = dp_pairs(a[t][0], v0, bcast32(xp[t] + 8 * i));
+            a[t][1] = dp_pairs(a[t][1], v1, bcast32(xp[t] + 8 * i + 2));
+            a[t][2] = dp_pairs(a[t][2], v2, bcast32(xp[t] + 8 * i + 4));
+            a[t][3] = dp_pairs(a[t][3], v3, bcast32(xp[t] + 8 * i + 6));
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++)
+        S[t] = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][3]),
+                                _mm256_add_epi32(_mm256_srai_epi32(a[t][1], 4), _mm256_srai_epi32(a[t][2], 8)));
+}
+
+/* packed_group for NT <= LANE_ROWS activation rows of 16-bit quants against
+ * a lane-packed group: the group's bytes read once for all of them; each
+ * row's float part as packed_group's, so the same bits */
+static inline __attribute__((always_inline)) void packed_lanes_rows(const int type, const uint8_t *grp, int64_t nb,
+                                                                   const llm_act_row *x, const int NT, float *out) {
+    const int64_t bb = block32_bytes(type);
+    const int hd = llm_packed_head(type);
+    __m256 acc[LANE_ROWS][8];
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
+    const int16_t *xq[LANE_ROWS];
+    UNROLL for (int t = 0; t < NT; t++) xq[t] = (const int16_t *)x[t].q;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = grp + b * 8 * bb;
+        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+        const int16_t *xp[LANE_ROWS];
+        UNROLL for (int t = 0; t < NT; t++) xp[t] = xq[t] + 32 * b;
+        __m256i S[LANE_ROWS];
+        lane_sums16_rows(p + 8 * hd, xp, NT, S);
+        __m256 wa, wb;
+        packed_scales(type, p, &wa, &wb);
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], block_terms(type, S[t], wa, wb, &x[t], b));
+    }
+    UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
+}
+
+/* packed_lanes_rows for n (2 .. LANE_ROWS) rows, each count compiled apart */
+static inline __attribute__((always_inline)) void packed_lanes_n(const int type, const uint8_t *grp, int64_t nb,
+                                                                const llm_act_row *x, int n, float *out) {
+    switch (n) {
+    case 2: packed_lanes_rows(type, grp, nb, x, 2, out); break;
+#if LANE_ROWS > 2
+    case 3: packed_lanes_rows(type, grp, nb, x, 3, out); break;
+    case 4: packed_lanes_rows(type, grp, nb, x, 4, out); break;
+#endif
+    default: break;
+    }
+}
+
 /* Several activation rows (prefill, batches): 8 rows' weights decoded once,
  * CB blocks at a time, into an L1-resident buffer that every activation row
  * then reads, so a format's decoding (Q5_0's fifth bits, the K-quants'
@@ -798,6 +871,9 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
             t = nt / 8 * 8;                                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
+        if (W_ && llm_packed_lanes(T_)) /* 16-bit quants: up to LANE_ROWS rows at once */               \
+            for (; t + 1 < nt; t += LANE_ROWS < nt - t ? LANE_ROWS : nt - t)                               \
+                packed_lanes_n(T_, grp, nb, x + t, LANE_ROWS < nt - t ? LANE_ROWS : nt - t, out + 8 * t);   \
         for (; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);                         \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
