@@ -456,23 +456,42 @@ static inline __m256i bcast32(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* The 8 rows' sums of one lane-packed block, its quants at q, against the
- * 16 int16 pairs of an activation block at xp: nibble s of each 16-bit
- * half, masked in place, is 16^s times its value for s = 1, 2, and the sums
- * of those are shifted back (exact: |sum| <= 8 * 15 * 256 * 16383 < 2^30). */
-static inline __attribute__((always_inline)) __m256i lane_sums16(const uint8_t *q, const int16_t *xp) {
+/* Activation rows a lane-packed group (Q4_0, Q4_1) takes at once with
+ * 16-bit quants: 4 rows' sums fill 16 registers, which AVX-512's 32 hold;
+ * AVX2 keeps 2. */
+#ifdef __AVX512VL__
+#define LANE_ROWS 4
+#else
+#define LANE_ROWS 2
+#endif
+
+/* The 8 rows' sums S[t] of one lane-packed block, its quants at q, against
+ * the 16 int16 pairs of an activation block at xp[t], for NT <= LANE_ROWS
+ * activation rows: the quants loaded and masked once for all of them.
+ * Nibble s of each 16-bit half, masked in place, is 16^s times its value
+ * for s = 1, 2, and the sums of those are shifted back (exact: |sum| <= 8 *
+ * 15 * 256 * 16383 < 2^30). */
+static inline __attribute__((always_inline)) void lane_sums16(const uint8_t *q, const int16_t *const *xp,
+                                                             const int NT, __m256i *S) {
     const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
     const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    __m256i a[LANE_ROWS][4];
+    UNROLL for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_si256();
     UNROLL for (int i = 0; i < 4; i++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
-        __asm__("" : "+v"(v));   /* one load for the four uses, not one each */
-        a0 = dp_pairs(a0, _mm256_and_si256(v, m0), bcast32(xp + 8 * i));
-        a1 = dp_pairs(a1, _mm256_and_si256(v, m1), bcast32(xp + 8 * i + 2));
-        a2 = dp_pairs(a2, _mm256_and_si256(v, m2), bcast32(xp + 8 * i + 4));
-        a3 = dp_pairs(a3, _mm256_srli_epi16(v, 12), bcast32(xp + 8 * i + 6));
+        __asm__("" : "+v"(v)); /* one load for the four uses, not one each */
+        const __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
+        const __m256i v3 = _mm256_srli_epi16(v, 12);
+        UNROLL for (int t = 0; t < NT; t++) {
+            a[t][0] = dp_pairs(a[t][0], v0, bcast32(xp[t] + 8 * i));
+            a[t][1] = dp_pairs(a[t][1], v1, bcast32(xp[t] + 8 * i + 2));
+            a[t][2] = dp_pairs(a[t][2], v2, bcast32(xp[t] + 8 * i + 4));
+            a[t][3] = dp_pairs(a[t][3], v3, bcast32(xp[t] + 8 * i + 6));
+        }
     }
-    return _mm256_add_epi32(_mm256_add_epi32(a0, a3), _mm256_add_epi32(_mm256_srai_epi32(a1, 4), _mm256_srai_epi32(a2, 8)));
+    UNROLL for (int t = 0; t < NT; t++)
+        S[t] = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][3]),
+                                _mm256_add_epi32(_mm256_srai_epi32(a[t][1], 4), _mm256_srai_epi32(a[t][2], 8)));
 }
 
 /* The same against 32 int8 quants at xq. A lane's bytes, masked, are the
@@ -523,20 +542,27 @@ static inline void lanes_final(const __m256 acc[8], float out[8]) {
  * at 2-4 KB ahead, less again at 6 KB (Zen 3). */
 enum { PF_AHEAD = 3072 };
 
-/* One activation row (decode): each row's weights decoded in registers */
-static inline __attribute__((always_inline)) void
-packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *x, float out[8], const int W16) {
+/* NT activation rows (decode, or a few): each row of the group decoded in
+ * registers. NT > 1 (up to LANE_ROWS) only for a lane-packed group and
+ * 16-bit quants, whose bytes are then read once for all the rows; each row's
+ * float part is the same, so the same bits. */
+static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
+                                                              const llm_act_row *x, const int NT, float *out,
+                                                              const int W16) {
     const int64_t bb = block32_bytes(type);
     const int hd = llm_packed_head(type);
-    __m256 acc[8];   /* [b % 8], a lane per row: the reference's lane sums */
-    UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[LANE_ROWS][8];   /* [X row][b % 8], a lane per weight row: the reference's lane sums */
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = grp + b * 8 * bb;
         for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
-        __m256i S;
-        if (llm_packed_lanes(type)) {
-            S = W16 ? lane_sums16(p + 8 * hd, (const int16_t *)x->q + 32 * b)
-                    : lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
+        __m256i S[LANE_ROWS];
+        if (llm_packed_lanes(type) && W16) {
+            const int16_t *xp[LANE_ROWS];
+            UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
+            lane_sums16(p + 8 * hd, xp, NT, S);
+        } else if (llm_packed_lanes(type)) {
+            S[0] = lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
         } else {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
@@ -545,67 +571,8 @@ packed_group(const int type, const uint8_t *grp, int64_t nb, const llm_act_row *
                 block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
                 v[r] = wdot(type, w0, w1, xa, xb, W16);
             }
-            S = hsum8_epi32(v);
+            S[0] = hsum8_epi32(v);
         }
-        __m256 wa, wb;
-        packed_scales(type, p, &wa, &wb);
-        acc[b % 8] = _mm256_add_ps(acc[b % 8], block_terms(type, S, wa, wb, x, b));
-    }
-    lanes_final(acc, out);
-}
-
-/* Activation rows a lane-packed group (Q4_0, Q4_1) takes at once with
- * 16-bit quants: its nibbles masked once for all of them, each row's pairs
- * broadcast against them. 4 rows' sums fill 16 registers, which AVX-512's
- * 32 hold; AVX2 keeps 2. */
-#ifdef __AVX512VL__
-#define LANE_ROWS 4
-#else
-#define LANE_ROWS 2
-#endif
-
-/* lane_sums16 for NT activation rows xp[t], the block's quants loaded and
- * masked once: the same sums, exactly */
-static inline __attribute__((always_inline)) void lane_sums16_rows(const uint8_t *q, const int16_t *const *xp,
-                                                                  const int NT, __m256i *S) {
-    const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
-    const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
-    __m256i a[LANE_ROWS][4];
-    UNROLL for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_si256();
-    UNROLL for (int i = 0; i < 4; i++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
-        const __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
-        const __m256i v3 = _mm256_srli_epi16(v, 12);
-        UNROLL for (int t = 0; t < NT; t++) {
-            a[t][0] = dp_pairs(a[t][0], v0, bcast32(xp[t] + 8 * i));
-            a[t][1] = dp_pairs(a[t][1], v1, bcast32(xp[t] + 8 * i + 2));
-            a[t][2] = dp_pairs(a[t][2], v2, bcast32(xp[t] + 8 * i + 4));
-            a[t][3] = dp_pairs(a[t][3], v3, bcast32(xp[t] + 8 * i + 6));
-        }
-    }
-    UNROLL for (int t = 0; t < NT; t++)
-        S[t] = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][3]),
-                                _mm256_add_epi32(_mm256_srai_epi32(a[t][1], 4), _mm256_srai_epi32(a[t][2], 8)));
-}
-
-/* packed_group for NT <= LANE_ROWS activation rows of 16-bit quants against
- * a lane-packed group: the group's bytes read once for all of them; each
- * row's float part as packed_group's, so the same bits */
-static inline __attribute__((always_inline)) void packed_lanes_rows(const int type, const uint8_t *grp, int64_t nb,
-                                                                   const llm_act_row *x, const int NT, float *out) {
-    const int64_t bb = block32_bytes(type);
-    const int hd = llm_packed_head(type);
-    __m256 acc[LANE_ROWS][8];
-    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
-    const int16_t *xq[LANE_ROWS];
-    UNROLL for (int t = 0; t < NT; t++) xq[t] = (const int16_t *)x[t].q;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = grp + b * 8 * bb;
-        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
-        const int16_t *xp[LANE_ROWS];
-        UNROLL for (int t = 0; t < NT; t++) xp[t] = xq[t] + 32 * b;
-        __m256i S[LANE_ROWS];
-        lane_sums16_rows(p + 8 * hd, xp, NT, S);
         __m256 wa, wb;
         packed_scales(type, p, &wa, &wb);
         UNROLL for (int t = 0; t < NT; t++)
@@ -614,16 +581,21 @@ static inline __attribute__((always_inline)) void packed_lanes_rows(const int ty
     UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
 }
 
-/* packed_lanes_rows for n (2 .. LANE_ROWS) rows, each count compiled apart */
-static inline __attribute__((always_inline)) void packed_lanes_n(const int type, const uint8_t *grp, int64_t nb,
-                                                                const llm_act_row *x, int n, float *out) {
-    switch (n) {
-    case 2: packed_lanes_rows(type, grp, nb, x, 2, out); break;
+/* packed_group on the first rows of x [0 .. n), as many as it takes at
+ * once (up to LANE_ROWS for a lane-packed group and 16-bit quants, else 1),
+ * each count compiled apart; returns how many it took. */
+static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
+                                                            const llm_act_row *x, int n, float *out, const int W16) {
+    if (!(llm_packed_lanes(type) && W16) || n == 1) {
+        packed_group(type, grp, nb, x, 1, out, W16);
+        return 1;
+    }
+    switch (n < LANE_ROWS ? n : LANE_ROWS) {
 #if LANE_ROWS > 2
-    case 3: packed_lanes_rows(type, grp, nb, x, 3, out); break;
-    case 4: packed_lanes_rows(type, grp, nb, x, 4, out); break;
+    case 4: packed_group(type, grp, nb, x, 4, out, W16); return 4;
+    case 3: packed_group(type, grp, nb, x, 3, out, W16); return 3;
 #endif
-    default: break;
+    default: packed_group(type, grp, nb, x, 2, out, W16); return 2;
     }
 }
 
@@ -862,8 +834,8 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Past LLM_ACT_FEW_ROWS rows, whole groups of 8 in lanes and the rest
- * one at a time */
+/* Past LLM_ACT_FEW_ROWS rows, whole groups of 8 in lanes; the rest (or all
+ * of a few) by packed_rows */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
@@ -871,10 +843,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
             t = nt / 8 * 8;                                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
-        if (W_ && llm_packed_lanes(T_)) /* 16-bit quants: up to LANE_ROWS rows at once */               \
-            for (; t + 1 < nt; t += LANE_ROWS < nt - t ? LANE_ROWS : nt - t)                               \
-                packed_lanes_n(T_, grp, nb, x + t, LANE_ROWS < nt - t ? LANE_ROWS : nt - t, out + 8 * t);   \
-        for (; t < nt; t++) packed_group(T_, grp, nb, x + t, out + 8 * t, W_);                         \
+        while (t < nt) t += packed_rows(T_, grp, nb, x + t, nt - t, out + 8 * t, W_);                  \
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
