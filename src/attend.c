@@ -205,12 +205,14 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
 /* Decode streams K/V from memory at a few keys per step: the kernels ask for
  * the rows of one (block, K or V, head) slot of the item's traversal while
  * they work on a slot some way before it, about DECODE_PREFETCH_BYTES ahead
- * (at least 2 slots, at most a block's worth). Slot f of a block: f <
- * n_heads K of head f, else V of head f - n_heads; past the last slot, the
- * next block's. A K/V row stream needs that much in flight to keep one core's
- * loads fed: on Sapphire Rapids, 2 threads, H9/Hkv3/d64 q8 decode at S = 512k
- * read 15.3 GB/s with 2 slots (2 KB) ahead, 17.8 with 6 (6 KB); the f16
- * shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead. */
+ * (at least 2 slots, at most a block's worth), into L2, and for those of the
+ * slot right after their own into L1 (simd.h, kv_ahead). Slot f of a block:
+ * f < n_heads K of head f, else V of head f - n_heads; past the last slot,
+ * the next block's. A K/V row stream needs that much in flight to keep one
+ * core's loads fed: on Sapphire Rapids, 2 threads, H9/Hkv3/d64 q8 decode at
+ * S = 512k read 15.3 GB/s with 2 slots (2 KB) ahead, 17.8 with 6 (6 KB); the
+ * f16 shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead, and
+ * with the L1 requests, 4 to 10 KB ahead. */
 enum { DECODE_PREFETCH_BYTES = 6 << 10 };
 
 static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
@@ -218,41 +220,97 @@ static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
     return a < 2 ? 2 : a > 2 * it->n_heads ? 2 * it->n_heads : a;
 }
 
+/* Where the blocks of an item's decode traversal lie, found once an item:
+ * in a page, head it->head's K, V (and KV_Q8's scales) at fixed offsets from
+ * the page's start, each further head head_step (scale_step) on; in a dense
+ * array, one block of all the keys from head it->head's K and V row 0. */
+typedef struct {
+    const unsigned char *pool;    /* paged: the cache's pages, else NULL */
+    const int32_t *table;         /* paged: the sequence's block table */
+    size_t page_bytes;
+    uintptr_t k, v, ks, vs;       /* paged: offsets in a page (ks, vs: KV_Q8 only, else 0); dense: addresses */
+    size_t head_step, scale_step; /* bytes from one head to the next */
+    size_t stride;                /* bytes from one position to the next */
+    int32_t block, row_bytes;
+    bool q8;
+    bool share;                   /* dense, every head in the item (see block_at's `ask`) */
+} block_map;
+
+static block_map item_blocks(const attend_job *j, const kv_work_item *it) {
+    const key_source s = item_source(j, it);
+    block_map bm = {.block = s.block, .stride = s.stride, .row_bytes = s.d * (int32_t)kv_dtype_size(s.dtype)};
+    if (!s.cache) {
+        bm.k = (uintptr_t)s.k, bm.v = (uintptr_t)s.v, bm.head_step = (size_t)bm.row_bytes;
+        bm.share = it->n_heads == j->Hkv;
+        return bm;
+    }
+    const kv_cache *c = s.cache;
+    const uintptr_t pool = (uintptr_t)c->pages.pool;
+    bm.pool = c->pages.pool, bm.table = s.table, bm.page_bytes = c->pages.page_bytes;
+    bm.k = (uintptr_t)kv_page_head(c, 0, s.layer, 0, s.head) - pool;
+    bm.v = (uintptr_t)kv_page_head(c, 0, s.layer, 1, s.head) - pool;
+    bm.head_step = c->pages.head_bytes;
+    if (s.dtype == KV_Q8) {
+        bm.q8 = true;
+        bm.ks = (uintptr_t)kv_page_scales(c, 0, s.layer, 0, s.head) - pool;
+        bm.vs = (uintptr_t)kv_page_scales(c, 0, s.layer, 1, s.head) - pool;
+        bm.scale_step = (size_t)c->p.page_size * sizeof(float);
+    }
+    return bm;
+}
+
 /* One block of the decode traversal: up to 16 keys from j0, never across a
  * page, and where every head of the item keeps them (rows already offset to
- * j0; KV_Q8's scales too, else NULL). n == 0: past the item's keys. */
+ * j0; KV_Q8's scales too, else NULL). n == 0: past the item's keys. Slot f
+ * of a block: f < n_heads K of head f, else V of head f - n_heads; ask[f]
+ * and ask_bytes, what the kernels ask the memory for of it (kv_ahead): in a
+ * page, its rows, one after another; in a dense array, which interleaves the
+ * heads row by row, an equal share of the block's K (or V) rows of all heads,
+ * the shares covering them once (an item of fewer heads than the array has,
+ * too many to take at once, asks for nothing). */
 typedef struct {
     int32_t j0, n;
     const unsigned char *k[KV_WIDE_HEADS], *v[KV_WIDE_HEADS];
     const float *ks[KV_WIDE_HEADS], *vs[KV_WIDE_HEADS];
+    const unsigned char *ask[2 * KV_WIDE_HEADS];
+    int32_t ask_bytes;
 } decode_block;
 
-static void block_at(const attend_job *j, const kv_work_item *it, int32_t j0, decode_block *b) {
-    b->j0 = j0, b->n = 0;
+static void block_at(const block_map *bm, const kv_work_item *it, int32_t j0, decode_block *b) {
+    b->j0 = j0, b->n = 0, b->ask_bytes = 0;
     if (j0 > it->khi) return;
-    for (int32_t a = 0; a < it->n_heads; a++) {
-        const key_source src = head_source(j, it, it->head + a);
-        const int32_t blk = j0 / src.block, in_blk = j0 - blk * src.block;
-        if (a == 0) {
-            b->n = 16 - j0 % 16;
-            if (b->n > src.block - in_blk) b->n = src.block - in_blk;
-            if (b->n > it->khi - j0 + 1) b->n = it->khi - j0 + 1;
-        }
-        const key_block kb = source_block(&src, blk);
-        b->k[a] = kb.k + (size_t)in_blk * src.stride, b->v[a] = kb.v + (size_t)in_blk * src.stride;
-        b->ks[a] = kb.kscale ? kb.kscale + in_blk : NULL, b->vs[a] = kb.vscale ? kb.vscale + in_blk : NULL;
+    const int32_t blk = j0 / bm->block, in_blk = j0 - blk * bm->block, hn = it->n_heads;
+    b->n = 16 - j0 % 16;
+    if (b->n > bm->block - in_blk) b->n = bm->block - in_blk;
+    if (b->n > it->khi - j0 + 1) b->n = it->khi - j0 + 1;
+    const uintptr_t page = bm->pool ? (uintptr_t)(bm->pool + (size_t)bm->table[blk] * bm->page_bytes) : 0;
+    const uintptr_t k = page + bm->k + (size_t)in_blk * bm->stride, v = page + bm->v + (size_t)in_blk * bm->stride;
+    for (int32_t a = 0; a < hn; a++) {
+        b->k[a] = (const unsigned char *)(k + a * bm->head_step);
+        b->v[a] = (const unsigned char *)(v + a * bm->head_step);
+        b->ks[a] = bm->q8 ? (const float *)(page + bm->ks + a * bm->scale_step) + in_blk : NULL;
+        b->vs[a] = bm->q8 ? (const float *)(page + bm->vs + a * bm->scale_step) + in_blk : NULL;
+    }
+    if (bm->pool) {
+        b->ask_bytes = b->n * bm->row_bytes;
+        for (int32_t a = 0; a < hn; a++) b->ask[a] = b->k[a], b->ask[hn + a] = b->v[a];
+    } else if (bm->share) {
+        b->ask_bytes = b->n * bm->row_bytes;
+        for (int32_t a = 0; a < hn; a++)
+            b->ask[a] = b->k[0] + (size_t)a * b->ask_bytes, b->ask[hn + a] = b->v[0] + (size_t)a * b->ask_bytes;
     }
 }
 
-/* The rows of slot f of block `cur` (f < n_heads: K of head f, else V of
- * head f - n_heads), or past its last slot of the block after it, `next`. */
-static kv_ahead slot_rows(const kv_work_item *it, const decode_block *cur, const decode_block *next, int32_t f,
-                          size_t stride, int32_t row_bytes) {
-    const int32_t hn = it->n_heads;
-    const decode_block *b = f < 2 * hn ? cur : next;
-    f = f < 2 * hn ? f : f - 2 * hn;
-    if (b->n == 0) return (kv_ahead){0};
-    return (kv_ahead){.p = f < hn ? b->k[f] : b->v[f - hn], .stride = stride, .rows = b->n, .bytes = row_bytes};
+/* What the kernel on slot f of `cur` asks for (slots: 2 n_heads a block):
+ * slot f + ahead_slots, past the block's last in `next`, and with each of
+ * its lines the same line of slot f + 1. */
+static kv_ahead slot_ahead(const decode_block *cur, const decode_block *next, int32_t slots, int32_t f,
+                           int32_t ahead_slots) {
+    const int32_t s = f + ahead_slots, t = f + 1;
+    const decode_block *fb = s < slots ? cur : next, *nb = t < slots ? cur : next;
+    kv_ahead a = {.p = fb->ask[s < slots ? s : s - slots], .bytes = fb->ask_bytes};
+    if (a.bytes > 0) a.near = (uintptr_t)nb->ask[t < slots ? t : t - slots] - (uintptr_t)a.p;
+    return a;
 }
 
 /* KV_Q8's scales of block b, every head's K and V: a line or two each,
@@ -311,14 +369,15 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
-    const int32_t row_bytes = d * (int32_t)kv_dtype_size(first.dtype), ahead_slots = slots_ahead(it, row_bytes);
+    const block_map bm = item_blocks(j, it);
+    const int32_t ahead_slots = slots_ahead(it, bm.row_bytes), slots = 2 * it->n_heads;
     /* each block's rows found once, the next one's a block early for the prefetches */
     decode_block blocks[2];
     decode_block *cur = &blocks[0], *next = &blocks[1];
-    block_at(j, it, it->klo, cur);
+    block_at(&bm, it, it->klo, cur);
     while (cur->n > 0) {
         const int32_t j0 = cur->j0, n = cur->n;
-        block_at(j, it, j0 + n, next);
+        block_at(&bm, it, j0 + n, next);
         for (int32_t i = 0; i < nv; i++) { /* visible: pos - window < key <= pos */
             const int32_t pos = pos0 + (it->v0 + i) / G;
             lo[i] = j->window > 0 && pos - j->window + 1 > j0 ? pos - j->window + 1 - j0 : 0;
@@ -331,8 +390,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
         for (int pass = 0; pass < 2; pass++)
             for (int32_t a = 0; a < it->n_heads; a++) {
                 const size_t at = (size_t)a * nv;
-                const kv_ahead ahead = slot_rows(it, cur, next, pass * it->n_heads + a + ahead_slots, first.stride,
-                                                 row_bytes);
+                const kv_ahead ahead = slot_ahead(cur, next, slots, pass * it->n_heads + a, ahead_slots);
                 if (pass == 0 && q8i)
                     j->simd->decode_scores_q8i(qi + at * d, qs + at, nv, d, cur->k[a], first.stride, cur->ks[a],
                                                cur->vs[a], n, lo, hi, m + at, l + at, w[a], corr[a], &ahead);

@@ -27,69 +27,80 @@ static inline float kv_corr_exp(float m_old, float m_new) {
     return expf(x < KV_EXP_FLOOR ? KV_EXP_FLOOR : x);
 }
 
-/* Rows a decode kernel asks the memory for while it computes: the slot of
- * the traversal a few ahead of it (rows of `bytes` bytes, `stride` apart from
- * p; none when rows is 0). Asked for a few at a time, spread over the
- * kernel's work: all at once, the requests overran the core's miss buffers
- * and stalled it. Into L2 (prefetcht1), not L1: the core has far more L2
- * misses in flight than L1 ones, and the rows are read once, soon after. */
+/* What a decode kernel asks the memory for while it computes: the bytes
+ * [p, p + bytes) of the slot of the traversal a few ahead of its own (none
+ * when bytes is 0), into L2 (prefetcht1): the core has far more L2 misses in
+ * flight than L1 ones. With each of their lines, the same line of the slot
+ * right after the kernel's own (`near` bytes on from it), into L1
+ * (prefetcht0): the kernel's loads of lines in L2 still stalled it, and those
+ * of the next slot then hit L1. Asked for a few lines at a time, at steps
+ * spread over all of the kernel's work (its reductions and softmax too): all
+ * at once, the requests overran the core's miss buffers and stalled it, and
+ * bunched into its FMA loops they left the memory idle in between (a
+ * synthetic stream of such work read 10 GB/s a core with its requests
+ * bunched, 19 spread). Both together, Sapphire Rapids, 2 threads, K/V cold,
+ * median of 40 calls, share of the read bandwidth: H9/Hkv3/d64 f16 at S =
+ * 128k 0.72 -> 0.77, H32/Hkv8/d128 at 32k 0.80 -> 0.85, q8 0.55 -> 0.58; the
+ * AVX2 kernels forced, d64 0.53 -> 0.61, d128 0.54 -> 0.77. Three words of
+ * state: the kernels use every register they have, and a walk of more (the
+ * rows and stride of a dense array) made them spill, which cost as much as
+ * the L1 requests gained. */
 typedef struct {
     const unsigned char *p;
-    size_t stride;
-    int32_t rows, bytes;
+    int32_t bytes;
+    uintptr_t near;
 } kv_ahead;
 
 /* Nothing to ask for: the calls on a block after its first. */
 static const kv_ahead kv_no_ahead = {0};
 
-/* A walk through the lines (64 bytes) of `a`, row by row: a kernel asks for
- * the next few at each step of its work, a share it fixes once per call.
- * Rows that follow one another (a page's rows of one head) are walked as one:
- * a pointer and its end, a few instructions a line. */
+/* A walk through the lines (64 bytes) of a kv_ahead. */
 typedef struct {
-    const unsigned char *at, *end; /* the lines of the current row not yet asked for */
-    const unsigned char *row;      /* where it starts */
-    size_t stride;
-    int32_t rows_left, bytes;      /* rows after the current one, of `bytes` each */
+    const unsigned char *at, *end; /* the lines not yet asked for */
+    uintptr_t near;
 } kv_ahead_walk;
 
-static inline int32_t kv_ahead_row_lines(const kv_ahead *a) { return (a->bytes + 63) / 64; }
 static inline kv_ahead_walk kv_ahead_start(const kv_ahead *a) {
-    if (a->rows <= 0) return (kv_ahead_walk){0};
-    const bool whole = a->stride == (size_t)a->bytes;
-    return (kv_ahead_walk){.at = a->p, .end = a->p + (size_t)a->bytes * (whole ? (size_t)a->rows : 1),
-                           .row = a->p, .stride = a->stride, .rows_left = whole ? 0 : a->rows - 1,
-                           .bytes = a->bytes};
+    return (kv_ahead_walk){.at = a->p, .end = a->p + a->bytes, .near = a->near};
 }
 
 /* Lines of `a` in all. */
-static inline int32_t kv_ahead_lines(const kv_ahead *a) { return a->rows * kv_ahead_row_lines(a); }
+static inline int32_t kv_ahead_lines(const kv_ahead *a) { return (a->bytes + 63) / 64; }
 
-/* Lines a step of `steps` asks for, so that they cover all of `a` (0 for no steps). */
+/* Lines a step of `steps` asks for: as many as cover all of `a`, rounded
+ * down (at least 1), so that the steps spread them over the kernel's work and
+ * its end asks for the few left. */
 static inline int32_t kv_ahead_step(const kv_ahead *a, int32_t steps) {
-    return steps > 0 ? (kv_ahead_lines(a) + steps - 1) / steps : 0;
+    const int32_t per = steps > 0 ? kv_ahead_lines(a) / steps : 0;
+    return per > 1 ? per : 1;
 }
 
-/* Asks for the next n lines (as far as there are any). */
+/* Asks for the next n lines (as far as there are any), and the same lines
+ * of the near slot. */
 static inline void kv_ahead_next(kv_ahead_walk *w, int32_t n) {
-    for (; n > 0; n--) {
-        if (w->at >= w->end) {
-            if (w->rows_left == 0) return;
-            w->rows_left--, w->row += w->stride, w->at = w->row, w->end = w->row + w->bytes;
-        }
+    for (; n > 0 && w->at < w->end; n--, w->at += 64) {
         __builtin_prefetch(w->at, 0, 2);
-        w->at += 64;
+        __builtin_prefetch((const void *)((uintptr_t)w->at + w->near), 0, 3);
     }
 }
 
-/* Asks for rows r0 .. r1 - 1 of `a` (as far as it has them). A loop of its
- * own, not a walk: inside the AVX2 kernels' passes the walk's per-line
- * bookkeeping cost them half their speed. */
-static inline void kv_ahead_rows(const kv_ahead *a, int32_t r0, int32_t r1) {
-    if (r1 > a->rows) r1 = a->rows;
-    for (int32_t r = r0; r < r1; r++)
-        for (int32_t o = 0; o < a->bytes; o += 64) __builtin_prefetch(a->p + (size_t)r * a->stride + o, 0, 2);
+/* Asks for the lines of rows r0 .. r1 - 1 of `a`, as rows of row_bytes (as
+ * far as it has them), and of the near slot. A loop of its own, not a walk:
+ * inside the AVX2 kernels' passes the walk's per-line bookkeeping cost them
+ * half their speed. */
+static inline void kv_ahead_rows(const kv_ahead *a, int32_t row_bytes, int32_t r0, int32_t r1) {
+    const int32_t end = r1 * row_bytes < a->bytes ? r1 * row_bytes : a->bytes;
+    for (int32_t o = r0 * row_bytes; o < end; o += 64) {
+        __builtin_prefetch(a->p + o, 0, 2);
+        __builtin_prefetch((const void *)((uintptr_t)(a->p + o) + a->near), 0, 3);
+    }
 }
+
+/* Asks for all of `a` and of the near slot at once. */
+static inline void kv_ahead_all(const kv_ahead *a) { kv_ahead_rows(a, a->bytes, 0, 1); }
+
+/* Bytes of one stored element, for the kernels' types. */
+static inline int32_t kv_elem_bytes(kv_dtype t) { return t == KV_F64 ? 8 : t == KV_F32 ? 4 : t == KV_Q8 ? 1 : 2; }
 
 typedef struct {
     const char *name;

@@ -218,15 +218,15 @@ static inline __m256 hadd8(__m256 a, __m256 b) {
  * the lane sums of eight keys at a time folded by one hadd tree. */
 DECODE_INLINE dots_impl(const kv_dtype t, const int32_t NV, const float *q, int32_t d, const unsigned char *k,
                         size_t stride, int32_t n, float (*s)[16], const kv_ahead *ahead) {
-    const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 3 : 2;
+    const int32_t KP = NV == 1 ? 6 : NV == 2 ? 5 : NV == 3 ? 3 : 2, row_bytes = d * kv_elem_bytes(t);
     float tmp[4][16][8] __attribute__((aligned(32)));
     int32_t j = 0;
     for (; j + KP <= n; j += KP) {
-        kv_ahead_rows(ahead, j, j + KP); /* as many rows ahead as this pass reads */
+        kv_ahead_rows(ahead, row_bytes, j, j + KP); /* as many rows ahead as this pass reads */
         dots_pass(t, NV, KP, q, d, k, stride, j, tmp);
     }
     for (; j < n; j++) dots_pass(t, NV, 1, q, d, k, stride, j, tmp);
-    kv_ahead_rows(ahead, n - n % KP, 16); /* the single keys' rows, and the rest of a longer slot */
+    kv_ahead_rows(ahead, row_bytes, n - n % KP, 16); /* the single keys' rows, and the rest of a longer slot */
     for (int32_t i = 0; i < NV; i++)
         for (int32_t jj = n; jj < ((n + 7) & ~7); jj++) _mm256_store_ps(tmp[i][jj], _mm256_setzero_ps());
 #pragma GCC unroll 4
@@ -340,8 +340,9 @@ DECODE_INLINE values_group(const kv_dtype t, const int32_t NV, int32_t d, const 
                            int32_t jlo, int32_t jhi, float (*w)[16], const float *corr, float *acc,
                            const kv_ahead *ahead) {
     const int32_t per = (16 + d / 16 - 1) / (d / 16); /* rows ahead per 16 dims: 16 over the row */
+    const int32_t row_bytes = d * kv_elem_bytes(t);
     for (int32_t e = 0; e < d; e += 16) {
-        kv_ahead_rows(ahead, e / 16 * per, e / 16 * per + per);
+        kv_ahead_rows(ahead, row_bytes, e / 16 * per, e / 16 * per + per);
         __m256 a0[4], a1[4];
 #pragma GCC unroll 4
         for (int32_t i = 0; i < NV; i++) {
@@ -434,12 +435,12 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     if (!decode_type(t) || nv < 1 || nv > KV_DECODE_VECS) return;
     if (kv_block_uniform(nv, lo, hi)) {
         if (lo[0] <= hi[0]) values_seen(t, nv, d, v, stride, lo[0], hi[0], w, corr, acc, ahead);
-        else kv_ahead_rows(ahead, 0, 16);
+        else kv_ahead_all(ahead);
         return;
     }
     /* vectors that see different keys (rows of a short prefill, a window's
      * edge): one at a time, each over its own keys */
-    kv_ahead_rows(ahead, 0, 16);
+    kv_ahead_all(ahead);
     for (int32_t i = 0; i < nv; i++)
         if (lo[i] <= hi[i])
             values_seen(t, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &kv_no_ahead);

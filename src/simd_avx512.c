@@ -162,14 +162,16 @@ static inline __m512 load16(kv_dtype t, const unsigned char *row, int32_t e, __m
 
 /* The online-softmax update of nv vectors with the raw scores s [nv][16] of
  * n keys: new max, rescale, weights (zero where not visible); q8's K scales
- * go on the scores, its V scales on the weights. */
+ * go on the scores, its V scales on the weights. A step of `walk` a vector. */
 KERNEL_INLINE softmax_block(const int32_t nv, const float *ks, const float *vs, int32_t n, const int32_t *lo,
-                            const int32_t *hi, float *m, float *l, float (*s)[16], float *corr) {
+                            const int32_t *hi, float *m, float *l, float (*s)[16], float *corr, kv_ahead_walk *walk,
+                            int32_t step) {
     const __m512 one = _mm512_set1_ps(1.0f);
     const __mmask16 keys = (__mmask16)((1u << n) - 1);
     const __m512 ksv = ks ? _mm512_maskz_loadu_ps(keys, ks) : one, vsv = vs ? _mm512_maskz_loadu_ps(keys, vs) : one;
 #pragma GCC unroll 8
     for (int32_t i = 0; i < nv; i++) {
+        kv_ahead_next(walk, step);
         if (lo[i] > hi[i]) {
             corr[i] = 1.0f;
             _mm512_storeu_ps(s[i], _mm512_setzero_ps());
@@ -201,11 +203,14 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
                           const int32_t *hi, float *m, float *l, float (*s)[16], float *corr, const kv_ahead *ahead) {
     const __m512 one = _mm512_set1_ps(1.0f); /* q8 scales are applied to scores and weights */
     /* scores: each K row converted once, dotted with every query vector; with
-     * few vectors, four keys at a time so four dot products share one reduction */
+     * few vectors, four keys at a time so four dot products share one
+     * reduction. The rows ahead: a step every 16 dims and every reduction,
+     * and one a vector in the softmax. */
+    const int32_t quads = nv <= 4 ? n / 4 : 0;
+    kv_ahead_walk walk = kv_ahead_start(ahead);
+    const int32_t step = kv_ahead_step(ahead, quads * (d / 16 + nv) + (n - 4 * quads) * (d / 16) + nv);
     int32_t j = 0;
-    kv_ahead_walk walk = kv_ahead_start(ahead); /* the rows ahead, a few lines every 16 dims */
     if (nv <= 4) {
-        const int32_t step = kv_ahead_step(ahead, n / 4 * (d / 16));
         for (; j + 4 <= n; j += 4) {
             const unsigned char *r0 = k + (size_t)j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
             __m512 a[4][4];
@@ -227,6 +232,7 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
             }
 #pragma GCC unroll 4
             for (int32_t i = 0; i < nv; i++) {
+                kv_ahead_next(&walk, step);
                 /* four horizontal sums at once: pairwise interleave, then fold the 128-bit lanes */
                 __m512 b0 = _mm512_add_ps(_mm512_unpacklo_ps(a[i][0], a[i][1]), _mm512_unpackhi_ps(a[i][0], a[i][1]));
                 __m512 b1 = _mm512_add_ps(_mm512_unpacklo_ps(a[i][2], a[i][3]), _mm512_unpackhi_ps(a[i][2], a[i][3]));
@@ -238,13 +244,13 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
             }
         }
     }
-    kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */
     for (; j < n; j++) {
         const unsigned char *row = k + (size_t)j * stride;
         __m512 a[KV_DECODE_VECS];
 #pragma GCC unroll 8
         for (int32_t i = 0; i < nv; i++) a[i] = _mm512_setzero_ps();
         for (int32_t e = 0; e < d; e += 16) {
+            kv_ahead_next(&walk, step);
             __m512 kv = load16(t, row, e, one);
 #pragma GCC unroll 8
             for (int32_t i = 0; i < nv; i++) a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + e), kv, a[i]);
@@ -252,7 +258,8 @@ KERNEL_INLINE scores_impl(const kv_dtype t, const int32_t nv, const float *q, in
 #pragma GCC unroll 8
         for (int32_t i = 0; i < nv; i++) s[i][j] = _mm512_reduce_add_ps(a[i]);
     }
-    softmax_block(nv, ks, vs, n, lo, hi, m, l, s, corr);
+    softmax_block(nv, ks, vs, n, lo, hi, m, l, s, corr, &walk, step);
+    kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */
 }
 
 /* acc = acc * corr + sum_j p_j v_j over keys jlo..jhi, which every vector
@@ -343,6 +350,7 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
                 }                                                                                                \
             }                                                                                                    \
             _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) {                                           \
+                kv_ahead_next(walk, step);                                                                       \
                 /* four horizontal sums at once, as in scores_impl, in int32 */                                 \
                 const __m512i b0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[i][0], a[i][1]),                     \
                                                     _mm512_unpackhi_epi32(a[i][0], a[i][1]));                    \
@@ -360,6 +368,7 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
             __m512i a[4];                                                                                        \
             _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++) a[i] = _mm512_setzero_si512();              \
             for (int32_t e = 0; e < d; e += 32) {                                                                \
+                kv_ahead_next(walk, step);                                                                       \
                 const __m512i kv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + e)));         \
                 _Pragma("GCC unroll 4") for (int32_t i = 0; i < NV; i++)                                         \
                     a[i] = DP(a[i], kv, _mm512_loadu_si512(qi + (size_t)i * d + e));                             \
@@ -369,17 +378,20 @@ static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, con
         }                                                                                                        \
     }                                                                                                            \
     /* decode_scores for KV_Q8 from int16 queries: the dots of up to four    \
-     * vectors at a time, then the softmax of scores_impl */                  \
+     * vectors at a time, then the softmax of scores_impl; the rows ahead a  \
+     * step every 32 dims and every reduction of the first four vectors'    \
+     * dots, and one a vector in the softmax */                              \
     static inline __attribute__((always_inline TARGET)) void q8i_scores_##SUFFIX(                              \
         const int32_t NV, const int16_t *qi, const float *qs, int32_t d, const unsigned char *k, size_t stride,  \
         const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi, float *m, float *l,   \
         float (*w)[16], float *corr, const kv_ahead *ahead) {                                                    \
+        const int32_t nv4 = NV < 4 ? NV : 4;                                                                     \
         kv_ahead_walk walk = kv_ahead_start(ahead), none = kv_ahead_start(&kv_no_ahead);                         \
-        const int32_t step = kv_ahead_step(ahead, n / 4 * (d / 32));                                            \
-        q8i_dots_##SUFFIX(NV < 4 ? NV : 4, qi, qs, d, k, stride, n, w, &walk, step);                            \
+        const int32_t step = kv_ahead_step(ahead, n / 4 * (d / 32 + nv4) + n % 4 * (d / 32) + NV);             \
+        q8i_dots_##SUFFIX(nv4, qi, qs, d, k, stride, n, w, &walk, step);                                        \
         if (NV > 4) q8i_dots_##SUFFIX(NV - 4, qi + 4 * (size_t)d, qs + 4, d, k, stride, n, w + 4, &none, 0);   \
+        softmax_block(NV, ks, vs, n, lo, hi, m, l, w, corr, &walk, step);                                        \
         kv_ahead_next(&walk, kv_ahead_lines(ahead)); /* the rest */                                              \
-        softmax_block(NV, ks, vs, n, lo, hi, m, l, w, corr);                                                     \
     }                                                                                                            \
     static __attribute__((unused TARGET)) void decode_scores_q8i_##SUFFIX(                                                \
         const int16_t *qi, const float *qs, int32_t nv, int32_t d, const unsigned char *k, size_t stride,        \
@@ -414,7 +426,7 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
                           const kv_ahead *ahead) {
     if (kv_block_uniform(nv, lo, hi)) {
         if (lo[0] > hi[0]) {
-            kv_ahead_rows(ahead, 0, 16);
+            kv_ahead_all(ahead);
             return;
         }
 #define VALUES(T, NV) values_impl(T, NV, d, v, stride, lo[0], hi[0], w, corr, acc, ahead)
@@ -424,7 +436,7 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     }
     /* vectors that see different keys (rows of a short prefill, a window's
      * edge): one at a time, each over its own keys */
-    kv_ahead_rows(ahead, 0, 16);
+    kv_ahead_all(ahead);
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) continue;
 #define ONE(T)                                                                                           \
