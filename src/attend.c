@@ -501,6 +501,12 @@ typedef struct {
     int32_t b, head, v0; /* the next group to emit */
 } cursor;
 
+/* Bytes of K/V one key of an item of hn heads streams (KV_Q8: with its scales). */
+static size_t split_key_bytes(const attend_job *j, int32_t hn) {
+    const kv_dtype t = j->cache ? j->cache->p.dtype : KV_F32;
+    return 2 * (size_t)hn * ((size_t)j->d * kv_dtype_size(t) + (t == KV_Q8 ? sizeof(float) : 0));
+}
+
 static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *items, int32_t item_cap,
                     float *partials, size_t partial_cap) {
     const int32_t G = j->G, tile = tile_path(j) ? tile_subs(j->d) * tile_sub(j->d) : att_tile(j->d);
@@ -527,7 +533,7 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
                                .khi = last, .partial = -1};
             const size_t split_size = (size_t)hn * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
             const bool may_split = T <= KV_SPLIT_ROWS && partials; /* decode-like: prefill groups never split */
-            const int32_t len = may_split ? kv_split_len(last - lo + 1) : 0;
+            const int32_t len = may_split ? kv_split_len(last - lo + 1, split_key_bytes(j, hn)) : 0;
             int32_t splits = may_split ? last / len - lo / len + 1 : 1;
             size_t need = (size_t)splits * split_size;
             if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */

@@ -74,18 +74,33 @@ enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
  * of threads. */
 enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_SHORT = 4, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 32 };
 
-/* Keys per split of a group that sees n keys: KV_SPLIT, or below
- * KV_SPLIT_SHORT x KV_SPLIT keys the least power of two from KV_SPLIT_MIN that
- * cuts them into at most KV_SPLIT_SHORT splits (one more when they start
- * between two multiples of it). Decode keeps all of a sequence's heads in
- * one item, so with splits of KV_SPLIT alone a context under 1024 keys (or a
- * 512-key sliding window) ran on one thread. Four, not more: each split costs a few
- * microseconds (its stream starts cold, and its partial result is combined),
- * and eight were slower on 2 threads from 2048 keys. It depends on n alone,
- * never on the threads. */
-static inline int32_t kv_split_len(int32_t n) {
+/* Bytes of K/V a long split streams at least. A split costs about 3
+ * microseconds more than its keys, whatever its length: 5% of a 1024-key
+ * split of H9/Hkv3/d64 f16 (768 KB, 55 us on one core), 1% of one of
+ * H32/Hkv8/d128 (4 MB). (Timed inside the items, its state, its partial
+ * result and its combine take a sixth of that; the rest is in its keys'
+ * loop, not found.) Sapphire Rapids, 2 threads, K/V cold, median of 100
+ * interleaved calls, d64 f16 over 32k keys: 512-key splits 1.083 ms,
+ * 1024-key 1.045, 4096-key 1.012; with this rule (4096 keys there), over
+ * 32k and 128k keys 3-4% faster than 1024-key splits, and q8 (8192 keys)
+ * 8%. A long sequence on many cores keeps its parallelism: 32k keys of
+ * that shape still make 8 splits. */
+#define KV_SPLIT_BYTES ((size_t)2 << 20)
+
+/* Keys per split of a group that sees n keys, each key_bytes of K/V: the
+ * least power of two from KV_SPLIT whose split holds KV_SPLIT_BYTES, or
+ * below KV_SPLIT_SHORT of those the least power of two from KV_SPLIT_MIN
+ * that cuts the n keys into at most KV_SPLIT_SHORT splits (one more when
+ * they start between two multiples of it). Decode keeps all of a sequence's
+ * heads in one item, so with long splits alone a context under 1024 keys
+ * (or a 512-key sliding window) ran on one thread. Four, not more: eight
+ * were slower on 2 threads from 2048 keys. It depends on n and the cache's
+ * shape alone, never on the threads. */
+static inline int32_t kv_split_len(int32_t n, size_t key_bytes) {
+    int32_t longest = KV_SPLIT;
+    while ((size_t)longest * key_bytes < KV_SPLIT_BYTES && longest < (1 << 20)) longest *= 2;
     int32_t len = KV_SPLIT_MIN;
-    while (len < KV_SPLIT && KV_SPLIT_SHORT * len < n) len *= 2;
+    while (len < longest && KV_SPLIT_SHORT * len < n) len *= 2;
     return len;
 }
 

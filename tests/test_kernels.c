@@ -257,7 +257,7 @@ static void run_threads(kv_cache *c, int32_t seq, const kcase *k, const float *q
 TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
     test_rng r = {710};
     const kcase cases[] = {
-        {.H = 8, .Hkv = 2, .d = 128, .S = 5000, .T = 1, .P = 16, .dtype = KV_F16},  /* 5 splits */
+        {.H = 8, .Hkv = 2, .d = 128, .S = 10500, .T = 1, .P = 16, .dtype = KV_F16}, /* 6 splits of 2048 */
         {.H = 9, .Hkv = 3, .d = 64, .S = 3001, .T = 4, .P = 7, .dtype = KV_Q8},
         {.H = 4, .Hkv = 4, .d = 80, .S = 700, .T = 300, .P = 16, .dtype = KV_BF16}, /* prefill tiles */
         {.H = 6, .Hkv = 1, .d = 96, .S = 2500, .T = 2, .P = 5, .window = 1500, .dtype = KV_F32},
@@ -284,8 +284,11 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         int32_t item_cap = c->work->item_cap;
         size_t partial_cap = c->work->partial_cap;
         c->work->item_cap = 7;
-        /* room for one sequence's splits (of KV_SPLIT keys, or up to KV_SPLIT_SHORT + 1 short ones), no more */
-        const size_t long_splits = (size_t)k->S / KV_SPLIT + 2;
+        /* room for one sequence's splits (of kv_split_len keys for all its heads, the shortest an item
+         * of this cache has, or up to KV_SPLIT_SHORT + 1 short ones), no more */
+        const size_t key_bytes = 2 * (size_t)k->Hkv * ((size_t)k->d * kv_dtype_size(k->dtype) +
+                                                       (k->dtype == KV_Q8 ? sizeof(float) : 0));
+        const size_t long_splits = (size_t)k->S / (size_t)kv_split_len(k->S, key_bytes) + 2;
         const size_t splits = long_splits > KV_SPLIT_SHORT + 1 ? long_splits : KV_SPLIT_SHORT + 1;
         c->work->partial_cap = splits * (size_t)k->H * k->T * (k->d + 2);
         run_threads(c, seq, k, q, 3, many);
@@ -294,6 +297,31 @@ TEST(kernels_results_are_identical_for_any_thread_count_and_wave_cut) {
         kv_cache_free(c);
         free(qd), free(q), free(one), free(many);
     }
+}
+
+/* Splits of a long decode hold KV_SPLIT_BYTES of K/V at least (in powers of
+ * two from KV_SPLIT keys), and a short span is cut into at most
+ * KV_SPLIT_SHORT of at least KV_SPLIT_MIN keys: the lengths depend on the
+ * span and the bytes a key streams, nothing else. */
+TEST(kernels_split_length_follows_the_span_and_the_bytes_a_key_streams) {
+    const size_t d64_f16 = 2 * 3 * 64 * 2, d128_f16 = 2 * 8 * 128 * 2, one_head_q8 = 2 * (64 + 4);
+    CHECK_EQ_INT(kv_split_len(131072, d64_f16), 4096);  /* 1024 keys hold 768 KB: four times that, 3 MB */
+    CHECK_EQ_INT(kv_split_len(131072, d128_f16), 1024); /* 1024 keys hold 4 MB already */
+    CHECK_EQ_INT(kv_split_len(1 << 30, one_head_q8), 16384);
+    CHECK_EQ_INT(kv_split_len(600, d64_f16), 256);      /* short: three of 256 */
+    CHECK_EQ_INT(kv_split_len(100, d64_f16), KV_SPLIT_MIN);
+    CHECK_EQ_INT(kv_split_len(8192, d64_f16), 2048);    /* four of 2048, under the long length */
+    CHECK_EQ_INT(kv_split_len(8192, d128_f16), 1024);
+    for (int32_t n = 1; n < 70000; n += 997)
+        for (size_t b = 16; b < 100000; b *= 3) {
+            const int32_t len = kv_split_len(n, b);
+            CHECK(len >= KV_SPLIT_MIN && (len & (len - 1)) == 0);
+            /* few enough splits, or long ones */
+            CHECK((n + len - 1) / len <= KV_SPLIT_SHORT || (size_t)len * b >= KV_SPLIT_BYTES);
+            /* and no longer than either asks */
+            CHECK(len <= KV_SPLIT || (size_t)(len / 2) * b < KV_SPLIT_BYTES);
+            CHECK(len == KV_SPLIT_MIN || KV_SPLIT_SHORT * (len / 2) < n);
+        }
 }
 
 TEST(kernels_ragged_batch_on_a_pool_equals_one_sequence_at_a_time) {
