@@ -72,13 +72,17 @@ static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
 /* Selects the SIMD paths this CPU has, one after another, from *si = -1:
  * for (int si = -1; next_simd(&si);) ...; false after the last, with the
- * automatic choice back. */
+ * choice in force before the loop back (KVCACHE_SIMD's, for the tests after
+ * this one: "auto" would drop it, and a forced scalar run would go on with
+ * SIMD kernels). */
 static bool next_simd(int *si) {
+    static const char *was;
+    if (*si == -1) was = kv_simd_name();
     while (++*si < 3) {
         if (kv_simd_select(simd_names[*si]) == KV_OK) return true;
         printf("     %s: not available on this CPU, not tested here\n", simd_names[*si]);
     }
-    kv_simd_select("auto");
+    kv_simd_select(was);
     return false;
 }
 
@@ -135,6 +139,7 @@ TEST(kernels_every_simd_path_matches_the_oracle) {
  * agree within the f32 bound, so an error in the integer dots, their sums or
  * their scales shows at 2e-5, not under the looser q8i_output_bound. */
 TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
+    const char *was = kv_simd_name();
     for (int novnni = 0; novnni < 2; novnni++) { /* vpdpwssd where the CPU has it, then vpmaddwd + vpaddd */
         setenv("KVCACHE_NO_VNNI", novnni ? "1" : "0", 1);
         if (kv_simd_select("avx512") != KV_OK) {
@@ -174,7 +179,7 @@ TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
                worst);
     }
     unsetenv("KVCACHE_NO_VNNI");
-    kv_simd_select("auto");
+    kv_simd_select(was);
 }
 
 /* Scores that rise past the exponential's range from one block of keys to

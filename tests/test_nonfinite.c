@@ -188,6 +188,7 @@ TEST(nonfinite_f64_paths_follow_the_rule) {
 
 TEST(nonfinite_every_kernel_and_storage_type_follows_the_rule) {
     static const kv_dtype dtypes[] = {KV_F32, KV_F16, KV_BF16, KV_Q8};
+    const char *was = kv_simd_name();
     for (int v = 0; v < 3; v++) {
         if (kv_simd_select(simd_names[v]) != KV_OK) {
             printf("     %s: not available on this CPU, not tested here\n", simd_names[v]);
@@ -202,7 +203,7 @@ TEST(nonfinite_every_kernel_and_storage_type_follows_the_rule) {
             }
         printf("     %s: %d runs, %d failing\n", simd_names[v], runs, fails);
     }
-    kv_simd_select("auto");
+    kv_simd_select(was);
 }
 
 /* ------------------------------------------------------------------ storage */

@@ -382,7 +382,7 @@ TEST(quant_kernel_choice_follows_select_and_force_scalar) {
     }
     if (keep) setenv("KVCACHE_NO_VNNI", keep, 1);
     free(keep);
-    llm_quant_select("auto");
+    llm_quant_select(first);
     llm_quant_force_scalar(0);
 }
 

@@ -103,6 +103,7 @@ TEST(quant_act_quantizer_keeps_every_element_within_half_a_step) {
  * NaN, an infinity, all zeros, the largest floats, subnormals, and values
  * that land halfway between two quants (rounded to even). */
 TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {37};
     int64_t m = 2, n = 32 * 12;
     float *x = random_x(&r, m, n);
@@ -131,7 +132,7 @@ TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
         CHECK(isnan(a0.a.d[1]) && isnan(a0.a.d[2]) && a0.a.d[3] == 0);
         free(a0.buf);
     }
-    llm_quant_select("auto");
+    llm_quant_select(was);
     free(x);
 }
 
@@ -209,6 +210,7 @@ static void *packed_of(const problem *p) {
 static int llm_block_elems_32(int type) { return llm_type_block_elems(type) == 32; }
 
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {32};
     static const int64_t ms[] = {1, 5};
     for (int ki = 0; ki < N_KERNELS; ki++) {
@@ -234,12 +236,13 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
                     free_problem(&p);
                 }
     }
-    llm_quant_select("auto");
+    llm_quant_select(was);
 }
 
 /* int16 quants at their extremes (every |q| = 16383) against the largest
  * Q6_K and Q8_0 weights: the int32 block sums must not overflow. */
 TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     for (int ti = 0; ti < 2; ti++) {
         int type = ti ? LLM_TYPE_Q8_0 : LLM_TYPE_Q6_K;
         int64_t n = 256, rb = llm_row_bytes(type, n);
@@ -263,7 +266,7 @@ TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
         free(ab.buf);
         free(W);
     }
-    llm_quant_select("auto");
+    llm_quant_select(was);
 }
 
 /* 1 if the product of p's rows (P: packed, or NULL) in uneven pieces, as
@@ -288,6 +291,7 @@ static int decode_in_pieces_equals(const problem *p, const void *P, const float 
  * a time, plain rows in tiles, LLM_ACT_FEW_ROWS) or 11 (lanes of 8, then
  * the rest). */
 TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_vs_prefill) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {33};
     for (int tb = 0; tb < 4 * N_INT8; tb++) {   /* every type at both widths, with 6 and 11 X rows */
         int ti = tb / 4, type = int8_types[ti];
@@ -326,7 +330,7 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
         free(Y0);
         free_problem(&p);
     }
-    llm_quant_select("auto");
+    llm_quant_select(was);
 }
 
 /* The packed form: which types have it, its size, the padding of a last
@@ -401,6 +405,7 @@ TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
 /* A NaN or infinite activation makes the products that read its block NaN
  * or infinite, as the f32 path does, never an undefined float-to-int cast. */
 TEST(quant_act_nan_and_inf_inputs_give_non_finite_products) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {35};
     int64_t n = 64, rows = 3, rb = llm_row_bytes(LLM_TYPE_Q8_0, n);
     uint8_t *W = malloc((size_t)(rb * rows));
@@ -421,7 +426,7 @@ TEST(quant_act_nan_and_inf_inputs_give_non_finite_products) {
                 llm_matmul_act(LLM_TYPE_Q8_0, W, P, n, 0, rows, &ab.a, y, rows);
                 for (int i = 0; i < 3; i++) CHECK(!isfinite(y[i]));
             }
-            llm_quant_select("auto");
+            llm_quant_select(was);
             free(ab.buf);
         }
     free(W);
