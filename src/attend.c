@@ -236,24 +236,23 @@ typedef struct {
     bool share;                   /* dense, every head in the item (see block_at's `ask`) */
 } block_map;
 
-static block_map item_blocks(const attend_job *j, const kv_work_item *it) {
-    const key_source s = item_source(j, it);
-    block_map bm = {.block = s.block, .stride = s.stride, .row_bytes = s.d * (int32_t)kv_dtype_size(s.dtype)};
-    if (!s.cache) {
-        bm.k = (uintptr_t)s.k, bm.v = (uintptr_t)s.v, bm.head_step = (size_t)bm.row_bytes;
+static block_map item_blocks(const attend_job *j, const kv_work_item *it, const key_source *s) {
+    block_map bm = {.block = s->block, .stride = s->stride, .row_bytes = s->d * (int32_t)kv_dtype_size(s->dtype)};
+    if (!s->cache) {
+        bm.k = (uintptr_t)s->k, bm.v = (uintptr_t)s->v, bm.head_step = (size_t)bm.row_bytes;
         bm.share = it->n_heads == j->Hkv;
         return bm;
     }
-    const kv_cache *c = s.cache;
+    const kv_cache *c = s->cache;
     const uintptr_t pool = (uintptr_t)c->pages.pool;
-    bm.pool = c->pages.pool, bm.table = s.table, bm.page_bytes = c->pages.page_bytes;
-    bm.k = (uintptr_t)kv_page_head(c, 0, s.layer, 0, s.head) - pool;
-    bm.v = (uintptr_t)kv_page_head(c, 0, s.layer, 1, s.head) - pool;
+    bm.pool = c->pages.pool, bm.table = s->table, bm.page_bytes = c->pages.page_bytes;
+    bm.k = (uintptr_t)kv_page_head(c, 0, s->layer, 0, s->head) - pool;
+    bm.v = (uintptr_t)kv_page_head(c, 0, s->layer, 1, s->head) - pool;
     bm.head_step = c->pages.head_bytes;
-    if (s.dtype == KV_Q8) {
+    if (s->dtype == KV_Q8) {
         bm.q8 = true;
-        bm.ks = (uintptr_t)kv_page_scales(c, 0, s.layer, 0, s.head) - pool;
-        bm.vs = (uintptr_t)kv_page_scales(c, 0, s.layer, 1, s.head) - pool;
+        bm.ks = (uintptr_t)kv_page_scales(c, 0, s->layer, 0, s->head) - pool;
+        bm.vs = (uintptr_t)kv_page_scales(c, 0, s->layer, 1, s->head) - pool;
         bm.scale_step = (size_t)c->p.page_size * sizeof(float);
     }
     return bm;
@@ -369,7 +368,7 @@ static void attend_decode(const attend_job *j, const kv_work_item *it, int32_t p
     float qs[KV_WIDE_HEADS * KV_DECODE_VECS];
     const bool q8i = first.dtype == KV_Q8 && j->simd->decode_scores_q8i && d % 32 == 0 &&
                      quantize_queries(qbuf, it->n_heads * nv, d, qi, qs);
-    const block_map bm = item_blocks(j, it);
+    const block_map bm = item_blocks(j, it, &first);
     const int32_t ahead_slots = slots_ahead(it, bm.row_bytes), slots = 2 * it->n_heads;
     /* each block's rows found once, the next one's a block early for the prefetches */
     decode_block blocks[2];
@@ -501,10 +500,10 @@ typedef struct {
     int32_t b, head, v0; /* the next group to emit */
 } cursor;
 
-/* Bytes of K/V one key of an item of hn heads streams (KV_Q8: with its scales). */
-static size_t split_key_bytes(const attend_job *j, int32_t hn) {
-    const kv_dtype t = j->cache ? j->cache->p.dtype : KV_F32;
-    return 2 * (size_t)hn * ((size_t)j->d * kv_dtype_size(t) + (t == KV_Q8 ? sizeof(float) : 0));
+/* Bytes of K/V one key of a paged item of hn heads streams: its share of a
+ * page's layer slice (KV_Q8's scales included). */
+static size_t split_key_bytes(const kv_cache *c, int32_t hn) {
+    return (size_t)hn * c->pages.layer_bytes / ((size_t)c->p.page_size * (size_t)c->p.n_kv_heads);
 }
 
 static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *items, int32_t item_cap,
@@ -533,7 +532,7 @@ static void run_f32(attend_job *j, kv_pool *pool, int32_t n_seqs, kv_work_item *
                                .khi = last, .partial = -1};
             const size_t split_size = (size_t)hn * (size_t)(v1 - at.v0) * (size_t)(j->d + 2);
             const bool may_split = T <= KV_SPLIT_ROWS && partials; /* decode-like: prefill groups never split */
-            const int32_t len = may_split ? kv_split_len(last - lo + 1, split_key_bytes(j, hn)) : 0;
+            const int32_t len = may_split ? kv_split_len(last - lo + 1, split_key_bytes(j->cache, hn)) : 0;
             int32_t splits = may_split ? last / len - lo / len + 1 : 1;
             size_t need = (size_t)splits * split_size;
             if (splits > 1 && (need > partial_cap || splits > item_cap)) splits = 1; /* too long to split here */
