@@ -24,6 +24,7 @@ int cmd_verify(int argc, char **argv);       /* cli/verify.c */
 int cmd_price(int argc, char **argv);        /* cli/price.c */
 int cmd_info(int argc, char **argv);         /* cli/price.c */
 int cmd_serve(int argc, char **argv);        /* cli/serve.c */
+int cmd_tokenize(int argc, char **argv);     /* cli/tokenize.c */
 
 /* Seconds on a monotonic clock. */
 double cli_now(void);

@@ -21,6 +21,7 @@ static const struct {
     {"verify", cmd_verify, "cached decoding against full recomputation, step by step: pass/fail"},
     {"price", cmd_price, "KV bytes per token and per sequence, and the bandwidth-bound decode floor"},
     {"info", cmd_info, "a GGUF file's metadata, tensors and model shape"},
+    {"tokenize", cmd_tokenize, "the token ids and pieces a model sees for a text"},
     {"demo", cmd_demo, "a synthetic multi-layer decode loop on the cache: tokens/s and KV bytes"},
 };
 

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include "quant.h"
+#include "tokenizer_gguf.h"
 
 /* ---------------------------------------------------------------- architectures */
 
@@ -228,75 +229,13 @@ int llm_layers_one_group(llm_model *m) {
 /* ---------------------------------------------------------------- tokenizer */
 
 static int load_tokenizer(llm_model *m, char *err, size_t errlen) {
-    const llm_gguf *g = m->gguf;
-    llm_gguf_str model_s, pre_s;
-    llm_gguf_arr toks, merges, scores, types;
-    if (llm_gguf_get_str(g, "tokenizer.ggml.model", &model_s) != LLM_GGUF_OK)
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tokenizer.ggml.model");
-    if (llm_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks) != LLM_GGUF_OK || toks.type != LLM_GGUF_STR)
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "missing tokenizer.ggml.tokens (an array of strings)");
-    int has_merges = llm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) == LLM_GGUF_OK;
-    int has_scores = llm_gguf_get_arr(g, "tokenizer.ggml.scores", &scores) == LLM_GGUF_OK;
-    int has_types = llm_gguf_get_arr(g, "tokenizer.ggml.token_type", &types) == LLM_GGUF_OK;
-    if (has_merges && (merges.type != LLM_GGUF_STR || merges.n > (1u << 24)))
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.merges is not an array of strings");
-    if (has_scores && (scores.n != toks.n || (scores.type != LLM_GGUF_F32 && scores.type != LLM_GGUF_F64)))
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.scores: want %llu floats", (unsigned long long)toks.n);
-    if (has_types && (types.n != toks.n || types.type == LLM_GGUF_STR || types.type >= LLM_GGUF_F32))
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer.ggml.token_type: want %llu integers", (unsigned long long)toks.n);
-
-    int32_t nv = (int32_t)toks.n, nm = has_merges ? (int32_t)merges.n : 0;
-    const char **tk = malloc(sizeof *tk * (size_t)nv);
-    int32_t *tl = malloc(sizeof *tl * (size_t)nv), *tt = has_types ? malloc(sizeof *tt * (size_t)nv) : NULL;
-    float *sc = has_scores ? malloc(sizeof *sc * (size_t)nv) : NULL;
-    const char **mg = malloc(sizeof *mg * (size_t)(nm ? nm : 1));
-    int32_t *ml = malloc(sizeof *ml * (size_t)(nm ? nm : 1));
-    char model[32], pre[64];
-    int rc = LLM_ERR_MODEL;
-    if (!tk || !tl || !mg || !ml || (has_types && !tt) || (has_scores && !sc)) {
-        llm_errf(err, errlen, LLM_ERR_MODEL, "out of memory reading the vocabulary");
-        goto done;
-    }
-    for (int32_t i = 0; i < nv; i++) {
-        llm_gguf_str s = llm_gguf_arr_str(&toks, (uint64_t)i);
-        if (s.len > 1024) {
-            llm_errf(err, errlen, LLM_ERR_MODEL, "token %d is %llu bytes long", (int)i, (unsigned long long)s.len);
-            goto done;
-        }
-        tk[i] = s.ptr, tl[i] = (int32_t)s.len;
-        if (tt) tt[i] = (int32_t)llm_gguf_arr_i64(&types, (uint64_t)i);
-        if (sc) sc[i] = llm_gguf_arr_f32(&scores, (uint64_t)i);
-    }
-    for (int32_t i = 0; i < nm; i++) {
-        llm_gguf_str s = llm_gguf_arr_str(&merges, (uint64_t)i);
-        if (s.len > 2048) {
-            llm_errf(err, errlen, LLM_ERR_MODEL, "merge %d is %llu bytes long", (int)i, (unsigned long long)s.len);
-            goto done;
-        }
-        mg[i] = s.ptr, ml[i] = (int32_t)s.len;
-    }
-    llm_tokenizer_desc d = llm_tokenizer_desc_default();
-    d.model = llm_gguf_str_copy(model_s, model, sizeof model);
-    d.pre = llm_gguf_get_str(g, "tokenizer.ggml.pre", &pre_s) == LLM_GGUF_OK ? llm_gguf_str_copy(pre_s, pre, sizeof pre)
-                                                                             : NULL;
-    d.n_vocab = nv, d.tokens = tk, d.token_len = tl, d.scores = sc, d.token_type = tt;
-    d.n_merges = nm, d.merges = mg, d.merge_len = ml;
-    d.bos_id = llm_gguf_i32_or(g, "tokenizer.ggml.bos_token_id", -1);
-    d.eos_id = llm_gguf_i32_or(g, "tokenizer.ggml.eos_token_id", -1);
-    d.unk_id = llm_gguf_i32_or(g, "tokenizer.ggml.unknown_token_id", -1);
-    d.pad_id = llm_gguf_i32_or(g, "tokenizer.ggml.padding_token_id", -1);
-    /* SentencePiece vocabularies start with BOS unless told otherwise; BPE ones do not */
-    d.add_bos = llm_gguf_bool_or(g, "tokenizer.ggml.add_bos_token", strcmp(model, "llama") == 0);
-    d.add_eos = llm_gguf_bool_or(g, "tokenizer.ggml.add_eos_token", 0);
-    d.add_space_prefix = llm_gguf_bool_or(g, "tokenizer.ggml.add_space_prefix", -1);
+    llm_vocab_desc v;
+    int rc = llm_vocab_desc_read(m->gguf, &v, err, errlen);
+    if (rc != LLM_OK) return rc;
     char terr[200];
-    if (llm_tokenizer_create(&d, &m->tok, terr, sizeof terr) != 0) {
-        llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer: %s", terr);
-        goto done;
-    }
-    rc = LLM_OK;
-done:
-    free(tk), free(tl), free(tt), free(sc), free(mg), free(ml);
+    if (llm_tokenizer_create(&v.desc, &m->tok, terr, sizeof terr) != 0)
+        rc = llm_errf(err, errlen, LLM_ERR_MODEL, "tokenizer: %s", terr);
+    llm_vocab_desc_free(&v);
     return rc;
 }
 

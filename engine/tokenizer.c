@@ -89,14 +89,13 @@ static int cmp_special(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
-/* Is token i cut out of the text before encoding? SentencePiece matches its
- * user-defined pieces against the text after spaces became '▁', so in an SPM
- * vocabulary a user-defined piece holding a space can never match (Gemma 3's
- * "  ", "   ", ... : SentencePiece encodes a run of spaces as '▁' tokens). */
+/* Is token i cut out of the text before encoding? Every special token with
+ * text is. GGUF stores an SPM vocabulary's user-defined pieces with their
+ * '▁' already turned back into spaces (Gemma 3's runs of spaces, tabs and
+ * newlines), so they match the raw text, as SentencePiece matches the
+ * originals after spaces became '▁'. */
 static int cut_out(const llm_tokenizer *t, int32_t i) {
-    if (!is_special_type(t->type[i]) || t->text_len[i] == 0) return 0;
-    return !(t->kind == KIND_SPM && t->type[i] == LLM_TOKEN_USER_DEFINED &&
-             memchr(tok_text(t, i), ' ', (size_t)t->text_len[i]));
+    return is_special_type(t->type[i]) && t->text_len[i] > 0;
 }
 
 static int build_specials(llm_tokenizer *t) {
@@ -127,6 +126,9 @@ static int build_specials(llm_tokenizer *t) {
     return 0;
 }
 
+/* The turn-ending markers. One typed user-defined (Gemma 3's "</s>", also an
+ * HTML tag there) becomes a control token, as llama.cpp retypes it: message
+ * content never produces it unless special tokens are parsed. */
 static void build_eog(llm_tokenizer *t) {
     static const char *const markers[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
                                           "<|endoftext|>", "<end_of_turn>", "</s>"};
@@ -134,8 +136,10 @@ static void build_eog(llm_tokenizer *t) {
     for (size_t i = 0; i < sizeof markers / sizeof markers[0] && t->n_eog < MAX_EOG; i++) {
         int32_t id = text_lookup(t, markers[i], strlen(markers[i]));
         if (id < 0 || id == t->eos) continue;
-        if (t->type[id] == LLM_TOKEN_CONTROL || t->type[id] == LLM_TOKEN_USER_DEFINED)
+        if (t->type[id] == LLM_TOKEN_CONTROL || t->type[id] == LLM_TOKEN_USER_DEFINED) {
+            t->type[id] = LLM_TOKEN_CONTROL;
             t->eog[t->n_eog++] = id;
+        }
     }
 }
 

@@ -6,11 +6,12 @@
  *            pre-tokenizer pattern (`tokenizer.ggml.pre`), each piece's bytes are
  *            mapped to printable characters by the GPT-2 byte-to-unicode table,
  *            and adjacent symbols are merged by rank (`tokenizer.ggml.merges`,
- *            rank = index) until no ranked pair is left. Any byte string
+ *            rank = index) until no ranked pair is left. Well-formed UTF-8
  *            encodes and decodes back exactly, as long as the vocabulary has a
  *            token for every byte (a byte without one is dropped).
- *   "llama"  SentencePiece-style BPE (Llama 2, TinyLlama). Spaces become U+2581
- *            '▁', a leading '▁' is added, and the adjacent pair whose
+ *   "llama"  SentencePiece-style BPE (Llama 2, TinyLlama, Gemma). Spaces become
+ *            U+2581 '▁', a leading '▁' is added when the vocabulary says so
+ *            (add_space_prefix), and the adjacent pair whose
  *            concatenation is the highest-scoring vocabulary token is merged
  *            until none is left; characters outside the vocabulary fall back to
  *            <0xNN> byte tokens.
@@ -22,10 +23,10 @@
  *
  * Special tokens: tokens of type CONTROL or UNKNOWN (e.g. "<|im_start|>",
  * "<s>") are recognised in the input text only when parse_special is set;
- * USER_DEFINED tokens are always recognised, as in llama.cpp and HF, except,
- * in a "llama" vocabulary, those holding a space, which SentencePiece never
- * produces (it matches them after spaces became '▁'). At each position the
- * longest matching special token wins. */
+ * USER_DEFINED tokens (Gemma 3's runs of spaces, tabs and newlines, its HTML
+ * tags) are always recognised, as in llama.cpp, HF and SentencePiece. They
+ * are cut out of the text first, leftmost first and at each position the
+ * longest, and the fragments between them are encoded apart. */
 #ifndef LLM_TOKENIZER_H
 #define LLM_TOKENIZER_H
 
@@ -83,6 +84,11 @@ int llm_tokenizer_create(const llm_tokenizer_desc *desc, llm_tokenizer **out, ch
 void llm_tokenizer_free(llm_tokenizer *tok);
 
 /* Encode text[0..len) (any bytes; NUL is an ordinary byte) into out[0..max_out).
+ * Ids equal llama.cpp's for the same bytes. Malformed UTF-8 is read as llama.cpp
+ * reads it, so it does not decode back byte for byte: byte-level BPE takes a
+ * byte that starts no well-formed sequence as U+FFFD; SentencePiece takes as
+ * many bytes as a lead byte announces into one symbol, which falls back to
+ * byte tokens. Well-formed text always decodes back exactly.
  * add_special: add bos/eos as the desc says. parse_special: recognise control
  * tokens written in the text (see above). Returns the number of ids written;
  * when max_out is too small it writes nothing and returns -(ids needed);

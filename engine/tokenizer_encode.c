@@ -36,6 +36,8 @@ typedef struct {
     size_t n_heap, cap_heap;
     char *buf;              /* SPM: escaped fragment; BPE: byte-unicode form of a piece */
     size_t cap_buf;
+    char *fixed;            /* BPE: a malformed fragment re-encoded (bpe_normalize_utf8) */
+    size_t cap_fixed;
 } work;
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -71,6 +73,7 @@ static void work_free(work *w) {
     free(w->sym_next);
     free(w->heap);
     free(w->buf);
+    free(w->fixed);
 }
 
 static int emit_id(work *w, int32_t id) {
@@ -180,11 +183,60 @@ static int bpe_piece(void *ctx, size_t start, size_t end) {
     return 0;
 }
 
+/* One code point of s[0..n) as llama.cpp reads UTF-8 before byte-level BPE:
+ * the length the lead byte announces, its continuation bytes checked, overlong
+ * forms and surrogates taken as they decode. Anything else, and a value past
+ * U+10FFFF, is U+FFFD for one byte. Returns the bytes consumed. */
+static int bpe_read_cp(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned char b = s[0];
+    int len = b < 0x80 ? 1 : b < 0xC0 ? 0 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : b < 0xF8 ? 4 : 0;
+    uint32_t c = len == 1 ? b : len == 2 ? b & 0x1Fu : len == 3 ? b & 0x0Fu : b & 0x07u;
+    if (len == 0 || (size_t)len > n) len = 0;
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) len = 0;
+        c = (c << 6) | (s[i] & 0x3Fu);
+    }
+    if (len == 0 || c > 0x10FFFF) {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    *cp = c;
+    return len;
+}
+
+/* Byte-level BPE sees malformed UTF-8 as llama.cpp does (bpe_read_cp): when
+ * text[0..n) is not well-formed, w->fixed receives it re-encoded from those
+ * code points and *n its length. Returns the text to encode, NULL when out of
+ * memory. */
+static const char *bpe_normalize_utf8(work *w, const char *text, size_t *n) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t i = 0;
+    for (uint32_t cp; i < *n;) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int k = llm_utf8_decode(s + i, *n - i, &cp);
+        if (cp >= LLM_CP_INVALID_BASE) break;
+        i += (size_t)k;
+    }
+    if (i == *n) return text;
+    if (grow((void **)&w->fixed, &w->cap_fixed, 3 * *n, 1)) return NULL; /* U+FFFD: 3 bytes per byte */
+    memcpy(w->fixed, text, i);
+    size_t k = i;
+    for (uint32_t cp; i < *n;) {
+        i += (size_t)bpe_read_cp(s + i, *n - i, &cp);
+        k += (size_t)llm_utf8_encode(cp, w->fixed + k);
+    }
+    *n = k;
+    return w->fixed;
+}
+
 static int bpe_fragment(work *w, size_t start, size_t end) {
     size_t n = end - start;
-    if (grow((void **)&w->pc, &w->cap_pc, n, sizeof(llm_pchar))) return -1;
-    const char *saved = w->text;
-    w->text += start;
+    const char *saved = w->text, *text = bpe_normalize_utf8(w, w->text + start, &n);
+    if (!text || grow((void **)&w->pc, &w->cap_pc, n, sizeof(llm_pchar))) return -1;
+    w->text = text;
     int rc = llm_pre_split(w->t->pre, w->text, n, w->pc, bpe_piece, w);
     w->text = saved;
     return rc;
@@ -200,6 +252,13 @@ static int spm_push(work *w, int32_t l) {
     int32_t id = lookup_mergeable(w->t, w->buf + w->sym_start[l], (size_t)n);
     if (id < 0) return 0;
     return heap_push(w, (bigram){-(double)w->t->score[id], l, n, 0, id});
+}
+
+/* Bytes in the character lead byte b starts: by its top four bits, so a
+ * continuation byte alone is 1 and 0xF8..0xFF count as 4-byte leads. */
+static int spm_char_len(unsigned char b) {
+    static const unsigned char len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    return len[b >> 4];
 }
 
 /* Encode text[start..end) SentencePiece-style; prefix: add the leading '▁'. */
@@ -220,11 +279,13 @@ static int spm_fragment(work *w, size_t start, size_t end, int prefix) {
             w->buf[k++] = (char)s[i];
         }
     }
-    /* One symbol per character; an undecodable byte is a symbol of its own. */
+    /* One symbol per character, as long as its lead byte says (up to the end
+     * of the text) without validating what follows, as llama.cpp splits: a
+     * malformed sequence becomes one symbol whose bytes fall back together. */
     int32_t ns = 0;
     for (size_t i = 0; i < m; ns++) {
-        uint32_t cp;
-        int len = llm_utf8_decode((const unsigned char *)w->buf + i, m - i, &cp);
+        int len = spm_char_len((unsigned char)w->buf[i]);
+        if ((size_t)len > m - i) len = (int)(m - i);
         w->sym_start[ns] = (int32_t)i;
         w->sym_len[ns] = len;
         w->sym_id[ns] = -1; /* looked up at the end unless merged */

@@ -12,6 +12,7 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
+#include "real_model.h"
 
 typedef struct {
     int status;   /* exit status, or -1 when it did not exit normally */
@@ -83,7 +84,8 @@ TEST(cli_every_subcommand_has_help_and_bad_usage_exits_2) {
     done(&r);
     r = EXPECT("", NULL, 2), done(&r);
     r = EXPECT("no-such-command", NULL, 2), done(&r);
-    const char *sub[] = {"generate", "chat", "perplexity", "bench model", "verify", "price", "info", "bench"};
+    const char *sub[] = {"generate", "chat", "perplexity", "bench model", "verify", "price", "info", "bench",
+                         "tokenize"};
     for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
         char args[64], want[64];
         snprintf(args, sizeof args, "%s --help", sub[i]);
@@ -664,4 +666,40 @@ TEST(cli_verify_passes_for_every_policy_and_refuses_an_unknown_one) {
     CHECK(strstr(r.err, "--policy must be") != NULL);
     done(&r);
     fx_free(&fx);
+}
+
+/* `kvcache tokenize`: the ids of a file's bytes equal llama.cpp's (the corpus
+ * fixture), pieces are shown escaped, control tokens are text unless
+ * --special, and a bad call says what was wrong. */
+TEST(cli_tokenize_prints_llama_cpp_ids_and_escaped_pieces) {
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    llm_model *m = rm_load(model, NULL);
+    if (!m) return;
+    llm_model_free(m);
+    char args[512];
+    snprintf(args, sizeof args, "tokenize -m %s -f tests/data/tokenizer/code_python.txt --ids --no-bos", model);
+    result r = EXPECT(args, NULL, 0);
+    char *want = slurp("tests/data/tokenizer/expected/code_python.smollm2.ids");
+    CHECK(want && strlen(want) > 100 && strcmp(r.out, want) == 0);
+    free(want), done(&r);
+    snprintf(args, sizeof args, "tokenize -m %s -p 'a\tb\\x' --count", model);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "'\\t'") != NULL && strstr(r.out, "'\\\\'") != NULL && strstr(r.out, "tokens\n"));
+    done(&r);
+    snprintf(args, sizeof args, "tokenize -m %s -p '<|im_start|>' --ids", model);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, "1\n") != 0 && strchr(r.out, ' ') != NULL); /* several plain-text pieces */
+    done(&r);
+    snprintf(args, sizeof args, "tokenize -m %s -p '<|im_start|>' --ids --special", model);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, "1\n") == 0);
+    done(&r);
+    snprintf(args, sizeof args, "tokenize -m %s", model);
+    r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "-p TEXT or -f FILE") != NULL);
+    done(&r);
+    snprintf(args, sizeof args, "tokenize -m %s -f /nonexistent/text", model);
+    r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.err, "/nonexistent/text") && strstr(r.err, "No such file"));
+    done(&r);
 }

@@ -48,11 +48,11 @@ TEST(gemma3_real_file_holds_what_the_issue_says) {
     llm_model_free(m);
 }
 
-/* SentencePiece's own ids for the strings of tests/data/gen_tokenizer_refs.py
- * and a few more (tests/data/gen_gemma3_refs.py), and detokenize(tokenize(s))
- * == s (except for text holding a literal '▁', which SentencePiece reads as a
+/* llama.cpp's ids for the strings of tests/data/gen_tokenizer_refs.py and a few
+ * more (scripts/tokenizer-fixtures.py), and detokenize(tokenize(s)) == s
+ * (except for text holding a literal '▁', which SentencePiece reads as a
  * space). */
-TEST(gemma3_real_tokenizer_matches_sentencepiece) {
+TEST(gemma3_real_tokenizer_matches_llama_cpp) {
     llm_model *m = gemma3();
     if (!m) return;
     FILE *f = fopen("tests/data/gemma3_cases.txt", "r");

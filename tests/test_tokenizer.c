@@ -273,7 +273,10 @@ TEST(tok_bpe_long_word_merges_fully) {
     vocab_free(&v);
 }
 
-TEST(tok_bpe_roundtrips_random_bytes_and_utf8) {
+/* Well-formed UTF-8 round trips exactly. Malformed bytes are read as llama.cpp
+ * reads them (U+FFFD for a byte that starts no sequence): the decoded text is
+ * well-formed and encodes to the same ids again. */
+TEST(tok_bpe_roundtrips_utf8_and_reads_malformed_bytes_as_replacement_characters) {
     vocab v;
     bytelevel_base(&v, -1);
     vocab_merge(&v, "\xC4\xA0", "t");
@@ -281,19 +284,27 @@ TEST(tok_bpe_roundtrips_random_bytes_and_utf8) {
     vocab_merge(&v, "\xC4\xA0t", "he");
     vocab_merge(&v, "\xC3\x83", "\xC2\xA9"); /* the two bytes of "é" */
     test_rng r = {42};
-    char s[600];
+    char s[600], back[2048];
+    int32_t ids[2048], again[2048];
     const char *pres[] = {NULL, "llama-bpe", "qwen2", "smollm"};
     for (int p = 0; p < 4; p++) {
-        llm_tokenizer *t = vocab_build(&v, "gpt2", pres[p], 1, 1);
-        int bad = 0;
+        llm_tokenizer *t = vocab_build(&v, "gpt2", pres[p], 0, 0);
+        int bad = 0, bad_malformed = 0;
         for (int it = 0; it < 500; it++) {
             size_t n = (size_t)test_rng_int(&r, 0, 200);
             for (size_t i = 0; i < n; i++) s[i] = (char)test_rng_int(&r, 0, 255);
-            bad += !roundtrips(t, s, n, 0);
+            int32_t k = llm_tokenize(t, s, n, 0, 0, ids, 2048);
+            int32_t m = k >= 0 ? llm_detokenize(t, ids, k, 0, back, sizeof back) : -1;
+            int32_t k2 = m >= 0 ? llm_tokenize(t, back, (size_t)m, 0, 0, again, 2048) : -1;
+            bad_malformed += !(k2 == k && k >= 0 && memcmp(ids, again, sizeof *ids * (size_t)k) == 0);
             n = random_utf8(&r, s, 100);
             bad += !roundtrips(t, s, n, 0);
         }
         CHECK_EQ_INT(bad, 0);
+        CHECK_EQ_INT(bad_malformed, 0);
+        int32_t k = llm_tokenize(t, "a\xFF\x80", 3, 0, 0, ids, 2048);
+        CHECK_EQ_INT(llm_detokenize(t, ids, k, 0, back, sizeof back), 7);
+        CHECK(memcmp(back, "a\xEF\xBF\xBD\xEF\xBF\xBD", 7) == 0);
         llm_tokenizer_free(t);
     }
     vocab_free(&v);
@@ -369,9 +380,9 @@ TEST(tok_small_buffers_report_the_size_needed) {
 
 TEST(tok_byte_without_token_is_dropped) {
     vocab v;
-    bytelevel_base(&v, 0xFF);
+    bytelevel_base(&v, 0xC3);
     llm_tokenizer *t = vocab_build(&v, "gpt2", NULL, 0, 0);
-    TOKENS(t, &v, "a\xFF" "b", 0, "a", "b");
+    TOKENS(t, &v, "a\xC3\xA9" "b", 0, "a", "\xC2\xA9", "b"); /* "é" without its first byte */
     llm_tokenizer_free(t);
     vocab_free(&v);
 }
@@ -520,17 +531,21 @@ TEST(tok_spm_special_tokens_restart_the_space_prefix) {
     vocab_free(&v);
 }
 
-/* SentencePiece (Gemma 3's "  ", "\t\t"): user-defined pieces are matched in the
- * text after its spaces became '▁', so one holding a space never matches. */
-TEST(tok_spm_user_defined_pieces_with_spaces_never_match) {
+/* SentencePiece (Gemma 3's "  ", "\t\t"): GGUF stores user-defined pieces with
+ * spaces, not '▁', and they are cut out of the raw text, longest first; what
+ * is left between them is encoded as usual. */
+TEST(tok_spm_user_defined_whitespace_runs_are_cut_out) {
     vocab v;
     spm_base(&v);
     vocab_add(&v, "  ", LLM_TOKEN_USER_DEFINED, 0);
+    vocab_add(&v, "   ", LLM_TOKEN_USER_DEFINED, 0);
     vocab_add(&v, "\t\t", LLM_TOKEN_USER_DEFINED, 0);
     vocab_add(&v, "\t", LLM_TOKEN_NORMAL, -100);
     llm_tokenizer *t = vocab_build(&v, "llama", NULL, 0, 0);
-    TOKENS(t, &v, "a  b", 0, SP, "a", SP, SP, "b");
-    TOKENS(t, &v, "a\t\t", 0, SP, "a", "\t\t");
+    /* (this vocabulary adds the space prefix after each special token too) */
+    TOKENS(t, &v, "a  b", 0, SP, "a", "  ", SP, "b");
+    TOKENS(t, &v, "a     b", 0, SP, "a", "   ", "  ", SP, "b");
+    TOKENS(t, &v, "a \t\t\t", 0, SP, "a", SP, "\t\t", SP, "\t");
     llm_tokenizer_free(t);
     vocab_free(&v);
 }
