@@ -14,7 +14,7 @@ int llm_pre_lookup(const char *name, llm_pre_kind *kind, int *ignore_merges) {
         llm_pre_kind kind;
         int ignore_merges;
     } names[] = {
-        {"default", LLM_PRE_GPT2, 0},  {"gpt2", LLM_PRE_GPT2, 0},
+        {"default", LLM_PRE_DEFAULT, 0}, {"gpt2", LLM_PRE_GPT2, 0},
         {"gpt-2", LLM_PRE_GPT2, 0},    {"mpt", LLM_PRE_GPT2, 0},
         {"olmo", LLM_PRE_GPT2, 0},     {"jais", LLM_PRE_GPT2, 0},
         {"llama-bpe", LLM_PRE_LLAMA3, 1}, {"llama3", LLM_PRE_LLAMA3, 1},
@@ -140,6 +140,65 @@ static int split_range(llm_pre_kind kind, const llm_pchar *c, size_t a, size_t b
     return 0;
 }
 
+/* Emits characters [a, b) of c[0..n), or [a, len) in bytes at the end. */
+static int emit_chars(const llm_pchar *c, size_t a, size_t b, size_t n, size_t len, llm_piece_fn emit,
+                      void *ctx) {
+    return a < b ? emit(ctx, c[a].off, b < n ? c[b].off : len) : 0;
+}
+
+static int is_ascii_digit(uint32_t cp) { return cp >= '0' && cp <= '9'; }
+
+/* DEFAULT's last two splits over one piece [a, b): runs of \p{N} apart from
+ * the rest, and within a run each three ASCII digits in a row apart. */
+static int split_numbers(const llm_pchar *c, size_t a, size_t b, size_t n, size_t len, llm_piece_fn emit,
+                         void *ctx) {
+    for (size_t i = a; i < b;) {
+        int cls = c[i].cls == LLM_CC_NUMBER;
+        size_t k = i;
+        while (k < b && (c[k].cls == LLM_CC_NUMBER) == cls) k++;
+        size_t gap = i;
+        for (size_t p = i; cls && p + 3 <= k;) {
+            if (is_ascii_digit(c[p].cp) && is_ascii_digit(c[p + 1].cp) && is_ascii_digit(c[p + 2].cp)) {
+                int rc = emit_chars(c, gap, p, n, len, emit, ctx);
+                if (!rc) rc = emit_chars(c, p, p + 3, n, len, emit, ctx);
+                if (rc) return rc;
+                gap = p += 3;
+            } else {
+                p++;
+            }
+        }
+        int rc = emit_chars(c, gap, k, n, len, emit, ctx);
+        if (rc) return rc;
+        i = k;
+    }
+    return 0;
+}
+
+/* [\p{P}\$\+<=>\^~\|]: the first of DEFAULT's classes. */
+static int is_default_punct(uint32_t cp) {
+    return cp < 0x80 ? cp == '$' || cp == '+' || cp == '<' || cp == '=' || cp == '>' || cp == '^' || cp == '~' ||
+                           cp == '|' || llm_unicode_is_punct(cp)
+                     : llm_unicode_is_punct(cp);
+}
+
+static int split_default(const llm_pchar *c, size_t n, size_t len, llm_piece_fn emit, void *ctx) {
+    for (size_t a = 0; a < n;) {
+        int punct = is_default_punct(c[a].cp);
+        size_t b = a;
+        while (b < n && is_default_punct(c[b].cp) == punct) b++;
+        /* A run of punctuation passes the later splits whole; between runs,
+         * GPT2 treats [a, b) as the whole text. */
+        for (size_t i = a; i < b;) {
+            size_t m = punct ? b - a : match_gpt2(c, i, b);
+            int rc = split_numbers(c, i, i + m, n, len, emit, ctx);
+            if (rc) return rc;
+            i += m;
+        }
+        a = b;
+    }
+    return 0;
+}
+
 int llm_pre_split(llm_pre_kind kind, const char *text, size_t len, llm_pchar *c,
                   llm_piece_fn emit, void *ctx) {
     const unsigned char *s = (const unsigned char *)text;
@@ -149,6 +208,7 @@ int llm_pre_split(llm_pre_kind kind, const char *text, size_t len, llm_pchar *c,
         off += (size_t)llm_utf8_decode(s + off, len - off, &c[n].cp);
         c[n].cls = (uint8_t)llm_unicode_class(c[n].cp);
     }
+    if (kind == LLM_PRE_DEFAULT) return split_default(c, n, len, emit, ctx);
     if (kind != LLM_PRE_SMOLLM) return split_range(kind, c, 0, n, n, len, emit, ctx);
     /* Digits first: each number character alone; GPT-2 between them. */
     size_t a = 0;

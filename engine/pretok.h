@@ -12,6 +12,10 @@
  *   QWEN2   as LLAMA3 with \p{N} instead of \p{N}{1,3}
  *   SMOLLM  every \p{N} character is a piece of its own (HF Digits with
  *           individual_digits), then GPT2 within the text between digits
+ *   DEFAULT llama.cpp's pattern for "default" or no tokenizer.ggml.pre: four
+ *           regexes, each splitting the pieces of the one before, matches and
+ *           the text between them alike: [\p{P}\$\+<=>\^~\|]+, then GPT2,
+ *           then \p{N}+, then [0-9][0-9][0-9]
  */
 #ifndef LLM_PRETOK_H
 #define LLM_PRETOK_H
@@ -19,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM } llm_pre_kind;
+typedef enum { LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM, LLM_PRE_DEFAULT } llm_pre_kind;
 
 /* Map a tokenizer.ggml.pre name (NULL = "default") to its pattern. Sets
  * *ignore_merges for pre-tokenizers whose HF model skips merging a piece that

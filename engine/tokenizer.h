@@ -51,9 +51,10 @@ enum {
 /* What the caller fills to build a tokenizer; nothing here is kept. */
 typedef struct {
     const char *model;              /* "gpt2" (byte-level BPE) or "llama" (SentencePiece-style) */
-    const char *pre;                /* pre-tokenizer (tokenizer.ggml.pre), gpt2 only: NULL or
-                                     * "default"/"gpt2" (GPT-2 pattern), "llama-bpe" (Llama 3),
-                                     * "qwen2", "smollm" (digits apart, then GPT-2) and aliases */
+    const char *pre;                /* pre-tokenizer (tokenizer.ggml.pre), gpt2 only: "gpt2"
+                                     * (GPT-2 pattern), "llama-bpe" (Llama 3), "qwen2",
+                                     * "smollm" (digits apart, then GPT-2), aliases, or NULL
+                                     * or "default": llama.cpp's fallback (engine/pretok.h) */
     int32_t n_vocab;                /* number of tokens, > 0 */
     const char *const *tokens;      /* [n_vocab] token texts as GGUF stores them (gpt2: byte-to-
                                      * unicode form such as "Ġthe"; llama: "▁the", "<0x0A>") */

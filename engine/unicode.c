@@ -78,6 +78,24 @@ static int is_white_space(uint32_t cp) {
            cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
+/* The table's class of cp (0 when in no range): 1 letter, 2 number, 3
+ * punctuation. */
+static int table_class(uint32_t cp) {
+    int lo = 0, hi = LLM_UNICODE_N_RANGES - 1, found = -1;
+    while (lo <= hi) { /* the last range starting at or before cp */
+        int mid = (lo + hi) / 2;
+        if (llm_unicode_ranges[mid][0] <= cp) {
+            found = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if (found < 0) return 0;
+    uint32_t last = llm_unicode_ranges[found][1] & 0xFFFFFFu;
+    return cp <= last ? (int)(llm_unicode_ranges[found][1] >> 24) : 0;
+}
+
 int llm_unicode_class(uint32_t cp) {
     /* ASCII is most of the text we see: answer it without a search. */
     if (cp < 0x80) {
@@ -87,18 +105,8 @@ int llm_unicode_class(uint32_t cp) {
     }
     if (cp >= LLM_CP_INVALID_BASE) return LLM_CC_OTHER;
     if (is_white_space(cp)) return LLM_CC_SPACE;
-    /* Binary search for the last range starting at or before cp. */
-    int lo = 0, hi = LLM_UNICODE_N_RANGES - 1, found = -1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (llm_unicode_ranges[mid][0] <= cp) {
-            found = mid;
-            lo = mid + 1;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    if (found < 0) return LLM_CC_OTHER;
-    uint32_t last = llm_unicode_ranges[found][1] & 0xFFFFFFu;
-    return cp <= last ? (int)(llm_unicode_ranges[found][1] >> 24) : LLM_CC_OTHER;
+    int c = table_class(cp);
+    return c == 1 ? LLM_CC_LETTER : c == 2 ? LLM_CC_NUMBER : LLM_CC_OTHER;
 }
+
+int llm_unicode_is_punct(uint32_t cp) { return cp < LLM_CP_INVALID_BASE && table_class(cp) == 3; }

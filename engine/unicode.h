@@ -1,5 +1,5 @@
 /* engine/unicode.h - UTF-8 decoding and the character classes the tokenizer's
- * pre-tokenizers need (\s, \p{L}, \p{N}). Internal to the engine.
+ * pre-tokenizers need (\s, \p{L}, \p{N}, \p{P}). Internal to the engine.
  *
  * Invalid UTF-8 never stops decoding: a byte that does not start a well-formed
  * sequence decodes as one unit of length 1 with the code point
@@ -34,7 +34,10 @@ int llm_utf8_len(unsigned char b);
 /* Encode cp (<= 0x10FFFF) into out; returns the byte count (1..4). */
 int llm_utf8_encode(uint32_t cp, char out[4]);
 
-/* The class of a code point (one of LLM_CC_*). */
+/* The class of a code point (one of LLM_CC_*); punctuation is "other". */
 int llm_unicode_class(uint32_t cp);
+
+/* Is cp punctuation (general category P*, \p{P})? */
+int llm_unicode_is_punct(uint32_t cp);
 
 #endif

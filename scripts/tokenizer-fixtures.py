@@ -18,6 +18,11 @@ also tokenized with special tokens parsed, into NAME.special.MODEL.ids (what a
 rendered chat template gets). Each .ids file is
 one line of decimal ids separated by spaces.
 
+The byte-level BPE pre-tokenizers are held to the same standard: the smollm2
+vocabulary is also written into vocabulary-only GGUF files whose
+tokenizer.ggml.pre names another pattern (BPE_VARIANTS), and each text gets
+NAME.smollm2-PRE.ids from them (needs `pip install gguf`).
+
 It also rewrites tests/data/gemma3_cases.txt (the short strings of
 tests/data/gen_tokenizer_refs.py and a few Gemma-specific ones, special tokens
 parsed: "<hex utf-8> <n> <ids...>") with the same reference when a gemma3 model
@@ -31,6 +36,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "tokenizer")
+# Other tokenizer.ggml.pre values tried with the smollm2 vocabulary.
+BPE_VARIANTS = ["gpt-2", "default", "llama-bpe", "qwen2"]
+
 # Gemma-specific strings for gemma3_cases.txt, beside the shared ones.
 GEMMA_EXTRA = [
     "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
@@ -59,6 +67,25 @@ def tokenize(tool, model, path, parse_special):
     return [int(x) for x in body.split(",")] if body else []
 
 
+def vocab_only_gguf(src, dst, pre):
+    """A copy of src's metadata, no tensors, with tokenizer.ggml.pre = pre."""
+    import gguf
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, field.types[0], sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, value, field.types[0])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_ids(path, ids):
     with open(path, "w") as f:
         f.write(" ".join(map(str, ids)) + "\n")
@@ -69,16 +96,22 @@ def main():
     ap.add_argument("--llama-tokenize", required=True, help="path to llama.cpp's llama-tokenize")
     ap.add_argument("--model", action="append", default=[], help="NAME=GGUF (default: both bundled models)")
     args = ap.parse_args()
-    models = dict(m.split("=", 1) for m in args.model) if args.model else DEFAULT_MODELS
+    models = dict(m.split("=", 1) for m in args.model) if args.model else dict(DEFAULT_MODELS)
     out_dir = os.path.join(CORPUS, "expected")
     os.makedirs(out_dir, exist_ok=True)
     texts = sorted(f for f in os.listdir(CORPUS) if f.endswith(".txt"))
+    tmp = tempfile.TemporaryDirectory()
+    if "smollm2" in models:
+        for pre in BPE_VARIANTS:
+            path = os.path.join(tmp.name, f"smollm2-{pre}.gguf")
+            vocab_only_gguf(models["smollm2"], path, pre)
+            models[f"smollm2-{pre}"] = path
     for name, gguf in models.items():
         for t in texts:
             path = os.path.join(CORPUS, t)
             stem = t[:-4]
             write_ids(os.path.join(out_dir, f"{stem}.{name}.ids"), tokenize(args.llama_tokenize, gguf, path, False))
-            if stem == "chat" or stem.startswith("template_"):
+            if "-" not in name and (stem == "chat" or stem.startswith("template_")):
                 write_ids(os.path.join(out_dir, f"{stem}.special.{name}.ids"),
                           tokenize(args.llama_tokenize, gguf, path, True))
         print(f"{name}: {len(texts)} texts", file=sys.stderr)

@@ -218,3 +218,32 @@ TEST(tokenizer_chatml_template_turn_boundaries_equal_llama_cpp) {
 TEST(tokenizer_gemma_template_turn_boundaries_equal_llama_cpp) {
     check_template(GEMMA3_MODEL, "gemma3-270m", "gemma3", "template_gemma");
 }
+
+/* Every byte-level pre-tokenizer pattern, on SmolLM2's vocabulary: the file's
+ * tokenizer.ggml.pre replaced (expected/NAME.smollm2-PRE.ids come from a
+ * vocabulary-only copy of the file naming PRE, through llama.cpp). */
+TEST(tokenizer_corpus_bpe_pretokenizers_equal_llama_cpp) {
+    llm_model *m = rm_load(SMOLLM2_MODEL, NULL);
+    if (!m) return;
+    llm_model_free(m);
+    llm_gguf *g;
+    char err[256];
+    CHECK_EQ_INT(llm_gguf_open(SMOLLM2_MODEL, &g, err, sizeof err), 0);
+    static const char *const pres[] = {"gpt-2", "default", "llama-bpe", "qwen2"};
+    for (size_t p = 0; p < sizeof pres / sizeof pres[0]; p++) {
+        llm_vocab_desc v;
+        CHECK_EQ_INT(llm_vocab_desc_read(g, &v, err, sizeof err), LLM_OK);
+        v.desc.pre = pres[p];
+        llm_tokenizer *t;
+        CHECK_EQ_INT(llm_tokenizer_create(&v.desc, &t, err, sizeof err), 0);
+        char model[64];
+        snprintf(model, sizeof model, "smollm2-%s", pres[p]);
+        int bad = 0;
+        for (int i = 0; i < N_TEXTS; i++) bad += !matches_fixture(t, model, texts[i], texts[i], 0, 0);
+        if (bad) fprintf(stderr, "  pre-tokenizer %s: %d texts differ\n", pres[p], bad);
+        CHECK_EQ_INT(bad, 0);
+        llm_tokenizer_free(t);
+        llm_vocab_desc_free(&v);
+    }
+    llm_gguf_close(g);
+}
