@@ -31,6 +31,8 @@ PREFIX  ?= /usr/local
 PYTHON  ?= python3
 VENV    ?= build/venv
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# The release: `kvcache --version`, the pkg-config file, libkvcache.so's file name.
+VERSION ?= 0.1.0
 TEST_PYTHON ?= $(VENV)/bin/python
 # the venv is made and filled only when the tests run with it
 PY_DEPS := $(if $(filter $(VENV)/bin/python,$(TEST_PYTHON)),$(VENV)/.installed)
@@ -87,6 +89,8 @@ SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg
 SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+$(BUILD)/cli/main.o: CFLAGS_ALL += -DKVCACHE_VERSION='"$(VERSION)"'
+$(BUILD)/cli/main.o: Makefile
 
 .PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
         bench model install uninstall clean fuzz examples test-install install-python
@@ -222,7 +226,6 @@ bench: all
 # ---------------------------------------------------------------- install
 # PREFIX/include/kvcache.h, PREFIX/lib/libkvcache.{a,so}, PREFIX/lib/pkgconfig/kvcache.pc,
 # PREFIX/bin/kvcache, PREFIX/share/man/man1/kvcache.1; DESTDIR stages them elsewhere.
-VERSION ?= 0.1.0
 INSTALLED := include/kvcache.h lib/libkvcache.a lib/libkvcache.so lib/pkgconfig/kvcache.pc \
              bin/kvcache share/man/man1/kvcache.1
 install: all

@@ -24,8 +24,7 @@ static void usage(void) {
            "/exit (or end of input) quits.\n\n"
            "  --system TEXT      system message (default: the chat template's)\n"
            "  -n, --tokens N     longest reply in tokens (default 512)\n"
-           "  --temp T           temperature, 0: greedy (default 0.7)\n"
-           "  --top-k K, --top-p P, --seed S   sampling, as in `kvcache generate`\n"
+           CLI_SAMPLE_HELP
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 
@@ -80,6 +79,7 @@ typedef struct {
     char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
     size_t reply_len, reply_cap;
     int turn;
+    bool session_refused;        /* --session FILE could not be restored: kept unless overwritten */
 } chat_state;
 
 /* on_text: print the reply as it comes and keep it for the conversation. */
@@ -173,7 +173,7 @@ static int chat_turn(chat_state *st, const char *line) {
     st->reply_len = 0;
     st->reply[0] = 0;
     if (st->po.session && st->turn == 0 && n_held == 0)
-        cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new);
+        cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new, &st->session_refused);
     llm_gen_result res;
     llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
     free(prompt);
@@ -203,14 +203,15 @@ static int chat_turn(chat_state *st, const char *line) {
             (int)llm_seq_length(st->c, llm_session_seq(st->s)), (int)llm_context_get_params(st->c).n_ctx);
     if (res.reason == LLM_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
     if (res.n_shifts) fprintf(stderr, "[context shift during the reply: dropped %d tokens]\n", (int)res.n_discarded);
-    if (st->po.session && cli_session_save("chat", st->s, st->po.session)) return 1;
+    if (st->po.session && cli_session_save("chat", st->s, &st->po, st->session_refused)) return 1;
+    if (st->session_refused && !st->po.session_overwrite) st->po.session = NULL; /* said once; the file stays */
     return 0;
 }
 
 int cmd_chat(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *system = NULL;
-    cli_sample_opts so = {.n_gen = 512, .temp = 0.7, .top_k = 40, .top_p = 0.95, .seed = 1};
+    cli_sample_opts so = cli_sample_opts_default(512);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }

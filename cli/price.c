@@ -45,7 +45,7 @@ static void usage(void) {
     for (int i = 0; i < N_PRESETS; i++) printf("%s%s", i % 4 ? " " : "\n                       ", presets[i].name);
     printf("\n  --ctx N            context per sequence (default 8192)\n"
            "  -b, --batch N      prefill chunk: what a window cache holds beyond its window (default 256)\n"
-           "  --kv-type T        K/V storage: f32, f16, bf16 (default), q8\n"
+           "  --kv-type T        K/V storage: f32, f16, bf16 (default: GPUs serve models in bf16), q8\n"
            "  --bandwidth GB/s   memory bandwidth (default 3350: H100 SXM HBM3)\n"
            "  --weight-bits B    bits per weight of a preset (default 16: bf16)\n");
 }
