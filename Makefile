@@ -5,6 +5,7 @@
 #                   first installs the Debian packages it needs (scripts/deps.sh) and the
 #                   Python ones into build/venv (python/requirements-test.txt)
 #   make test-server  kvcache serve through the openai client and curl (tests/server)
+#   make test-cli   kvcache chat on a pseudo-terminal (tests/cli)
 #   make test-threads  the Python thread tests and the C concurrent-call tests under
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -89,10 +90,14 @@ SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg
 SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+# Only the kvcache binary links libedit (libedit-dev): chat's line editing.
+LINEEDIT_CFLAGS := $(shell pkg-config --cflags-only-other libedit 2>/dev/null)
+LINEEDIT_LIBS   := $(shell pkg-config --libs libedit 2>/dev/null || echo -ledit)
+$(BUILD)/cli/lineedit.o: CFLAGS_ALL += $(LINEEDIT_CFLAGS)
 $(BUILD)/cli/main.o: CFLAGS_ALL += -DKVCACHE_VERSION='"$(VERSION)"'
 $(BUILD)/cli/main.o: Makefile
 
-.PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
+.PHONY: all lib test test-all test-c test-cli test-python test-server test-asan test-portable test-threads deps run \
         bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
@@ -115,7 +120,7 @@ $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 
 $(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
-	    $(SERVER_LIBS) $(LDLIBS_ALL)
+	    $(SERVER_LIBS) $(LINEEDIT_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
@@ -134,7 +139,11 @@ test: deps
 test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
 
-test-all: test-c examples test-install test-python test-server
+# kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D.
+test-cli: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_CHAT_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/cli
+
+test-all: test-c examples test-install test-python test-server test-cli
 
 deps:
 	@sh scripts/deps.sh

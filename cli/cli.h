@@ -173,6 +173,23 @@ int cli_session_save(const char *cmd, const struct llm_session *s, const cli_pol
 /* A line per policy that acted in a generation: shifts, lookup acceptance. */
 void cli_policy_report(const llm_gen_result *res);
 
+/* ---- the lines chat reads (cli/lineedit.c) ---- */
+
+#include <signal.h>
+
+/* Set by SIGINT while a terminal chat runs (cli_lines_open installs the
+ * handler); whoever acts on it clears it. */
+extern volatile sig_atomic_t cli_interrupted;
+typedef struct cli_lines cli_lines;
+/* Lines from stdin: edited, with history, when it is a terminal (libedit),
+ * plain otherwise. NULL when out of memory. */
+cli_lines *cli_lines_open(void);
+bool cli_lines_interactive(const cli_lines *l);
+/* 1 with *line (valid until the next call; no line end), 0 at the end of
+ * input, -1 when Ctrl-C discarded the line being edited. */
+int cli_lines_read(cli_lines *l, const char **line);
+void cli_lines_close(cli_lines *l);
+
 /* Reads a whole file, "-" standard input (NUL-terminated; *len without the
  * NUL); NULL with errno set on error. */
 char *cli_read_file(const char *path, size_t *len);
