@@ -10,7 +10,7 @@
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-portable  the C suite built without -march=native, with the SIMD kernels and forced scalar
-#   make run        build, fetch the default model if missing, run the main job
+#   make run        build, fetch the default model if missing, answer one prompt (generate --chat)
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
 #   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
@@ -215,7 +215,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 PY_EXAMPLES := $(wildcard examples/*.py)
-examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(if $(PY_EXAMPLES),$(PY_DEPS))
+examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(BUILD)/kvcache $(if $(PY_EXAMPLES),$(PY_DEPS))
 	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
 	@for e in $(PY_EXAMPLES); do echo "== $$e"; \

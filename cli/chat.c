@@ -184,6 +184,7 @@ static int chat_turn(chat_state *st, const char *line) {
     if (st->po.session && st->turn == 0 && n_held == 0)
         cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new, &st->session_refused);
     llm_gen_result res;
+    st->gp.progress = n_new > 512 ? cli_progress : NULL, st->gp.progress_user = "prefill"; /* a pasted document */
     llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
     free(prompt);
     printf("\n");

@@ -478,11 +478,13 @@ TEST(cli_a_bad_option_value_names_that_option_alone) {
         {"chat --top-p 2", "--top-p 2", "--temp"},           {"generate -p hi --ctx -3", "--ctx -3", "--batch"},
         {"serve --port 99999", "--port 99999", "--parallel"}, {"serve --parallel 0", "--parallel 0", "--port"},
         {"perplexity -f x --chunks -1", "--chunks -1", "--ctx"},
-        {"bench model -p 1,x", "-p '1,x'", "-r"},
+        {"bench model -p 1,x", "-p '1,x'", "-r"},            {"price --bandwidth -3", "--bandwidth -3", "--ctx"},
+        {"verify -n 5000", "-n 5000", "--tol"},              {"demo -l 0", "-l 0", "prompt"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[1024];
-        snprintf(args, sizeof args, "%s -m %s", bad[i].args, path);
+        if (!strncmp(bad[i].args, "demo", 4)) snprintf(args, sizeof args, "%s", bad[i].args); /* no model */
+        else snprintf(args, sizeof args, "%s -m %s", bad[i].args, path);
         result r = EXPECT(args, NULL, 2);
         if (!strstr(r.err, bad[i].named) || strstr(r.err, bad[i].not_named) || strchr(r.err, '\n') != strrchr(r.err, '\n'))
             test_fail(__FILE__, __LINE__, "`%s` should name %s alone in one line: %s", args, bad[i].named, r.err);
