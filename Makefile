@@ -142,7 +142,7 @@ test: deps
 test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
 
-# kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D.
+# kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D; bench model rows as measured.
 test-cli: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_CHAT_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/cli
 
