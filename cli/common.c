@@ -71,8 +71,8 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     }
     int32_t trained = llm_model_hparams(*m)->ctx_train;
     if (ctx > trained) /* allowed (RoPE scaling may stretch it), but past what the model has seen */
-        fprintf(stderr, "kvcache %s: warning: --ctx %lld is more than the %d positions '%s' was trained on; "
-                        "text past them may degrade\n",
+        fprintf(stderr, "kvcache %s: warning: a context of %lld positions (--ctx) is more than the %d '%s' was "
+                        "trained on; text past them may degrade\n",
                 cmd, (long long)ctx, (int)trained, o->model);
     p.n_ctx = (int32_t)ctx;
     p.n_seqs = n_seqs;
