@@ -5,11 +5,12 @@
 #                   first installs the Debian packages it needs (scripts/deps.sh) and the
 #                   Python ones into build/venv (python/requirements-test.txt)
 #   make test-server  kvcache serve through the openai client and curl (tests/server)
+#   make test-cli   kvcache chat on a pseudo-terminal (tests/cli)
 #   make test-threads  the Python thread tests and the C concurrent-call tests under
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-portable  the C suite built without -march=native, with the SIMD kernels and forced scalar
-#   make run        build, fetch the default model if missing, run the main job
+#   make run        build, fetch the default model if missing, answer one prompt (generate --chat)
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
 #   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
@@ -31,6 +32,11 @@ PREFIX  ?= /usr/local
 PYTHON  ?= python3
 VENV    ?= build/venv
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# The release: `kvcache --version`, the pkg-config file, libkvcache.so's file name.
+VERSION ?= 0.1.0
+# The ABI's number, libkvcache.so's SONAME (libkvcache.so.$(SOVERSION)): raised
+# whenever a change breaks programs linked against an earlier build.
+SOVERSION ?= 0
 TEST_PYTHON ?= $(VENV)/bin/python
 # the venv is made and filled only when the tests run with it
 PY_DEPS := $(if $(filter $(VENV)/bin/python,$(TEST_PYTHON)),$(VENV)/.installed)
@@ -87,8 +93,14 @@ SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg
 SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
+# Only the kvcache binary links libedit (libedit-dev): chat's line editing.
+LINEEDIT_CFLAGS := $(shell pkg-config --cflags-only-other libedit 2>/dev/null)
+LINEEDIT_LIBS   := $(shell pkg-config --libs libedit 2>/dev/null || echo -ledit)
+$(BUILD)/cli/lineedit.o: CFLAGS_ALL += $(LINEEDIT_CFLAGS)
+$(BUILD)/cli/main.o: CFLAGS_ALL += -DKVCACHE_VERSION='"$(VERSION)"'
+$(BUILD)/cli/main.o: Makefile
 
-.PHONY: all lib test test-all test-c test-python test-server test-asan test-portable test-threads deps run \
+.PHONY: all lib test test-all test-c test-cli test-python test-server test-asan test-portable test-threads deps run \
         bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
@@ -103,7 +115,7 @@ $(BUILD)/libkvcache.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/libkvcache.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS_ALL)
+	$(CC) -shared -Wl,-soname,libkvcache.so.$(SOVERSION) -o $@ $^ $(LDFLAGS) $(LDLIBS_ALL)
 
 $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -111,7 +123,7 @@ $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 
 $(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
-	    $(SERVER_LIBS) $(LDLIBS_ALL)
+	    $(SERVER_LIBS) $(LINEEDIT_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) $(LDLIBS_ALL)
@@ -130,7 +142,11 @@ test: deps
 test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
 
-test-all: test-c examples test-install test-python test-server
+# kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D; bench model rows as measured.
+test-cli: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_CHAT_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/cli
+
+test-all: test-c examples test-install test-python test-server test-cli
 
 deps:
 	@sh scripts/deps.sh
@@ -199,7 +215,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 PY_EXAMPLES := $(wildcard examples/*.py)
-examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(if $(PY_EXAMPLES),$(PY_DEPS))
+examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(BUILD)/kvcache $(if $(PY_EXAMPLES),$(PY_DEPS))
 	@sh scripts/check-readme.sh $(BUILD)
 	@for e in $(EXAMPLES); do echo "== $$e"; $$e > /dev/null || exit 1; done
 	@for e in $(PY_EXAMPLES); do echo "== $$e"; \
@@ -220,16 +236,21 @@ bench: all
 	$(BUILD)/kvcache bench attention
 
 # ---------------------------------------------------------------- install
-# PREFIX/include/kvcache.h, PREFIX/lib/libkvcache.{a,so}, PREFIX/lib/pkgconfig/kvcache.pc,
-# PREFIX/bin/kvcache, PREFIX/share/man/man1/kvcache.1; DESTDIR stages them elsewhere.
-VERSION ?= 0.1.0
-INSTALLED := include/kvcache.h lib/libkvcache.a lib/libkvcache.so lib/pkgconfig/kvcache.pc \
-             bin/kvcache share/man/man1/kvcache.1
+# PREFIX/include/kvcache.h, PREFIX/lib/libkvcache.a, PREFIX/lib/libkvcache.so.VERSION with
+# the links libkvcache.so.SOVERSION (what programs load) and libkvcache.so (what -lkvcache
+# finds), PREFIX/lib/pkgconfig/kvcache.pc, PREFIX/bin/kvcache,
+# PREFIX/share/man/man1/kvcache.1; DESTDIR stages them elsewhere. The pkg-config file
+# gives -Wl,-rpath,PREFIX/lib, so that a program linked through it finds the library
+# under any PREFIX without LD_LIBRARY_PATH or ldconfig.
+INSTALLED := include/kvcache.h lib/libkvcache.a lib/libkvcache.so lib/libkvcache.so.$(SOVERSION) \
+             lib/libkvcache.so.$(VERSION) lib/pkgconfig/kvcache.pc bin/kvcache share/man/man1/kvcache.1
 install: all
 	install -d $(addprefix $(DESTDIR)$(PREFIX)/,include lib/pkgconfig bin share/man/man1)
 	install -m 644 include/kvcache.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/libkvcache.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/libkvcache.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libkvcache.so $(DESTDIR)$(PREFIX)/lib/libkvcache.so.$(VERSION)
+	ln -sf libkvcache.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvcache.so.$(SOVERSION)
+	ln -sf libkvcache.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvcache.so
 	install -m 755 $(BUILD)/kvcache $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 docs/kvcache.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	sed -e 's|@PREFIX@|$(abspath $(PREFIX))|' -e 's|@VERSION@|$(VERSION)|' kvcache.pc.in \
@@ -239,27 +260,35 @@ install: all
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(INSTALLED))
 
-# Installs into a temporary prefix, compiles examples/readme_decode.c against it
-# with pkg-config's flags, shared (run with LD_LIBRARY_PATH) and static, runs
-# both, and checks that uninstall leaves no file behind.
+# Installs into a temporary prefix, checks the library's SONAME and links,
+# compiles examples/readme_decode.c against it with pkg-config's flags, shared
+# (run as it is: no LD_LIBRARY_PATH, the run path finds the library) and
+# static, runs both, and checks that uninstall leaves no file behind.
 test-install: all
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(MAKE) --no-print-directory -s install PREFIX=$$tmp/usr > /dev/null; \
 	export PKG_CONFIG_PATH=$$tmp/usr/lib/pkgconfig; \
 	flags=$$(pkg-config --cflags --libs kvcache); \
 	echo "test-install: pkg-config --cflags --libs kvcache: $$flags"; \
+	lib=$$tmp/usr/lib; \
+	soname=$$(objdump -p $$lib/libkvcache.so.$(VERSION) | awk '$$1 == "SONAME" { print $$2 }'); \
+	[ "$$soname" = libkvcache.so.$(SOVERSION) ] || { echo "test-install: SONAME '$$soname'"; exit 1; }; \
+	[ "$$(readlink $$lib/libkvcache.so)" = libkvcache.so.$(SOVERSION) ] && \
+	[ "$$(readlink $$lib/libkvcache.so.$(SOVERSION))" = libkvcache.so.$(VERSION) ] || { \
+	    echo "test-install: links:"; ls -l $$lib; exit 1; }; \
 	$(CC) -std=c11 -o $$tmp/shared examples/readme_decode.c $$flags; \
-	LD_LIBRARY_PATH=$$tmp/usr/lib ldd $$tmp/shared | grep -q "$$tmp/usr/lib/libkvcache.so"; \
-	out=$$(LD_LIBRARY_PATH=$$tmp/usr/lib $$tmp/shared); echo "test-install: shared: $$out"; \
+	env -u LD_LIBRARY_PATH ldd $$tmp/shared | grep -q "$$lib/libkvcache.so.$(SOVERSION)" || { \
+	    echo "test-install: the program does not find the installed library:"; env -u LD_LIBRARY_PATH ldd $$tmp/shared; exit 1; }; \
+	out=$$(env -u LD_LIBRARY_PATH $$tmp/shared); echo "test-install: shared, no LD_LIBRARY_PATH: $$out"; \
 	$(CC) -std=c11 -o $$tmp/static examples/readme_decode.c $$(pkg-config --cflags kvcache) \
 	    $$(pkg-config --static --libs kvcache | sed 's/-lkvcache/-l:libkvcache.a/'); \
 	if ldd $$tmp/static | grep -q libkvcache; then echo "test-install: static build loads libkvcache.so"; exit 1; fi; \
 	out=$$($$tmp/static); echo "test-install: static: $$out"; \
 	$$tmp/usr/bin/kvcache --help > /dev/null; \
 	$(MAKE) --no-print-directory -s uninstall PREFIX=$$tmp/usr; \
-	left=$$(find $$tmp/usr -type f); \
+	left=$$(find $$tmp/usr -type f -o -type l); \
 	if [ -n "$$left" ]; then echo "test-install: uninstall left $$left"; exit 1; fi; \
-	echo "test-install: install, pkg-config, shared and static builds, uninstall: ok"
+	echo "test-install: install, SONAME and links, pkg-config, shared and static builds, uninstall: ok"
 
 # The Python package into the current environment (see python/README.md).
 install-python: lib

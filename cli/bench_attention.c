@@ -14,7 +14,8 @@
  *            peak measured beside it (the clock drifts as much as the bandwidth)
  *   cache vs recompute: a small synthetic model generating G tokens after a
  *            P-token prompt with the cache, and recomputing every step
- *   numpy    the seed's algorithm in numpy on the same decode case, if present */
+ *   numpy    plain numpy attention (np.repeat, softmax, matmul) on the same decode
+ *            case, if numpy is present */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,7 +359,7 @@ static cvr_row run_cache_vs_recompute(bench *B, int P, int G, FILE *plot) {
         if (plot) fprintf(plot, "%d NaN %.6f\n", P + i + 1, dt * 1e3);
     }
 #undef FORWARD
-    /* the seed: recompute costs 2N (P+1 + ... + P+G), the cache 2N G */
+    /* recompute costs 2N (P+1 + ... + P+G), the cache 2N G */
     r.flop_ratio = ((double)G * P + (double)G * (G + 1) / 2) / G;
     r.speedup = r.recompute_s / r.cached_s;
     kv_cache_free(c);
@@ -366,7 +367,7 @@ static cvr_row run_cache_vs_recompute(bench *B, int P, int G, FILE *plot) {
     return r;
 }
 
-/* The seed's numpy attention on H32/Hkv8/d128 f32 decode at S; seconds per call, or 0. */
+/* Plain numpy attention (np.repeat of the KV heads) on H32/Hkv8/d128 f32 decode at S; seconds per call, or 0. */
 static double numpy_decode(int64_t S) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -503,7 +504,7 @@ int cmd_bench_attention(int argc, char **argv) {
         kv_cache *c = filled_cache(&B, 8, 128, KV_F32, numpy_S, &seq);
         ours_sec = c ? time_attend(&B, c, seq, 32, 128, 1, 0.3, NULL, NULL) : 0;
         kv_cache_free(c);
-        fprintf(out, "\n  numpy (the seed's algorithm), H32/Hkv8/d128 f32, S=%lld: %.3f ms, ours %.3f ms: ours/numpy speed %.1fx\n",
+        fprintf(out, "\n  numpy (np.repeat, softmax, matmul), H32/Hkv8/d128 f32, S=%lld: %.3f ms, ours %.3f ms: ours/numpy speed %.1fx\n",
                 (long long)numpy_S, np_sec * 1e3, ours_sec * 1e3, np_sec / ours_sec);
     } else {
         fprintf(out, "\n  numpy: python3 with numpy not found, comparison skipped\n");

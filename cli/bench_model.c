@@ -1,15 +1,16 @@
 /* cli/bench_model.c - `kvcache bench`: dispatches `bench model` (here) and
  * `bench attention` (cli/bench_attention.c). `bench model` measures, like
- * llama-bench, prefill (one batched pass over -p tokens) and decode (-n
- * tokens one at a time) in tokens/s, with --depth D tokens already in the
- * cache: the depth is prefilled once, untimed, and every timed run starts
- * from it again (truncated back to D). Both run on the engine's generation
- * loop (engine/session.h), greedy, not stopping at end-of-turn tokens.
- * After the runs it measures read bandwidth with the same threads and prints
- * decode's floor: every decoded token streams all weights (every tensor of
- * the file: an upper bound where the embedding is untied) plus the K/V of
- * the positions it attends over, so it cannot take less than those bytes /
- * bandwidth. */
+ * llama-bench, prefill (one batched pass over P tokens) and decode (N
+ * tokens one at a time) in tokens/s, with D tokens already in the cache, for
+ * every P of -p, N of -n and D of --depth (comma-separated lists), printing
+ * each row as soon as it is measured. Each depth is prefilled once, untimed,
+ * and every timed run starts from it again (truncated back to D). Both run
+ * on the engine's generation loop (engine/session.h), greedy, not stopping
+ * at end-of-turn tokens. Before the decode rows it measures read bandwidth
+ * with the same threads, and each decode row carries its floor: every
+ * decoded token streams all weights (every tensor of the file: an upper
+ * bound where the embedding is untied) plus the K/V of the positions it
+ * attends over, so it cannot take less than those bytes / bandwidth. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,14 +42,50 @@ int cmd_bench(int argc, char **argv) {
 static void usage(void) {
     printf("usage: kvcache bench model [-m MODEL.gguf] [-p 512] [-n 128] [--depth D] [-r REPS] [-t N]\n"
            "                           [--kv-type T] [--json]\n"
-           "Prefill and decode speed in tokens/s, like llama-bench: -p random tokens in one batched\n"
-           "pass, then -n tokens decoded one at a time, each run after D tokens already cached.\n\n"
-           "  -p, --prompt N     prefill tokens (default 512; 0 skips)\n"
-           "  -n, --tokens N     decode tokens (default 128; 0 skips)\n"
-           "  --depth D          tokens in the cache before each run (default 0)\n"
+           "Prefill and decode speed in tokens/s, like llama-bench: P random tokens in one batched\n"
+           "pass, N tokens decoded one at a time, each run after D tokens already cached. -p, -n and\n"
+           "--depth take comma-separated lists (-p 128,512 -n 64 --depth 0,4096): one row per\n"
+           "depth and size, printed as it is measured.\n\n"
+           "  -p, --prompt N,..  prefill tokens (default 512; 0 skips)\n"
+           "  -n, --tokens N,..  decode tokens (default 128; 0 skips)\n"
+           "  --depth D,..       tokens in the cache before each run (default 0)\n"
            "  -r, --reps N       runs of each test, reported as mean and stdev (default 3)\n"
-           "  --json             one JSON object on stdout: prefill_tps, decode_tps, threads, depth, ...\n"
+           "  --json             one JSON object per row on stdout (JSON Lines): prefill_tps or\n"
+           "                     decode_tps, threads, depth, ...\n"
            CLI_MODEL_HELP);
+}
+
+enum { MAX_LIST = 16 };
+typedef struct {
+    int64_t v[MAX_LIST];
+    int n;
+} int_list;
+
+/* `--opt A,B,C` into l; exits 2 naming the option when a value is not a
+ * count or the list is too long. */
+static bool list_opt(int argc, char **argv, int *i, const char *s, const char *l, int_list *out) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, s, l, &v)) return false;
+    out->n = 0;
+    for (const char *p = v;;) {
+        char *end;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ',') || x < 0 || x > (1 << 24) || out->n == MAX_LIST) {
+            fprintf(stderr, "kvcache bench model: %s '%s': give up to %d counts of 0 to %d, comma-separated\n",
+                    argv[*i - 1], v, MAX_LIST, 1 << 24);
+            exit(2);
+        }
+        out->v[out->n++] = x;
+        if (!*end) break;
+        p = end + 1;
+    }
+    return true;
+}
+
+static int64_t list_max(const int_list *l) {
+    int64_t m = 0;
+    for (int k = 0; k < l->n; k++) m = l->v[k] > m ? l->v[k] : m;
+    return m;
 }
 
 /* mean and sample standard deviation of x[0..n) */
@@ -71,152 +108,211 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
+/* Feeds toks [from, to) in chunks, with a progress bar: a deep cache takes a while. */
+static int feed_to(llm_session *s, const int32_t *toks, int32_t from, int32_t to) {
+    int st = LLM_OK;
+    for (int32_t at = from; at < to && st == LLM_OK;) {
+        int32_t n = to - at < 1024 ? to - at : 1024;
+        st = llm_session_feed(s, toks + at, n);
+        at += n;
+        if (to - from > 1024) cli_progress("depth", at - from, to - from);
+    }
+    return st;
+}
+
 /* Back to the depth's tokens before the next run. A window cache (Gemma 3)
  * has evicted the keys a truncation back would need once a run passes the
  * window, so the session starts over: prefill the depth again, untimed. */
 static int back_to_depth(llm_session *s, const int32_t *toks, int32_t depth) {
     int st = llm_session_truncate(s, depth);
-    if (st == LLM_OK && llm_session_n_cached(s) < depth) st = llm_session_feed(s, toks, depth);
+    if (st == LLM_OK && llm_session_n_cached(s) < depth) st = feed_to(s, toks, llm_session_n_cached(s), depth);
     return st;
+}
+
+/* What every row shares. */
+typedef struct {
+    llm_model *m;
+    llm_context *c;
+    llm_session *s;
+    const int32_t *toks;
+    int64_t reps;
+    int json;
+    double *x;             /* [reps] one row's tokens/s */
+    double read_gbs;       /* measured before the first decode row; 0: not yet */
+} bench;
+
+/* The read bandwidth by as many threads as the model runs, over 256 MiB. */
+static double measure_bandwidth(llm_context *c) {
+    size_t len = (size_t)64 << 20;
+    float *buf = aligned_alloc(4096, len * sizeof(float));
+    kv_pool *pool = NULL;
+    double gbs = 0;
+    if (buf && kv_pool_create(llm_context_get_params(c).n_threads, &pool) == KV_OK) {
+        for (size_t i = 0; i < len; i++) buf[i] = (float)(i & 1023);
+        gbs = cli_read_bandwidth(pool, buf, len, 4);
+    }
+    kv_pool_free(pool);
+    free(buf);
+    return gbs;
+}
+
+/* One row: reps runs of prefill (n_gen 0) or decode of n tokens at depth,
+ * then its line (or JSON object) on stdout. An llm_status. */
+static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
+    llm_gen_params gp = llm_gen_default_params();
+    gp.sampler.temp = 0, gp.ignore_eog = 1; /* every run does the same work */
+    llm_gen_result res;
+    char label[64];
+    snprintf(label, sizeof label, "%s %lld @ d%lld", n_prompt ? "prefill" : "decode",
+             (long long)(n_prompt ? n_prompt : n_gen), (long long)depth);
+    enum { MAX_GROUPS = 4 };
+    uint64_t in_use[MAX_GROUPS] = {0};
+    int32_t in_use_len = 0;
+    const int32_t n_groups = llm_model_n_groups(b->m) < MAX_GROUPS ? llm_model_n_groups(b->m) : MAX_GROUPS;
+    int st = LLM_OK;
+    for (int64_t r = 0; r < b->reps && st == LLM_OK; r++) {
+        cli_progress(label, r, b->reps);
+        if (n_prompt) { /* one batched pass over n_prompt tokens after the depth */
+            gp.max_tokens = 0;
+            st = llm_session_generate(b->s, b->toks, (int32_t)(depth + n_prompt), &gp, &res);
+            b->x[r] = (double)n_prompt / res.t_prefill;
+        } else { /* n_gen forward passes of one token: the first fed as a one-token prompt, the rest sampled */
+            gp.max_tokens = (int32_t)n_gen;
+            st = llm_session_generate(b->s, b->toks, (int32_t)(depth + 1), &gp, &res);
+            b->x[r] = (double)n_gen / (res.t_prefill + res.t_decode);
+            if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
+            for (int32_t g = 0; g < n_groups; g++) /* what each cache holds at the run's end */
+                in_use[g] = kv_cache_get_stats(llm_context_cache_at(b->c, g)).bytes_in_use;
+            in_use_len = llm_seq_length(b->c, llm_session_seq(b->s));
+        }
+        if (st == LLM_OK) st = back_to_depth(b->s, b->toks, (int32_t)depth);
+    }
+    cli_progress(label, b->reps, b->reps);
+    if (st != LLM_OK) return st;
+    double mean, sd;
+    stats(b->x, (int)b->reps, &mean, &sd);
+    /* the floor: bytes per decoded token (mean depth D + n/2) at the measured bandwidth */
+    double kv = (double)llm_context_stats(b->c).bytes_per_token * ((double)depth + (double)n_gen / 2);
+    double floor_mb = ((double)llm_model_weight_bytes(b->m) + kv) / 1e6;
+    double floor_tps = n_gen && b->read_gbs > 0 ? b->read_gbs * 1e3 / floor_mb : 0;
+    const llm_context_params cp = llm_context_get_params(b->c);
+    if (b->json) {
+        const char *k = n_prompt ? "prefill" : "decode";
+        printf("{\"model\": ");
+        json_str(llm_model_name(b->m));
+        printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"reps\": %lld, \"kernels\": \"%s\", "
+               "\"act_bits\": %d, \"packed_bytes\": %llu, \"%s_tokens\": %lld, \"%s_tps\": %.3f, "
+               "\"%s_tps_stdev\": %.3f",
+               (int)cp.n_threads, (long long)depth, kv_dtype_name(cp.kv_type), (long long)b->reps,
+               llm_quant_kernels(), (int)cp.act_bits, (unsigned long long)llm_model_packed_bytes(b->m), k,
+               (long long)(n_prompt ? n_prompt : n_gen), k, mean, k, sd);
+        if (n_gen) {
+            printf(", \"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"kv_bytes_in_use\": [",
+                   floor_mb * 1e6, b->read_gbs, floor_tps);
+            for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
+            printf("]");
+        }
+        printf("}\n");
+    } else {
+        printf("  %-8s %-6lld d%-7lld %10.1f %8.1f", n_prompt ? "prefill" : "decode",
+               (long long)(n_prompt ? n_prompt : n_gen), (long long)depth, mean, sd);
+        if (floor_tps > 0) printf(" %9.1f %6.2f", floor_tps, mean / floor_tps);
+        if (n_gen) {
+            printf("   KV in use at %d:", (int)in_use_len);
+            for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(b->m, g, &nl, &w) == LLM_OK; g++) {
+                if (w) printf("%s %d window-%d layers %llu", g ? ";" : "", (int)nl, (int)w, (unsigned long long)in_use[g]);
+                else printf("%s %d full layers %llu", g ? ";" : "", (int)nl, (unsigned long long)in_use[g]);
+            }
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    return LLM_OK;
 }
 
 int cmd_bench_model(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
-    int64_t n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
+    int_list prompts = {{512}, 1}, gens = {{128}, 1}, depths = {{0}, 1};
+    int64_t reps = 3;
     int json = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
-        if (cli_opt_int(argc, argv, &i, "-p", "--prompt", &n_prompt)) continue;
-        if (cli_opt_int(argc, argv, &i, "-n", "--tokens", &n_gen)) continue;
-        if (cli_opt_int(argc, argv, &i, NULL, "--depth", &depth)) continue;
+        if (list_opt(argc, argv, &i, "-p", "--prompt", &prompts)) continue;
+        if (list_opt(argc, argv, &i, "-n", "--tokens", &gens)) continue;
+        if (list_opt(argc, argv, &i, NULL, "--depth", &depths)) continue;
         if (cli_opt_int(argc, argv, &i, "-r", "--reps", &reps)) continue;
         if (!strcmp(argv[i], "--json")) { json = 1; continue; }
         fprintf(stderr, "kvcache bench model: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
-    if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || reps > 100 || n_prompt + n_gen + depth > (1 << 24) ||
-        (n_prompt == 0 && n_gen == 0)) {
-        fprintf(stderr, "kvcache bench model: need -p, -n, --depth >= 0 (not -p and -n both 0), 1 <= -r <= 100\n");
+    const int64_t max_p = list_max(&prompts), max_n = list_max(&gens), max_d = list_max(&depths);
+    if (!cli_range("bench model", "-r", reps, 1, 100, "runs of each test")) return 2;
+    if (max_p == 0 && max_n == 0) {
+        fprintf(stderr, "kvcache bench model: -p and -n are both 0: nothing to measure\n");
         return 2;
     }
     /* a decode run feeds its first token, then samples n_gen: room for depth + n_gen + 1 */
-    int64_t need = depth + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
-    llm_model *m;
-    llm_context *c;
-    int rc = cli_load("bench model", &mo, 1, need, &m, &c);
-    if (rc) return rc;
-    if (llm_context_get_params(c).n_ctx < need) {
-        fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens + 1 = %lld\n",
-                (int)llm_context_get_params(c).n_ctx, (long long)need);
-        llm_context_free(c), llm_model_free(m);
+    int64_t need = max_d + (max_p > max_n + 1 ? max_p : max_n + 1);
+    if (need > (1 << 24)) {
+        fprintf(stderr, "kvcache bench model: --depth %lld with -p %lld / -n %lld needs %lld positions, "
+                        "more than 2^24\n", (long long)max_d, (long long)max_p, (long long)max_n, (long long)need);
         return 2;
     }
-    const int32_t V = llm_model_n_vocab(m);
+    bench b = {.reps = reps, .json = json};
+    int rc = cli_load("bench model", &mo, 1, need, &b.m, &b.c);
+    if (rc) return rc;
+    if (llm_context_get_params(b.c).n_ctx < need) {
+        fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens + 1 = %lld\n",
+                (int)llm_context_get_params(b.c).n_ctx, (long long)need);
+        llm_context_free(b.c), llm_model_free(b.m);
+        return 2;
+    }
+    const int32_t V = llm_model_n_vocab(b.m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)need);
-    double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
+    b.x = calloc((size_t)reps, sizeof(double));
     uint64_t rng = 42;
     for (int64_t i = 0; toks && i < need; i++) { /* random ids, as llama-bench feeds */
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((rng >> 33) % (uint64_t)V);
     }
-    llm_session *s = NULL;
-    int st = toks && pp && tg ? llm_session_create(c, &s) : LLM_ERR_NOMEM;
-    if (st == LLM_OK && depth > 0) st = llm_session_feed(s, toks, (int32_t)depth);
-    /* greedy, never stopping at an end-of-turn token: every run does the same work */
-    llm_gen_params gp = llm_gen_default_params();
-    gp.sampler.temp = 0, gp.ignore_eog = 1;
-    llm_gen_result res;
-    enum { MAX_GROUPS = 4 };
-    uint64_t in_use[MAX_GROUPS] = {0};
-    int32_t in_use_len = 0;
-    const int32_t n_groups = llm_model_n_groups(m) < MAX_GROUPS ? llm_model_n_groups(m) : MAX_GROUPS;
-    for (int64_t r = 0; r < reps && st == LLM_OK; r++) {
-        if (n_prompt > 0) { /* one batched pass over n_prompt tokens after the depth */
-            gp.max_tokens = 0;
-            st = llm_session_generate(s, toks, (int32_t)(depth + n_prompt), &gp, &res);
-            pp[r] = (double)n_prompt / res.t_prefill;
-            if (st == LLM_OK) st = back_to_depth(s, toks, (int32_t)depth);
-        }
-        if (n_gen > 0 && st == LLM_OK) { /* n_gen forward passes of one token: the first fed
-                                          * as a one-token prompt, the rest sampled */
-            gp.max_tokens = (int32_t)n_gen;
-            st = llm_session_generate(s, toks, (int32_t)(depth + 1), &gp, &res);
-            tg[r] = (double)n_gen / (res.t_prefill + res.t_decode);
-            if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
-            for (int32_t g = 0; g < n_groups; g++) /* what each cache holds at the run's end */
-                in_use[g] = kv_cache_get_stats(llm_context_cache_at(c, g)).bytes_in_use;
-            in_use_len = llm_seq_length(c, llm_session_seq(s));
-            if (st == LLM_OK) st = back_to_depth(s, toks, (int32_t)depth);
-        }
+    b.toks = toks;
+    int st = toks && b.x ? llm_session_create(b.c, &b.s) : LLM_ERR_NOMEM;
+    const llm_context_params cp = llm_context_get_params(b.c);
+    if (st == LLM_OK && !json) {
+        int ab = cp.act_bits;
+        printf("model %s (%.1f MB of weights, %.1f MB of them packed), %d threads, %s K/V, %s kernels, %s "
+               "activations, %lld runs each\n",
+               llm_model_name(b.m), (double)llm_model_weight_bytes(b.m) / 1e6,
+               (double)llm_model_packed_bytes(b.m) / 1e6, (int)cp.n_threads, kv_dtype_name(cp.kv_type),
+               llm_quant_kernels(), ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
+        printf("  %-8s %-6s %-8s %10s %8s%s\n", "test", "tokens", "depth", "tokens/s", "+/-",
+               max_n ? "     floor  ratio" : "");
+        fflush(stdout);
     }
-    /* the floor: bytes per decoded token (mean depth D + n/2) at the read
-     * bandwidth measured now, by as many threads, over 256 MiB */
-    double floor_mb = 0, read_gbs = 0, floor_tps = 0;
-    if (st == LLM_OK && n_gen > 0) {
-        size_t len = (size_t)64 << 20;
-        float *buf = aligned_alloc(4096, len * sizeof(float));
-        kv_pool *pool = NULL;
-        if (buf && kv_pool_create(llm_context_get_params(c).n_threads, &pool) == KV_OK) {
-            for (size_t i = 0; i < len; i++) buf[i] = (float)(i & 1023);
-            read_gbs = cli_read_bandwidth(pool, buf, len, 4);
-            double kv = (double)llm_context_stats(c).bytes_per_token * ((double)depth + (double)n_gen / 2);
-            floor_mb = ((double)llm_model_weight_bytes(m) + kv) / 1e6;
-            floor_tps = read_gbs * 1e3 / floor_mb;
+    for (int di = 0; di < depths.n && st == LLM_OK; di++) {
+        const int64_t d = depths.v[di];
+        llm_session_reset(b.s);
+        st = feed_to(b.s, toks, 0, (int32_t)d);
+        for (int k = 0; k < prompts.n && st == LLM_OK; k++)
+            if (prompts.v[k]) st = bench_row(&b, d, prompts.v[k], 0);
+        for (int k = 0; k < gens.n && st == LLM_OK; k++) {
+            if (!gens.v[k]) continue;
+            if (b.read_gbs == 0) b.read_gbs = measure_bandwidth(b.c);
+            st = bench_row(&b, d, 0, gens.v[k]);
         }
-        kv_pool_free(pool);
-        free(buf);
     }
     if (st != LLM_OK) {
         fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
         rc = 1;
-    } else {
-        double ppm, pps, tgm, tgs;
-        stats(pp, (int)reps, &ppm, &pps);
-        stats(tg, (int)reps, &tgm, &tgs);
-        int32_t threads = llm_context_get_params(c).n_threads;
-        const char *kvt = kv_dtype_name(llm_context_get_params(c).kv_type);
-        if (json) {
-            printf("{\"model\": ");
-            json_str(llm_model_name(m));
-            printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"prefill_tokens\": %lld, "
-                   "\"decode_tokens\": %lld, \"reps\": %lld, \"prefill_tps\": %.3f, \"prefill_tps_stdev\": %.3f, "
-                   "\"decode_tps\": %.3f, \"decode_tps_stdev\": %.3f, \"kernels\": \"%s\", \"act_bits\": %d, "
-                   "\"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"packed_bytes\": %llu, "
-                   "\"kv_bytes_in_use\": [",
-                   (int)threads, (long long)depth, kvt, (long long)n_prompt, (long long)n_gen, (long long)reps,
-                   ppm, pps, tgm, tgs, llm_quant_kernels(), (int)llm_context_get_params(c).act_bits, floor_mb * 1e6,
-                   read_gbs, floor_tps, (unsigned long long)llm_model_packed_bytes(m));
-            for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
-            printf("]}\n");
-        } else {
-            int ab = llm_context_get_params(c).act_bits;
-            printf("model %s (%.1f MB of weights, %.1f MB of them packed), %d threads, %s K/V, %s kernels, %s "
-                   "activations, %lld runs each\n",
-                   llm_model_name(m), (double)llm_model_weight_bytes(m) / 1e6, (double)llm_model_packed_bytes(m) / 1e6,
-                   (int)threads, kvt, llm_quant_kernels(),
-                   ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
-            printf("  %-20s %12s\n", "test", "tokens/s");
-            if (n_prompt) printf("  prefill %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_prompt, (long long)depth, ppm, pps);
-            if (n_gen) printf("  decode  %-5lld @ d%-5lld %10.1f +/- %.1f\n", (long long)n_gen, (long long)depth, tgm, tgs);
-            if (floor_tps > 0)
-                printf("  decode floor: %.1f MB streamed per token (weights + K/V at mean depth %lld) at %.1f GB/s\n"
-                       "  measured now: floor %.2f ms = %.1f tokens/s; decode reached %.2f of it\n",
-                       floor_mb, (long long)(depth + n_gen / 2), read_gbs, floor_mb / read_gbs,
-                       floor_tps, tgm / floor_tps);
-            if (n_gen) {
-                printf("  KV bytes in use after a decode run (%d positions):", (int)in_use_len);
-                for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(m, g, &nl, &w) == LLM_OK; g++) {
-                    if (w) printf("%s %d window-%d layers %llu", g ? ";" : "", (int)nl, (int)w, (unsigned long long)in_use[g]);
-                    else printf("%s %d full layers %llu", g ? ";" : "", (int)nl, (unsigned long long)in_use[g]);
-                }
-                printf("\n");
-            }
-        }
+    } else if (!json && b.read_gbs > 0) {
+        printf("  floor: weights (%.1f MB) + K/V at the row's mean depth, streamed once per token at the\n"
+               "  %.1f GB/s read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
+               (double)llm_model_weight_bytes(b.m) / 1e6, b.read_gbs, (int)cp.n_threads);
     }
-    llm_session_free(s);
-    free(toks), free(pp), free(tg);
-    llm_context_free(c);
-    llm_model_free(m);
+    llm_session_free(b.s);
+    free(toks), free(b.x);
+    llm_context_free(b.c);
+    llm_model_free(b.m);
     return rc;
 }

@@ -21,11 +21,12 @@ static void usage(void) {
            "                    [--context-shift [--keep N]] [--session FILE]\n"
            "Reads one user message per line from stdin and streams each reply to stdout.\n"
            "The cache is kept across turns: only the new turn is prefilled. /reset starts over,\n"
-           "/exit (or end of input) quits.\n\n"
+           "/exit (or end of input) quits, /help lists the commands. On a terminal, lines can be\n"
+           "edited and recalled (Up, Down; libedit), and Ctrl-C stops a reply, keeping the\n"
+           "conversation.\n\n"
            "  --system TEXT      system message (default: the chat template's)\n"
            "  -n, --tokens N     longest reply in tokens (default 512)\n"
-           "  --temp T           temperature, 0: greedy (default 0.7)\n"
-           "  --top-k K, --top-p P, --seed S   sampling, as in `kvcache generate`\n"
+           CLI_SAMPLE_HELP
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 
@@ -80,7 +81,14 @@ typedef struct {
     char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
     size_t reply_len, reply_cap;
     int turn;
+    bool session_refused;        /* --session FILE could not be restored: kept unless overwritten */
 } chat_state;
+
+/* on_token: Ctrl-C stops the reply (LLM_STOP_CANCEL); the turn is closed and kept. */
+static int on_token(void *user, int32_t token) {
+    (void)user, (void)token;
+    return cli_interrupted != 0;
+}
 
 /* on_text: print the reply as it comes and keep it for the conversation. */
 static int on_text(void *user, const char *text, size_t len) {
@@ -172,9 +180,11 @@ static int chat_turn(chat_state *st, const char *line) {
     free(ids);
     st->reply_len = 0;
     st->reply[0] = 0;
+    cli_interrupted = 0;
     if (st->po.session && st->turn == 0 && n_held == 0)
-        cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new);
+        cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new, &st->session_refused);
     llm_gen_result res;
+    st->gp.progress = n_new > 512 ? cli_progress : NULL, st->gp.progress_user = "prefill"; /* a pasted document */
     llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
     free(prompt);
     printf("\n");
@@ -202,15 +212,18 @@ static int chat_turn(chat_state *st, const char *line) {
             res.n_generated / (res.t_decode > 0 ? res.t_decode : 1e-9),
             (int)llm_seq_length(st->c, llm_session_seq(st->s)), (int)llm_context_get_params(st->c).n_ctx);
     if (res.reason == LLM_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
+    if (res.reason == LLM_STOP_CANCEL) fprintf(stderr, "[reply stopped by Ctrl-C; the conversation goes on]\n");
+    cli_interrupted = 0;
     if (res.n_shifts) fprintf(stderr, "[context shift during the reply: dropped %d tokens]\n", (int)res.n_discarded);
-    if (st->po.session && cli_session_save("chat", st->s, st->po.session)) return 1;
+    if (st->po.session && cli_session_save("chat", st->s, &st->po, st->session_refused)) return 1;
+    if (st->session_refused && !st->po.session_overwrite) st->po.session = NULL; /* said once; the file stays */
     return 0;
 }
 
 int cmd_chat(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *system = NULL;
-    cli_sample_opts so = {.n_gen = 512, .temp = 0.7, .top_k = 40, .top_p = 0.95, .seed = 1};
+    cli_sample_opts so = cli_sample_opts_default(512);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
@@ -234,7 +247,7 @@ int cmd_chat(int argc, char **argv) {
     st.gp = llm_gen_default_params();
     st.gp.max_tokens = (int32_t)so.n_gen;
     st.gp.sampler = cli_sampler_params(&so);
-    st.gp.on_text = on_text, st.gp.user = &st;
+    st.gp.on_text = on_text, st.gp.on_token = on_token, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
     st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
     if (st.gp.n_keep < 4) st.gp.n_keep = 4; /* the sinks: at least 4 (StreamingLLM) */
@@ -249,16 +262,26 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     if (system) conv_add(&st.cv, "system", system);
-    int interactive = isatty(0);
-    char *line = NULL;
-    size_t line_cap = 0;
-    ssize_t got;
-    for (;;) {
-        if (interactive) fprintf(stderr, "> "), fflush(stderr);
-        if ((got = getline(&line, &line_cap, stdin)) < 0) break;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
-        if (!line[0]) continue;
+    cli_lines *in = cli_lines_open();
+    if (!in) {
+        fprintf(stderr, "kvcache chat: out of memory\n");
+        rc = 1;
+    } else if (cli_lines_interactive(in)) {
+        fprintf(stderr, "kvcache chat: %s, %d-token context. Type a message and Enter; /help lists the commands,\n"
+                        "Ctrl-C stops a reply, Ctrl-D or /exit quits.\n",
+                llm_model_name(st.m), (int)llm_context_get_params(st.c).n_ctx);
+    }
+    const char *line;
+    for (int got; in && (got = cli_lines_read(in, &line)) != 0;) {
+        if (got < 0 || !line[0]) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/help")) {
+            fprintf(stderr, "  /reset   start a new conversation (the system message stays)\n"
+                            "  /exit    quit (also /quit, or Ctrl-D)\n"
+                            "  /help    this list\n"
+                            "  Ctrl-C stops a reply and keeps the conversation; Up and Down recall lines.\n");
+            continue;
+        }
         if (!strcmp(line, "/reset")) {
             conv_reset(&st.cv, 1);
             llm_session_reset(st.s);
@@ -267,7 +290,7 @@ int cmd_chat(int argc, char **argv) {
         }
         if ((rc = chat_turn(&st, line)) != 0) break;
     }
-    free(line);
+    cli_lines_close(in);
     conv_reset(&st.cv, 0);
     free(st.cv.msgs), free(st.reply), free(st.marker);
     llm_session_free(st.s);

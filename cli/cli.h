@@ -36,6 +36,9 @@ bool cli_opt_str(int argc, char **argv, int *i, const char *s, const char *l, co
 bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, int64_t *out);
 bool cli_opt_f64(int argc, char **argv, int *i, const char *s, const char *l, double *out);
 bool cli_is_help(const char *arg);
+/* True when lo <= v <= hi; otherwise false after a line on stderr naming the
+ * option, its value, the range and what it means (what). */
+bool cli_range(const char *cmd, const char *opt, int64_t v, int64_t lo, int64_t hi, const char *what);
 
 /* Read bandwidth in GB/s, best of `trials` passes over buf [len] floats (len
  * a multiple of 4096, buf far larger than the caches) read by the pool's
@@ -115,6 +118,15 @@ typedef struct {
     int64_t seed;    /* --seed */
 } cli_sample_opts;
 
+/* generate's and chat's defaults (llama-cli's): temperature 0.8, top-k 40,
+ * top-p 0.95, seed 1, and at most n_gen tokens. */
+cli_sample_opts cli_sample_opts_default(int64_t n_gen);
+/* Their help lines, -n's apart. */
+#define CLI_SAMPLE_HELP                                                                          \
+    "  --temp T           temperature; 0 is greedy and deterministic (default 0.8)\n"            \
+    "  --top-k K          sample among the K most likely tokens, 0: all (default 40)\n"          \
+    "  --top-p P          nucleus: the smallest set holding mass P (default 0.95)\n"             \
+    "  --seed S           sampler seed (default 1)\n"
 /* Matches -n/--tokens, --temp, --top-k, --top-p, --seed at argv[*i]. */
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
 /* 0, or 2 after a message; n_min is the least -n the command takes. */
@@ -129,6 +141,7 @@ typedef struct {
     int context_shift;    /* --context-shift: a full context drops old positions and goes on */
     int64_t keep;         /* --keep N: positions a shift keeps; -1: the system prompt (at least 4) */
     const char *session;  /* --session FILE: restore the common prefix, save after the run */
+    int session_overwrite; /* --session-overwrite: save over a FILE that was refused */
     int64_t draft_lookup; /* --draft-lookup N (generate): prompt-lookup speculative decoding */
 } cli_policy_opts;
 
@@ -138,10 +151,11 @@ typedef struct {
     "  --keep N           positions a context shift keeps (default: the system prompt, >= 4)\n"    \
     "  --session FILE     restore the cached prefix FILE holds (if it begins this prompt and was\n" \
     "                     made by this model and --kv-type), prefill only the rest, save after\n"  \
-    "                     the run\n"
+    "                     the run; a FILE it refuses (another model, K/V type, corrupt) is kept\n" \
+    "  --session-overwrite  save over a --session FILE that was refused\n"
 
 cli_policy_opts cli_policy_opts_default(void);
-/* Matches --context-shift, --keep, --session (and --draft-lookup when
+/* Matches --context-shift, --keep, --session, --session-overwrite (and --draft-lookup when
  * lookup is set) at argv[*i]. */
 bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool lookup);
 /* 0, or 2 after a message naming the bad option. */
@@ -150,15 +164,35 @@ int cli_policy_check(const char *cmd, const cli_policy_opts *o);
  * message (or the template's own), the user header. The default --keep. */
 int32_t cli_chat_prefix_tokens(const struct llm_model *m, const char *system);
 /* --session: restores what FILE shares with prompt [n] into s (a line on
- * stderr says what happened, or why the run goes on cold); the count. */
+ * stderr says what happened, or why the run goes on cold); the count.
+ * *refused: FILE exists but could not be restored. */
 int32_t cli_session_restore(const char *cmd, struct llm_session *s, const char *path, const int32_t *prompt,
-                            int32_t n);
-/* --session: saves s to FILE, a line on stderr either way; 0 or 1. */
-int cli_session_save(const char *cmd, const struct llm_session *s, const char *path);
+                            int32_t n, bool *refused);
+/* --session: saves s to o->session, a line on stderr either way; 0 or 1. A
+ * file that was refused is kept (a line says so) unless --session-overwrite. */
+int cli_session_save(const char *cmd, const struct llm_session *s, const cli_policy_opts *o, bool refused);
 /* A line per policy that acted in a generation: shifts, lookup acceptance. */
 void cli_policy_report(const llm_gen_result *res);
 
-/* Reads a whole file (NUL-terminated; *len without the NUL), NULL on error. */
+/* ---- the lines chat reads (cli/lineedit.c) ---- */
+
+#include <signal.h>
+
+/* Set by SIGINT while a terminal chat runs (cli_lines_open installs the
+ * handler); whoever acts on it clears it. */
+extern volatile sig_atomic_t cli_interrupted;
+typedef struct cli_lines cli_lines;
+/* Lines from stdin: edited, with history, when it is a terminal (libedit),
+ * plain otherwise. NULL when out of memory. */
+cli_lines *cli_lines_open(void);
+bool cli_lines_interactive(const cli_lines *l);
+/* 1 with *line (valid until the next call; no line end), 0 at the end of
+ * input, -1 when Ctrl-C discarded the line being edited. */
+int cli_lines_read(cli_lines *l, const char **line);
+void cli_lines_close(cli_lines *l);
+
+/* Reads a whole file, "-" standard input (NUL-terminated; *len without the
+ * NUL); NULL with errno set on error. */
 char *cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -47,12 +47,11 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
     }
     p.act_bits = (int32_t)o->act_bits;
     int64_t ctx = o->ctx ? o->ctx : ctx_default;
-    if (o->threads < 0 || o->threads > CLI_MAX_THREADS || ctx < 0 || ctx > (1 << 24) || o->batch < 1 ||
-        o->batch > 8192 || o->kv_pages < 0 || o->kv_pages > INT32_MAX) {
-        fprintf(stderr, "kvcache %s: need 0 <= -t <= %d, 0 <= --ctx <= 16777216, 1 <= --batch <= 8192\n", cmd,
-                CLI_MAX_THREADS);
+    if (!cli_range(cmd, "-t", o->threads, 0, CLI_MAX_THREADS, "threads; 0: one per core") ||
+        !cli_range(cmd, "--ctx", ctx, 0, 1 << 24, "positions per sequence; 0: the model's, at most 4096") ||
+        !cli_range(cmd, "-b", o->batch, 1, 8192, "prompt rows per forward pass") ||
+        !cli_range(cmd, "--kv-pages", o->kv_pages, 0, INT32_MAX, "pages in the K/V pool; 0: room for all"))
         return 2;
-    }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores > 0 && o->threads > cores) /* allowed (oversubscription is the user's call), but said */
         fprintf(stderr, "kvcache %s: warning: -t %lld is more than the %ld cores online; running %lld threads\n",
@@ -70,6 +69,11 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
         fprintf(stderr, "kvcache %s: cannot load model '%s': %s\n", cmd, o->model, err);
         return 1;
     }
+    int32_t trained = llm_model_hparams(*m)->ctx_train;
+    if (ctx > trained) /* allowed (RoPE scaling may stretch it), but past what the model has seen */
+        fprintf(stderr, "kvcache %s: warning: a context of %lld positions (--ctx) is more than the %d '%s' was "
+                        "trained on; text past them may degrade\n",
+                cmd, (long long)ctx, (int)trained, o->model);
     p.n_ctx = (int32_t)ctx;
     p.n_seqs = n_seqs;
     p.n_batch = (int32_t)o->batch;
@@ -113,8 +117,9 @@ void cli_progress(void *user, int64_t done, int64_t total) {
 }
 
 char *cli_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return NULL;
+    errno = 0;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -125,15 +130,23 @@ char *cli_read_file(const char *path, size_t *len) {
         if (!nb) free(buf);
         buf = nb;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
+    int bad = ferror(f) ? (errno ? errno : EIO) : !buf ? ENOMEM : 0;
+    if (f != stdin) fclose(f);
+    if (bad) {
         free(buf);
+        errno = bad; /* for the caller's message */
         return NULL;
     }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+bool cli_range(const char *cmd, const char *opt, int64_t v, int64_t lo, int64_t hi, const char *what) {
+    if (v >= lo && v <= hi) return true;
+    fprintf(stderr, "kvcache %s: %s %lld is out of range: it takes %lld to %lld (%s)\n", cmd, opt, (long long)v,
+            (long long)lo, (long long)hi, what);
+    return false;
 }
 
 int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int32_t *n_out) {
@@ -165,6 +178,10 @@ int cli_print_text(void *user, const char *text, size_t len) {
     return 0;
 }
 
+cli_sample_opts cli_sample_opts_default(int64_t n_gen) {
+    return (cli_sample_opts){.n_gen = n_gen, .temp = 0.8, .top_k = 40, .top_p = 0.95, .seed = 1};
+}
+
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
     return cli_opt_int(argc, argv, i, "-n", "--tokens", &o->n_gen) || cli_opt_f64(argc, argv, i, NULL, "--temp", &o->temp) ||
            cli_opt_int(argc, argv, i, NULL, "--top-k", &o->top_k) || cli_opt_f64(argc, argv, i, NULL, "--top-p", &o->top_p) ||
@@ -172,10 +189,16 @@ bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
 }
 
 int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
-    if (o->n_gen < n_min || o->n_gen > (1 << 24) || !(o->temp >= 0) || o->top_k < 0 || o->top_k > INT32_MAX ||
-        !(o->top_p > 0 && o->top_p <= 1)) {
-        fprintf(stderr, "kvcache %s: need %lld <= -n <= %d, --temp >= 0, --top-k >= 0, 0 < --top-p <= 1\n", cmd,
-                (long long)n_min, 1 << 24);
+    if (!cli_range(cmd, "-n", o->n_gen, n_min, 1 << 24, "tokens to generate") ||
+        !cli_range(cmd, "--top-k", o->top_k, 0, INT32_MAX, "the K most likely tokens; 0: all"))
+        return 2;
+    if (!(o->temp >= 0)) {
+        fprintf(stderr, "kvcache %s: --temp %g is out of range: it takes 0 (greedy) or more\n", cmd, o->temp);
+        return 2;
+    }
+    if (!(o->top_p > 0 && o->top_p <= 1)) {
+        fprintf(stderr, "kvcache %s: --top-p %g is out of range: it takes a probability mass above 0, up to 1\n",
+                cmd, o->top_p);
         return 2;
     }
     return 0;

@@ -34,10 +34,10 @@ int cmd_demo(int argc, char **argv) {
         fprintf(stderr, "kvcache demo: --kv-type must be f32, f16, bf16 or q8\n");
         return 2;
     }
-    if (n_layers < 1 || n_layers > 64 || prompt < 1 || gen < 0 || prompt + gen > 1 << 20) {
-        fprintf(stderr, "kvcache demo: need 1 <= layers <= 64, prompt >= 1, prompt + tokens <= 2^20\n");
+    if (!cli_range("demo", "-l", n_layers, 1, 64, "layers of the synthetic model") ||
+        !cli_range("demo", "-p", prompt, 1, 1 << 20, "prompt tokens") ||
+        !cli_range("demo", "-n", gen, 0, (1 << 20) - prompt, "decoded tokens; -p + -n at most 2^20"))
         return 2;
-    }
     p.n_layers = (int32_t)n_layers, p.n_kv_heads = HKV, p.head_dim = HD;
     p.n_pages = (int32_t)((prompt + gen + p.page_size - 1) / p.page_size);
     kv_cache *cache;

@@ -1,6 +1,7 @@
 /* cli/generate.c - `kvcache generate`: one prompt through the engine's
  * generation loop (engine/session.h), the text streamed as it comes, then
  * the speed of each phase, why it stopped, and the cache in use. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +17,11 @@ static void usage(void) {
            "Streams the continuation of PROMPT to stdout, then prints prefill and decode speed,\n"
            "KV bytes per token and cache bytes in use to stderr.\n\n"
            "  -p, --prompt TEXT  the prompt (or -f FILE)\n"
-           "  -f, --file FILE    read the prompt from a file\n"
+           "  -f, --file FILE    read the prompt from a file (-: standard input)\n"
            "  -n, --tokens N     tokens to generate at most (default 128); stops early at end of turn\n"
            "  --chat             wrap the prompt in the model's chat template as a user message\n"
            "  --system TEXT      with --chat: the system message (default: the template's)\n"
-           "  --temp T           temperature; 0 is greedy and deterministic (default 0.8)\n"
-           "  --top-k K          sample among the K most likely tokens, 0: all (default 40)\n"
-           "  --top-p P          nucleus: the smallest set holding mass P (default 0.95)\n"
-           "  --seed S           sampler seed (default 1)\n"
+           CLI_SAMPLE_HELP
            "  --draft-lookup N   prompt-lookup speculative decoding: propose up to N tokens that\n"
            "                     followed the last n-gram earlier in prompt + output, verify them in\n"
            "                     one pass; the same text as without it (default 0: off)\n"
@@ -65,8 +63,12 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
     }
     kv_cache_stats cs = llm_context_stats(c);
     llm_context_params cp = llm_context_get_params(c);
-    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", (int)res->n_prompt, res->t_prefill,
-            res->n_prompt / (res->t_prefill > 0 ? res->t_prefill : 1e-9));
+    /* the tokens restored from a session were not prefilled: they count apart */
+    const int32_t prefilled = res->n_prompt - res->n_reused;
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)", (int)prefilled, res->t_prefill,
+            prefilled / (res->t_prefill > 0 ? res->t_prefill : 1e-9));
+    if (res->n_reused) fprintf(stderr, ", after %d restored from the session", (int)res->n_reused);
+    fprintf(stderr, "\n");
     fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), stopped at %s\n", (int)res->n_generated,
             res->t_decode, res->n_generated / (res->t_decode > 0 ? res->t_decode : 1e-9),
             llm_stop_reason_str(res->reason));
@@ -83,7 +85,7 @@ int cmd_generate(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *prompt = NULL, *file = NULL, *system = NULL;
     int chat = 0;
-    cli_sample_opts so = {.n_gen = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .seed = 1};
+    cli_sample_opts so = cli_sample_opts_default(128);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
@@ -110,7 +112,7 @@ int cmd_generate(int argc, char **argv) {
     char *file_text = NULL;
     size_t prompt_len = prompt ? strlen(prompt) : 0;
     if (file && !(prompt = file_text = cli_read_file(file, &prompt_len))) {
-        fprintf(stderr, "kvcache generate: cannot read prompt file '%s'\n", file);
+        fprintf(stderr, "kvcache generate: cannot read prompt file '%s': %s\n", file, strerror(errno));
         return 1;
     }
     /* read by length: a NUL byte is tokenized as the byte it is, except
@@ -143,18 +145,19 @@ int cmd_generate(int argc, char **argv) {
         gp.max_tokens = (int32_t)so.n_gen;
         gp.sampler = cli_sampler_params(&so);
         gp.on_text = cli_print_text;
-        if (n_prompt > 1024) gp.progress = cli_progress, gp.progress_user = "prefill";
+        if (n_prompt > 512) gp.progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;
         gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system) : 0;
         gp.draft_lookup = (int32_t)po.draft_lookup;
-        if (po.session) cli_session_restore("generate", s, po.session, ids, n_prompt);
+        bool refused = false;
+        if (po.session) cli_session_restore("generate", s, po.session, ids, n_prompt, &refused);
         llm_gen_result res;
         int st = llm_session_generate(s, ids, n_prompt, &gp, &res);
         rc = report(c, s, &res, st);
         if (po.session && res.reason != LLM_STOP_ERROR && !(st == LLM_ERR_CAPACITY)) {
             fprintf(stderr, "session: %d tokens restored, %d prefilled\n", (int)res.n_reused,
                     (int)(res.n_prompt - res.n_reused));
-            if (cli_session_save("generate", s, po.session)) rc = 1;
+            if (cli_session_save("generate", s, &po, refused)) rc = 1;
         }
     }
     llm_session_free(s);

@@ -26,12 +26,17 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvcache SUBCOMMAND [options]   (kvcache SUBCOMMAND --help for its options)\n\n");
+    fprintf(f, "usage: kvcache SUBCOMMAND [options]   (kvcache SUBCOMMAND --help for its options)\n"
+               "       kvcache --version\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "--version")) {
+        printf("kvcache %s\n", KVCACHE_VERSION);
+        return 0;
+    }
     if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

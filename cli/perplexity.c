@@ -8,6 +8,7 @@
  * position's log-probabilities (f32, V per position); a later run with the
  * same text, model and ctx compares against them and reports the mean KL
  * divergence KL(base || this run). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@ static void usage(void) {
            "                          [--kl-base FILE] [-t THREADS]\n"
            "Perplexity over TEXT as llama.cpp computes it: windows of --ctx tokens (default 512),\n"
            "each scored on its second half. Ends with the line `ppl = X`.\n\n"
-           "  -f, --file TEXT    the text to score\n"
+           "  -f, --file TEXT    the text to score (-: standard input)\n"
            "  --chunks N         score at most N windows\n"
            "  --kl-base FILE     if FILE does not exist, save this run's log-probabilities there\n"
            "                     (about 4 x vocabulary bytes per scored token); if it does, report\n"
@@ -75,14 +76,13 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "kvcache perplexity: give the text with -f FILE (see --help)\n");
         return 2;
     }
-    if (mo.ctx < 4 || max_chunks < 0) {
-        fprintf(stderr, "kvcache perplexity: need --ctx >= 4 and --chunks >= 0\n");
+    if (!cli_range("perplexity", "--ctx", mo.ctx, 4, 1 << 24, "positions per window") ||
+        !cli_range("perplexity", "--chunks", max_chunks, 0, INT32_MAX, "windows to score; 0: all"))
         return 2;
-    }
     size_t text_len = 0;
     char *text = cli_read_file(file, &text_len);
     if (!text) {
-        fprintf(stderr, "kvcache perplexity: cannot read '%s'\n", file);
+        fprintf(stderr, "kvcache perplexity: cannot read '%s': %s\n", file, strerror(errno));
         return 1;
     }
     llm_model *m;

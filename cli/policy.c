@@ -15,24 +15,25 @@ cli_policy_opts cli_policy_opts_default(void) { return (cli_policy_opts){.keep =
 
 bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool lookup) {
     if (!strcmp(argv[*i], "--context-shift")) return o->context_shift = 1, true;
+    if (!strcmp(argv[*i], "--session-overwrite")) return o->session_overwrite = 1, true;
     return cli_opt_int(argc, argv, i, NULL, "--keep", &o->keep) ||
            cli_opt_str(argc, argv, i, NULL, "--session", &o->session) ||
            (lookup && cli_opt_int(argc, argv, i, NULL, "--draft-lookup", &o->draft_lookup));
 }
 
 int cli_policy_check(const char *cmd, const cli_policy_opts *o) {
-    if (o->keep < -1 || o->keep > (1 << 24)) {
-        fprintf(stderr, "kvcache %s: --keep must be >= 0\n", cmd);
+    if (o->keep != -1 && !cli_range(cmd, "--keep", o->keep, 0, 1 << 24, "positions a context shift keeps"))
         return 2;
-    }
     if (o->keep >= 0 && !o->context_shift) {
         fprintf(stderr, "kvcache %s: --keep goes with --context-shift\n", cmd);
         return 2;
     }
-    if (o->draft_lookup < 0 || o->draft_lookup > LLM_MAX_DRAFT) {
-        fprintf(stderr, "kvcache %s: --draft-lookup must be in [0, %d]\n", cmd, LLM_MAX_DRAFT);
+    if (o->session_overwrite && !o->session) {
+        fprintf(stderr, "kvcache %s: --session-overwrite goes with --session FILE\n", cmd);
         return 2;
     }
+    if (!cli_range(cmd, "--draft-lookup", o->draft_lookup, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup"))
+        return 2;
     return 0;
 }
 
@@ -60,7 +61,9 @@ int32_t cli_chat_prefix_tokens(const llm_model *m, const char *system) {
     return k;
 }
 
-int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, const int32_t *prompt, int32_t n) {
+int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, const int32_t *prompt, int32_t n,
+                            bool *refused) {
+    *refused = false;
     if (access(path, F_OK) != 0) {
         fprintf(stderr, "[session %s: new file, the run starts cold]\n", path);
         return 0;
@@ -69,6 +72,7 @@ int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, c
     int32_t got = 0;
     if (llm_session_load(s, path, prompt, n, &got, err, sizeof err) != LLM_OK) {
         fprintf(stderr, "kvcache %s: session not restored: %s; the run goes on cold\n", cmd, err);
+        *refused = true;
         return 0;
     }
     fprintf(stderr, "[session %s: restored %d of the prompt's %d tokens, prefilling %d]\n", path, (int)got, (int)n,
@@ -76,7 +80,13 @@ int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, c
     return got;
 }
 
-int cli_session_save(const char *cmd, const llm_session *s, const char *path) {
+int cli_session_save(const char *cmd, const llm_session *s, const cli_policy_opts *o, bool refused) {
+    const char *path = o->session;
+    if (refused && !o->session_overwrite) {
+        fprintf(stderr, "[session %s: not saved, the file it refused is kept (--session-overwrite replaces it)]\n",
+                path);
+        return 0;
+    }
     char err[512];
     if (llm_session_save(s, path, err, sizeof err) != LLM_OK) {
         fprintf(stderr, "kvcache %s: session not saved: %s\n", cmd, err);

@@ -1,5 +1,6 @@
 /* cli/price.c - `kvcache price`: what the KV cache of a model costs in bytes
- * and what that means for decode speed, as the seed computes it; and
+ * and what that means for decode speed (2 x layers x KV heads x head dim x
+ * bytes a token); and
  * `kvcache info`: a GGUF file's metadata and tensors.
  *
  *   KV per token  = 2 (K and V) x layers x KV heads x head_dim x bytes/element
@@ -45,7 +46,7 @@ static void usage(void) {
     for (int i = 0; i < N_PRESETS; i++) printf("%s%s", i % 4 ? " " : "\n                       ", presets[i].name);
     printf("\n  --ctx N            context per sequence (default 8192)\n"
            "  -b, --batch N      prefill chunk: what a window cache holds beyond its window (default 256)\n"
-           "  --kv-type T        K/V storage: f32, f16, bf16 (default), q8\n"
+           "  --kv-type T        K/V storage: f32, f16, bf16 (default: GPUs serve models in bf16), q8\n"
            "  --bandwidth GB/s   memory bandwidth (default 3350: H100 SXM HBM3)\n"
            "  --weight-bits B    bits per weight of a preset (default 16: bf16)\n");
 }
@@ -156,10 +157,17 @@ int cmd_price(int argc, char **argv) {
         fprintf(stderr, "kvcache price: give exactly one of -m MODEL.gguf or --preset NAME (see --help)\n");
         return 2;
     }
-    if (kv_dtype_parse(kv_type, &dt) != KV_OK || ctx < 1 || ctx > (1ll << 32) || !(bw > 0) || !(wbits > 0) ||
-        chunk < 1 || chunk > 8192) {
-        fprintf(stderr, "kvcache price: need a --kv-type of f64/f32/f16/bf16/q8, --ctx >= 1, --bandwidth > 0, "
-                        "1 <= --batch <= 8192\n");
+    if (kv_dtype_parse(kv_type, &dt) != KV_OK) {
+        fprintf(stderr, "kvcache price: --kv-type '%s' is not a K/V type: f64, f32, f16, bf16 or q8\n", kv_type);
+        return 2;
+    }
+    if (!cli_range("price", "--ctx", ctx, 1, 1ll << 32, "positions of one sequence") ||
+        !cli_range("price", "--batch", chunk, 1, 8192, "prompt rows per forward pass"))
+        return 2;
+    if (!(bw > 0) || !(wbits > 0)) {
+        fprintf(stderr, "kvcache price: %s %g is out of range: it takes a number above 0 (%s)\n",
+                bw > 0 ? "--weight-bits" : "--bandwidth", bw > 0 ? wbits : bw,
+                bw > 0 ? "bits per weight" : "memory bandwidth in GB/s");
         return 2;
     }
     char name[160];

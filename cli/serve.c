@@ -21,7 +21,9 @@ static void usage(void) {
            "                     [--context-shift [--keep N]] [--draft-lookup N] [--session-dir DIR]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
-           "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n\n"
+           "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n"
+           "A request samples with the OpenAI API's defaults (temperature 1, top_p 1, no top-k),\n"
+           "which OpenAI clients expect, not with `generate`'s.\n\n"
            "  --host ADDR        address to bind (default 127.0.0.1: this machine only)\n"
            "  --port N           TCP port (default 8080; 0: any free port, printed)\n"
            "  --parallel N       sequences that may live at once, choices of n > 1 included (default 8)\n"
@@ -78,12 +80,16 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvcache serve: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
-    if (port < 0 || port > 65535 || parallel < 1 || parallel > 4096 || batch_tokens < 1 || batch_tokens > 8192 ||
-        mo.kv_pages < 0 || mo.kv_pages > (1 << 26) || max_queue < 1 || max_queue > (1 << 20) ||
-        (api_key && !*api_key) || keep < 0 || keep > (1 << 24) || draft < 0 || draft > LLM_MAX_DRAFT) {
-        fprintf(stderr, "kvcache serve: need 0 <= --port <= 65535, 1 <= --parallel <= 4096, 1 <= --batch-tokens <= 8192,\n"
-                        "  0 <= --kv-pages <= 2^26, 1 <= --max-queue <= 2^20, a non-empty --api-key,\n"
-                        "  0 <= --keep <= 2^24, 0 <= --draft-lookup <= 64\n");
+    if (!cli_range("serve", "--port", port, 0, 65535, "TCP port; 0: any free one") ||
+        !cli_range("serve", "--parallel", parallel, 1, 4096, "sequences decoded together") ||
+        !cli_range("serve", "--batch-tokens", batch_tokens, 1, 8192, "rows of one engine step") ||
+        !cli_range("serve", "--kv-pages", mo.kv_pages, 0, 1 << 26, "pages in the K/V pool; 0: room for all") ||
+        !cli_range("serve", "--max-queue", max_queue, 1, 1 << 20, "requests waiting for a slot") ||
+        !cli_range("serve", "--keep", keep, 0, 1 << 24, "positions a context shift keeps") ||
+        !cli_range("serve", "--draft-lookup", draft, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup"))
+        return 2;
+    if (api_key && !*api_key) {
+        fprintf(stderr, "kvcache serve: --api-key is empty: give the key clients must send\n");
         return 2;
     }
     mo.batch = batch_tokens;   /* one step is one forward pass of at most this many rows */

@@ -1,4 +1,4 @@
-/* cli/verify.c - `kvcache verify`: the seed's test on a real model, for each
+/* cli/verify.c - `kvcache verify`: cached decoding against full recomputation on a real model, for each
  * cache policy.
  *
  *   full, window  Greedy decoding runs on the cache (each step projects one
@@ -81,12 +81,14 @@ int cmd_verify(int argc, char **argv) {
         fprintf(stderr, "kvcache verify: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
-    if (steps < 0 || steps > 1024 || (tol < 0 && tol != -1)) {
-        fprintf(stderr, "kvcache verify: need 0 <= -n <= 1024 and --tol >= 0\n");
+    if (!cli_range("verify", "-n", steps, 0, 1024, "decode steps compared") ||
+        !cli_range("verify", "--window", window, 1, 1 << 24, "positions the forced window keeps") ||
+        !cli_range("verify", "--keep", keep, 0, 1 << 24, "positions a context shift keeps") ||
+        !cli_range("verify", "--draft-lookup", n_draft, 1, 64, "tokens drafted by prompt lookup"))
         return 2;
-    }
-    if (window < 1 || window > (1 << 24) || keep < 0 || keep > (1 << 24) || n_draft < 1 || n_draft > 64) {
-        fprintf(stderr, "kvcache verify: need --window >= 1, --keep >= 0, 1 <= --draft-lookup <= 64\n");
+    if (tol < 0 && tol != -1) {
+        fprintf(stderr, "kvcache verify: --tol %g is out of range: it takes 0 or more (the largest logit "
+                        "difference allowed)\n", tol);
         return 2;
     }
     if (!strcmp(policy, "shift")) return verify_shift(&mo, prompt, steps, (int32_t)keep, tol);

@@ -167,7 +167,7 @@ KV_API int kv_rope_apply_f32(const kv_rope *rope, float *x, int32_t n, int32_t n
 
 /* ------------------------------------------------------------------ dense attention */
 
-/* The seed's attention without a cache, over contiguous arrays:
+/* Attention without a cache (the textbook computation), over contiguous arrays:
  *   q [T, H, d], k and v [S, Hkv, d], out [T, H, d], S >= T, H % Hkv == 0.
  * Query i sits at S - T + i. window 0 means full causal attention; scale 0
  * means 1/sqrt(d). T = 0 writes nothing and succeeds. */

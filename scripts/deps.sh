@@ -31,6 +31,7 @@ groff-base         the man page test renders docs/kvcache.1
 curl               the server tests talk HTTP with it
 libcivetweb-dev    the server's HTTP layer
 libjansson-dev     the server's JSON
+libedit-dev        chat's line editing and history on a terminal (the kvcache binary only)
 "
 
 names=$(printf '%s\n' "$PACKAGES" | awk 'NF { print $1 }')

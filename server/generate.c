@@ -130,6 +130,7 @@ typedef struct {
     uint64_t sched_id;
     int broken;                          /* a write failed: the client is gone */
     double t_submit;
+    double t_first;                      /* when the first token came; 0: none yet */
     int first_seen;
     int32_t n_prompt, n_cached, n_generated;
     char error[128];
@@ -239,7 +240,10 @@ static void on_gen_event(gen_out *o, const gen_event *g) {
     gen_choice *c = &o->ch[g->choice];
     if (g->token >= 0) {
         srv_metrics *m = &o->s->metrics;
-        if (!o->first_seen) o->first_seen = 1, srv_metrics_observe(m, &m->ttft, g->t - o->t_submit);
+        if (!o->first_seen) {
+            o->first_seen = 1, o->t_first = g->t;
+            srv_metrics_observe(m, &m->ttft, g->t - o->t_submit);
+        }
         if (c->t_last > 0) srv_metrics_observe(m, &m->itl, g->t - c->t_last);
         c->t_last = g->t;
         if (o->r->stream) {
@@ -317,6 +321,18 @@ static void end_stream(gen_out *o) {
 
 /* ---------------------------------------------------------------- the handler */
 
+/* One line on stderr per generation request, as llama-server logs them: its
+ * id, HTTP status, tokens, time to the first token, time in all, and why it
+ * ended. One fprintf: lines of concurrent requests never interleave. */
+static void log_request(const gen_out *o, int status) {
+    char ttft[32] = "none";
+    if (o->first_seen) snprintf(ttft, sizeof ttft, "%.3f s", o->t_first - o->t_submit);
+    const char *why = o->broken ? "client gone" : o->error[0] ? o->error : srv_finish_reason(o->ch[0].finish);
+    fprintf(stderr, "kvcache serve: %s %d: prompt %d tokens (%d cached), %d generated, first token %s, "
+                    "total %.3f s, finish %s\n",
+            o->id, status, (int)o->n_prompt, (int)o->n_cached, (int)o->n_generated, ttft, now_s() - o->t_submit, why);
+}
+
 int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const char *body, size_t len) {
     srv_request r;
     srv_error e;
@@ -378,6 +394,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
         }
         if (r.stream) end_stream(o);
         status = r.stream ? 200 : reply_whole(o);
+        log_request(o, status);
         for (int32_t i = 0; i < LLM_SCHED_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
     }
     free(q.ev);

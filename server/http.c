@@ -75,6 +75,17 @@ static int models(srv *s, struct mg_connection *conn) {
                                     "object", "model", "created", (json_int_t)s->created, "owned_by", "kvcache"));
 }
 
+/* GET /: what this server is and where its API is, for a person or a
+ * program that finds the port. Open, and answered while the model loads. */
+static int index_page(srv *s, struct mg_connection *conn) {
+    return srv_reply_json(s, conn, 200,
+                          json_pack("{s:s, s:s, s:s, s:s, s:[s,s,s,s,s,s,s]}", "object", "server", "name", "kvcache serve",
+                                    "description", "an OpenAI-compatible API over a paged KV cache, continuous batching",
+                                    "model", s->model_id, "endpoints", "POST /v1/chat/completions",
+                                    "POST /v1/completions", "GET /v1/models", "POST /tokenize", "POST /detokenize",
+                                    "GET /health", "GET /metrics"));
+}
+
 static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
     const llm_tokenizer *tok = llm_model_tokenizer(s->m);
     int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, NULL, 0);
@@ -140,6 +151,7 @@ static const route routes[] = {
     {"/v1/models", "GET", -1, 0},
     {"/health", "GET", -1, 1},
     {"/metrics", "GET", -1, 1},
+    {"/", "GET", -1, 1},
 };
 
 /* Reads the whole body into a malloc'ed buffer; NULL with *too_big set when
@@ -181,7 +193,7 @@ static int handle(struct mg_connection *conn, void *cbdata) {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(path, routes[i].path)) rt = &routes[i];
     if (!rt) {
-        srv_error_set(&e, 404, "invalid_request_error", "no endpoint %.200s (see docs/SERVER.md)", path);
+        srv_error_set(&e, 404, "invalid_request_error", "no endpoint %.200s (GET / lists them)", path);
         return srv_reply_error(s, conn, &e);
     }
     if (strcmp(ri->request_method, rt->method)) return reply_405(s, conn, path, rt->method);
@@ -191,6 +203,7 @@ static int handle(struct mg_connection *conn, void *cbdata) {
     }
     if (!strcmp(path, "/health")) return health(s, conn);
     if (!strcmp(path, "/metrics")) return metrics(s, conn);
+    if (!strcmp(path, "/")) return index_page(s, conn);
     if (atomic_load(&s->state) != SRV_READY) {
         srv_error_set(&e, 503, "unavailable_error",
                       atomic_load(&s->state) == SRV_LOADING ? "loading the model" : "shutting down");

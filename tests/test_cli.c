@@ -162,9 +162,21 @@ TEST(cli_bench_model_json_has_the_documented_keys) {
     CHECK(json_num(r.out, "depth") == 40);
     CHECK(json_num(r.out, "reps") == 2);
     done(&r);
-    snprintf(args, sizeof args, "bench model -m %s -p 16 -n 4 -r 1", path);
+    /* lists, as llama-bench takes them: a row per depth and size, in that order (issue 45.3) */
+    snprintf(args, sizeof args, "bench model -m %s -p 16,24 -n 4 --depth 0,20 -r 1", path);
     r = EXPECT(args, NULL, 0);
-    CHECK(strstr(r.out, "prefill 16") && strstr(r.out, "decode  4"));
+    const char *rows[] = {"prefill  16     d0 ", "prefill  24     d0 ", "decode   4      d0 ",
+                          "prefill  16     d20 ", "prefill  24     d20 ", "decode   4      d20 "};
+    const char *at = r.out;
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+        if (!at || !(at = strstr(at, rows[k])))
+            test_fail(__FILE__, __LINE__, "no row '%s' after the ones before it:\n%s", rows[k], r.out);
+    done(&r);
+    snprintf(args, sizeof args, "bench model -m %s -p 16 -n 4,6 --depth 0,20 -r 1 --json", path);
+    r = EXPECT(args, NULL, 0);
+    int objects = 0;
+    for (const char *l = r.out; (l = strchr(l, '{')); l++) objects++;
+    CHECK(objects == 6); /* JSON Lines: one object per row */
     done(&r);
     snprintf(args, sizeof args, "bench model -m %s -p 0 -n 0", path);
     r = EXPECT(args, NULL, 2), done(&r);
@@ -454,6 +466,63 @@ TEST(cli_a_nul_byte_in_a_prompt_file_is_tokenized_not_a_silent_cut) {
 
 /* issue 10.5: NaN and infinity are refused at parse time, naming the option
  * (`--temp nan` passed `temp < 0` and failed later as a tokenizer error). */
+/* issue 45.4: a bad value is named alone, with its range and meaning, not
+ * buried in a list of every constraint the command has. */
+TEST(cli_a_bad_option_value_names_that_option_alone) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    static const struct {
+        const char *args, *named, *not_named;
+    } bad[] = {
+        {"generate -p hi -t 999", "-t 999", "--batch"},      {"generate -p hi -b 0", "-b 0", "-t "},
+        {"generate -p hi -n -5", "-n -5", "--top-p"},        {"generate -p hi --temp -1", "--temp -1", "-n "},
+        {"chat --top-p 2", "--top-p 2", "--temp"},           {"generate -p hi --ctx -3", "--ctx -3", "--batch"},
+        {"serve --port 99999", "--port 99999", "--parallel"}, {"serve --parallel 0", "--parallel 0", "--port"},
+        {"perplexity -f x --chunks -1", "--chunks -1", "--ctx"},
+        {"bench model -p 1,x", "-p '1,x'", "-r"},            {"price --bandwidth -3", "--bandwidth -3", "--ctx"},
+        {"verify -n 5000", "-n 5000", "--tol"},              {"demo -l 0", "-l 0", "prompt"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[1024];
+        if (!strncmp(bad[i].args, "demo", 4)) snprintf(args, sizeof args, "%s", bad[i].args); /* no model */
+        else snprintf(args, sizeof args, "%s -m %s", bad[i].args, path);
+        result r = EXPECT(args, NULL, 2);
+        if (!strstr(r.err, bad[i].named) || strstr(r.err, bad[i].not_named) || strchr(r.err, '\n') != strrchr(r.err, '\n'))
+            test_fail(__FILE__, __LINE__, "`%s` should name %s alone in one line: %s", args, bad[i].named, r.err);
+        done(&r);
+    }
+    /* an unreadable prompt file says why */
+    char args[1024];
+    snprintf(args, sizeof args, "generate -m %s -f /nonexistent/prompt.txt", path);
+    result r = EXPECT(args, NULL, 1);
+    CHECK(strstr(r.err, "/nonexistent/prompt.txt") && strstr(r.err, "No such file or directory"));
+    done(&r);
+    /* -f - reads standard input: the same text as -p */
+    snprintf(args, sizeof args, "generate -m %s -p 'hello there' -n 6 --temp 0", path);
+    result p = EXPECT(args, NULL, 0);
+    snprintf(args, sizeof args, "generate -m %s -f - -n 6 --temp 0", path);
+    r = EXPECT(args, "hello there", 0);
+    CHECK(strcmp(r.out, p.out) == 0);
+    done(&r), done(&p);
+    /* a context past the trained length (the fixture's is 1024) runs with a warning */
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 1 --temp 0 --ctx 2048", path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "warning: a context of 2048 positions (--ctx)") && strstr(r.err, "than the 1024 "));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 1 --temp 0 --ctx 1024", path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.err, "warning") == NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
+TEST(cli_version_prints_the_release) {
+    result r = EXPECT("--version", NULL, 0);
+    CHECK(strncmp(r.out, "kvcache ", 8) == 0 && r.out[8] >= '0' && r.out[8] <= '9');
+    done(&r);
+}
+
 TEST(cli_numeric_options_refuse_nan_and_infinity_by_name) {
     const char *bad[] = {"generate -p hi --temp nan", "generate -p hi --temp inf", "generate -p hi --top-p nan",
                          "chat --temp -inf", "verify --tol nan", "price --preset llama-3.1-8b --bandwidth inf",
@@ -567,9 +636,12 @@ TEST(cli_generate_session_file_round_trip_equals_a_cold_run_and_a_bad_file_chang
     const char *st = strstr(r.err, "session: ");
     CHECK(st && atoi(st + 9) > 0 && strstr(st, "restored") && strstr(st, "prefilled"));
     done(&r);
-    /* the same prompt again: all but the last token restored */
+    /* the same prompt again: all but the last token restored, and the prefill line
+     * counts only the token prefilled, the restored ones apart (issue 45.5) */
     r = EXPECT(args, NULL, 0);
     CHECK(strcmp(r.out, cold.out) == 0);
+    const char *pl = strstr(r.err, "prefill: ");
+    CHECK(pl && atoi(pl + 9) == 1 && strstr(pl, "restored from the session"));
     done(&r);
     /* corrupt: refused with the reason, the same answer cold */
     FILE *f = fopen(sess, "r+b");
@@ -591,14 +663,20 @@ TEST(cli_generate_session_file_round_trip_equals_a_cold_run_and_a_bad_file_chang
         snprintf(oargs, sizeof oargs, "generate -m %s -p '%s' -n 2 --temp 0 --session %s", other.path, prompt, sess);
         result o = EXPECT(oargs, NULL, 0);
         done(&o);
+        char *before = slurp(sess);
         r = EXPECT(args, NULL, 0);
         CHECK(strcmp(r.out, cold.out) == 0);
         CHECK(strstr(r.err, "another model") != NULL);
+        /* the refused file is kept, byte for byte, unless the user asks (issue 45.5) */
+        char *after = slurp(sess);
+        CHECK(before && after && memcmp(before, after, 1 << 20) == 0);
+        CHECK(strstr(r.err, "--session-overwrite") != NULL);
+        free(before), free(after);
         done(&r);
         fx_free(&other);
     }
-    /* another K/V type */
-    snprintf(args, sizeof args, "%s --session %s --kv-type q8", cold_args, sess);
+    /* another K/V type, saved over the refused file as asked */
+    snprintf(args, sizeof args, "%s --session %s --kv-type q8 --session-overwrite", cold_args, sess);
     r = EXPECT(args, NULL, 0);
     done(&r);
     snprintf(args, sizeof args, "%s --session %s", cold_args, sess);

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,16 +25,23 @@ MODEL = os.environ.get("KVCACHE_SERVE_MODEL", os.path.join(ROOT, "models", "Smol
 class Server:
     def __init__(self, *args):
         assert os.access(MODEL, os.R_OK), f"{MODEL} is missing: run `make model`"
+        # stderr (a line per request) goes to a file: a pipe nobody reads would fill and block the server
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()   # printed once the model is loaded
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+        assert m, f"no URL in {line!r}; stderr: {self.stderr() if self.proc.poll() is not None else ''}"
         self.url = f"http://127.0.0.1:{m.group(1)}"
         for _ in range(100):
             if self.get("/health")[0] == 200:
                 break
             time.sleep(0.1)
+
+    def stderr(self):
+        """What the server wrote to stderr so far."""
+        self.log.seek(0)
+        return self.log.read()
 
     def request(self, method, path, body=None, headers=None, raw=None):
         """(status, parsed JSON or text) of one request; never raises on HTTP errors."""
@@ -68,7 +76,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("kvcache serve did not stop within 30 s of SIGTERM")
-        self.proc.stdout.close(), self.proc.stderr.close()
+        self.proc.stdout.close(), self.log.close()
         assert rc == 0, f"kvcache serve exited {rc}"
 
 
