@@ -240,10 +240,35 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* Whether arrays and objects in body[0..len) nest deeper than limit: one
+ * pass that skips strings (a bracket inside one is text) and their escapes.
+ * A stray closer is not counted below zero; the parser refuses it anyway, at
+ * or before the depth this pass saw. */
+static int nests_deeper(const char *body, size_t len, int limit) {
+    int depth = 0, in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (c == '\\') i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > limit) return 1;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return 0;
+}
+
 int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *out, srv_error *err) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
+    if (nests_deeper(body, len, SRV_MAX_DEPTH))
+        return srv_error_set(err, 400, "invalid_request_error",
+                             "the JSON nests arrays and objects deeper than the limit of %d levels", SRV_MAX_DEPTH);
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     if (!root)
