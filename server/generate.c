@@ -1,11 +1,13 @@
 /* server/generate.c - POST /v1/chat/completions and /v1/completions: the
  * prompt's tokens, a request handed to the scheduler thread, and the tokens
  * coming back through a queue of this request's own, written as SSE chunks
- * (stream) or one JSON reply. A write that fails means the client left: the
+ * (stream) or one JSON reply. A write that fails, or a socket the client
+ * closed (looked at while waiting for tokens), means the client left: the
  * request is cancelled and its pages are freed at the next step. */
 #include "internal.h"
 
 #include <civetweb.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +68,16 @@ static void on_event(void *user, const llm_sched_event *e) {
     else free(g.text);
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
+}
+
+/* Waits on q (locked) until an event comes or ms pass. */
+static void queue_wait(gen_queue *q, int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += (long)ms * 1000000L;
+    t.tv_sec += t.tv_nsec / 1000000000L, t.tv_nsec %= 1000000000L;
+    while (q->n == 0)
+        if (pthread_cond_timedwait(&q->cv, &q->mu, &t) == ETIMEDOUT) return;
 }
 
 /* ---------------------------------------------------------------- the prompt */
@@ -362,13 +374,20 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                  (unsigned long long)o->created, (unsigned long long)serial);
         for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
         if (r.stream) start_stream(o);
+        int fd = -2;   /* the client's socket, looked up once the request has run a while */
+        double t_looked = now_s();
         for (int done = 0; !done;) {   /* until the scheduler's done event: it then forgets q */
             pthread_mutex_lock(&q.mu);
-            while (q.n == 0) pthread_cond_wait(&q.cv, &q.mu);
+            queue_wait(&q, SRV_GONE_POLL_MS);
             gen_event *ev = q.ev;
             size_t n = q.n;
             q.ev = NULL, q.n = q.cap = 0;
             pthread_mutex_unlock(&q.mu);
+            if (!o->broken && now_s() - t_looked >= SRV_GONE_POLL_MS * 1e-3) {   /* is anyone still waiting? */
+                t_looked = now_s();
+                if (fd == -2) fd = srv_conn_socket(conn);
+                if (srv_client_gone(fd)) o->broken = 1, llm_sched_cancel(s->sched, o->sched_id);
+            }
             for (size_t k = 0; k < n; k++) {
                 on_gen_event(o, &ev[k]);
                 done |= ev[k].done;
@@ -377,7 +396,8 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             free(ev);
         }
         if (r.stream) end_stream(o);
-        status = r.stream ? 200 : reply_whole(o);
+        /* 499: the client closed the connection before the reply (nginx's code, for the log) */
+        status = r.stream ? 200 : o->broken ? 499 : reply_whole(o);
         for (int32_t i = 0; i < LLM_SCHED_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
     }
     free(q.ev);
