@@ -95,30 +95,20 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
         *n = r->n_tokens;
         return 0;
     }
-    char *rendered = NULL;
-    const char *text = r->prompt;
-    size_t len = r->prompt_len;
-    if (r->kind == SRV_CHAT) {
+    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
+    if (r->kind == SRV_CHAT) {   /* the template's markers are control tokens, the messages text */
         if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
-        int32_t need = llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, NULL, 0);
-        if (need == LLM_CHAT_ERR || need >= 0)
-            return srv_error_set(e, 400, "invalid_request_error", "the messages cannot be rendered");
-        rendered = malloc((size_t)-need);
-        if (!rendered || llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, rendered, -need) < 0) {
-            free(rendered);
-            return srv_error_set(e, 500, "server_error", "out of memory");
-        }
-        text = rendered, len = strlen(rendered);
+        *n = llm_chat_tokenize(llm_model_chat(s->m), tok, r->msgs, r->n_msgs, 1, 1, out);
+        if (*n == LLM_CHAT_ERR)
+            return *n = 0, srv_error_set(e, 400, "invalid_request_error", "the messages cannot be tokenized (too long?)");
+        return 0;
     }
-    int32_t need = llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, NULL, 0);
+    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, NULL, 0);
     int32_t cap = need < 0 ? -need : need;
-    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1)))) {
-        free(rendered);
+    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1))))
         return srv_error_set(e, 400, "invalid_request_error", "the prompt cannot be tokenized (too long?)");
-    }
-    *n = cap ? llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, *out, cap) : 0;
-    free(rendered);
+    *n = cap ? llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, *out, cap) : 0;
     return 0;
 }
 

@@ -134,13 +134,13 @@ static int models(srv *s, struct mg_connection *conn) {
 
 static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
     const llm_tokenizer *tok = llm_model_tokenizer(s->m);
-    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, NULL, 0);
+    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, NULL, 0);
     srv_error e;
     if (need == LLM_TOK_ERR)
         return srv_error_set(&e, 400, "invalid_request_error", "the text cannot be tokenized"), srv_reply_error(s, conn, &e);
     int32_t cap = need < 0 ? -need : need;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
-    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, ids, cap) : 0;
+    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, ids, cap) : 0;
     json_t *arr = json_array();
     for (int32_t i = 0; ids && i < n; i++) {
         if (!r->with_pieces) {

@@ -232,7 +232,10 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
             return -1;
         if (field(o, "top_logprobs") && !r->logprobs)
             return bad(e, "'%s' needs \"logprobs\": true", "top_logprobs");
+        if (field(o, "parse_special"))   /* the template alone writes the markers */
+            return bad(e, "'%s' is for /v1/completions and /tokenize: chat content is always text", "parse_special");
     } else { /* the legacy form: logprobs is the number of alternatives */
+        if (get_bool(o, "parse_special", &r->parse_special, e)) return -1;
         int64_t lp = -1;
         if (get_int(o, "logprobs", 0, 5, &lp, e)) return -1;
         r->logprobs = lp >= 0, r->top_logprobs = lp >= 0 ? lp : 0;
@@ -288,6 +291,7 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
         else out->prompt = json_string_value(c), out->prompt_len = json_string_length(c);
         if (!rc) rc = get_bool(root, "add_special", &out->add_special, err);
         if (!rc) rc = get_bool(root, "with_pieces", &out->with_pieces, err);
+        if (!rc) rc = get_bool(root, "parse_special", &out->parse_special, err);
     } else if (!rc) {
         json_t *t = field(root, "tokens");
         if (!json_is_array(t)) rc = bad(err, "'%s' is required and must be an array of token ids", "tokens");

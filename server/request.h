@@ -53,6 +53,8 @@ typedef struct {
     int32_t n_tokens;
     int add_special;             /* tokenize: add BOS as the model says (default 0) */
     int with_pieces;             /* tokenize: return each token's text as well */
+    int parse_special;           /* completion, tokenize: control tokens written in the text
+                                  * ("<|im_start|>") become their ids (default 0: text) */
     /* sampling and stopping */
     int64_t max_tokens;          /* max_tokens / max_completion_tokens; -1 when absent */
     double temperature;          /* default 1 (OpenAI's) */
