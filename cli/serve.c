@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "../engine/model.h"
+#include "../engine/policy.h"
 #include "../engine/session.h"
 #include "../server/server.h"
 
@@ -113,6 +114,13 @@ int cmd_serve(int argc, char **argv) {
                     session_dir);
             return 1;
         }
+        char why[256];   /* a save killed before its rename left its temporary file */
+        int removed = llm_session_dir_clean(session_dir, why, sizeof why);
+        if (removed > 0)
+            fprintf(stderr, "kvcache serve: --session-dir %s: removed %d unfinished save%s (NAME.kvs.XXXXXX)\n",
+                    session_dir, removed, removed == 1 ? "" : "s");
+        else if (removed < 0)
+            fprintf(stderr, "kvcache serve: --session-dir %s: cannot look for unfinished saves: %s\n", session_dir, why);
     }
 
     /* Signals go to sigwait below, never to a worker thread; a client that

@@ -94,7 +94,8 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
 json_t *srv_json_text(const char *text, size_t len);
 /* [bytes...] of text, as OpenAI's logprobs "bytes" field. */
 json_t *srv_json_bytes(const char *text, size_t len);
-/* The finish_reason of a stop reason: "stop" or "length". */
+/* The finish_reason of a stop reason: "stop", "length", or "abort" (the
+ * server stopped while it ran). */
 const char *srv_finish_reason(llm_stop_reason r);
 /* Tokenizes what a request asks to generate from (chat messages rendered
  * with the model's template, or the completion prompt) into a malloc'ed array. */
