@@ -99,6 +99,9 @@ def test_idle_and_unfinished_connections_do_not_lock_out_health_and_chat():
     s = Server(*FAST, "--http-timeout", "2")
     idle = []
     try:
+        t0 = time.monotonic()   # what a chat request takes here unhindered (a sanitizer build is slower)
+        assert s.post("/v1/chat/completions", BODY_ENDPOINTS["/v1/chat/completions"])[0] == 200
+        chat_alone = time.monotonic() - t0
         kinds = [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le",
                  b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"content\":"]
         for i in range(100):
@@ -108,9 +111,11 @@ def test_idle_and_unfinished_connections_do_not_lock_out_health_and_chat():
         time.sleep(0.5)
         t0 = time.monotonic()
         assert s.get("/health") == (200, {"status": "ok"})
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
         status, reply = s.post("/v1/chat/completions", BODY_ENDPOINTS["/v1/chat/completions"])
         assert status == 200 and reply["choices"]
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < max(1.0, 3 * chat_alone)
         # each stalled connection is answered or closed by the server within the timeout (+ slack)
         deadline, bodies = time.monotonic() + 6, 0
         for c in idle:
