@@ -344,8 +344,16 @@ static int log_message(const struct mg_connection *conn, const char *message) {
  * malformed request line, headers too large) in the API's JSON shape. */
 static int http_error(struct mg_connection *conn, int status, const char *msg) {
     srv *s = mg_get_user_data(mg_get_context(conn));
+    const char *method = mg_get_request_info(conn)->request_method;
+    static const char *const known[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE"};
+    int unknown = method && *method;
+    for (size_t i = 0; unknown && i < sizeof known / sizeof known[0]; i++) unknown = strcmp(method, known[i]) != 0;
     srv_error e;
-    srv_error_set(&e, status, "invalid_request_error", "%.200s", msg && *msg ? msg : "bad request");
+    if (unknown)
+        srv_error_set(&e, status, "invalid_request_error", "unknown HTTP method '%.40s' (this server takes GET, HEAD and POST)",
+                      method);
+    else
+        srv_error_set(&e, status, "invalid_request_error", "%.200s", msg && *msg ? msg : "bad request");
     srv_reply_error(s, conn, &e);
     return 0;
 }

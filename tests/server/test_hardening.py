@@ -313,6 +313,7 @@ def test_head_answers_as_get_without_a_body_and_unknown_methods_get_json(server)
     assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head and body == b""
     status, reply = status_and_json(raw(server, b"BREW /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
     assert status == 400 and reply["error"]["type"] == "invalid_request_error" and reply["error"]["code"] == 400
+    assert "unknown HTTP method 'BREW'" in reply["error"]["message"]
     status, reply = server.request("PUT", "/health")
     assert status == 405 and reply["error"]["code"] == 405
 
