@@ -9,6 +9,7 @@
 #   make test-threads  the Python thread tests and the C concurrent-call tests under
 #                   ThreadSanitizer
 #   make test-asan  the C suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-server-asan  part of tests/server against kvcache built with both sanitizers
 #   make test-portable  the C suite built without -march=native, with the SIMD kernels and forced scalar
 #   make run        build, fetch the default model if missing, answer one prompt (generate --chat)
 #   make bench      the attention benchmark against this machine's limits
@@ -100,7 +101,7 @@ $(BUILD)/cli/lineedit.o: CFLAGS_ALL += $(LINEEDIT_CFLAGS)
 $(BUILD)/cli/main.o: CFLAGS_ALL += -DKVCACHE_VERSION='"$(VERSION)"'
 $(BUILD)/cli/main.o: Makefile
 
-.PHONY: all lib test test-all test-c test-cli test-python test-server test-asan test-portable test-threads deps run \
+.PHONY: all lib test test-all test-c test-cli test-python test-server test-server-asan test-asan test-portable test-threads deps run \
         bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
@@ -170,6 +171,19 @@ SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy
 
 test-asan: deps
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
+
+# kvcache serve built with AddressSanitizer + UBSan, in test-asan's folder
+# (build-asan: the same flags, so the libraries compile once for both), under
+# the server tests that reach the HTTP, JSON, tokenizing and session code with
+# short generations: SERVER_ASAN_TESTS, a pytest -k expression. A report ends
+# the server with a nonzero status, and every test checks that status at
+# SIGTERM; leaks are reported at that exit too.
+SERVER_ASAN_TESTS ?= test_hardening or test_sessions or (test_server and not equals and not concurrent)
+test-server-asan: deps $(MODEL) $(PY_DEPS)
+	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/kvcache
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 KVCACHE_BIN=$(abspath build-asan)/kvcache \
+	    KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q -p no:cacheprovider tests/server \
+	    -k "$(SERVER_ASAN_TESTS)"
 
 # The Python thread tests and the C concurrent-call tests under ThreadSanitizer
 # (gcc's: its runtime can be preloaded into a Python that was not built with it,

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "../engine/model.h"
+#include "../engine/policy.h"
 #include "../engine/session.h"
 #include "../server/server.h"
 
@@ -19,6 +20,7 @@ static void usage(void) {
     printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
            "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
            "                     [--context-shift [--keep N]] [--draft-lookup N] [--session-dir DIR]\n"
+           "                     [--http-threads N] [--http-timeout S]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
            "all live requests as one batch. Prints the URL when ready; SIGINT/SIGTERM stop it cleanly.\n"
@@ -44,6 +46,11 @@ static void usage(void) {
            "                     (1-128 of A-Z a-z 0-9 . _ -, not starting with '.') restores DIR/NAME.kvs\n"
            "                     when its tokens begin the prompt, and saves its sequence there when it\n"
            "                     ends (not when cancelled); without this option such a request gets 400\n"
+           "  --http-threads N   HTTP workers, each serving one open connection at a time (default\n"
+           "                     2 x parallel + 112, at most 1024); more connections wait for one\n"
+           "  --http-timeout S   seconds a client has to send a request's headers and body, and to\n"
+           "                     take each write of the reply; slower or idle clients are dropped\n"
+           "                     (default 10; idle keep-alive connections: 5 or this if shorter)\n"
            "  -m, --model PATH   GGUF model (default $KVCACHE_MODEL or " CLI_DEFAULT_MODEL ")\n"
            "  -t, --threads N    threads for the forward pass (default: one per core)\n"
            "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n");
@@ -62,6 +69,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL;
     int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
+    int64_t http_threads = 0, http_timeout = 10;
     int shift = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
@@ -76,6 +84,8 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, NULL, "--session-dir", &session_dir)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &draft)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--http-threads", &http_threads)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--http-timeout", &http_timeout)) continue;
         if (!strcmp(argv[i], "--context-shift")) { shift = 1; continue; }
         fprintf(stderr, "kvcache serve: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
@@ -86,7 +96,9 @@ int cmd_serve(int argc, char **argv) {
         !cli_range("serve", "--kv-pages", mo.kv_pages, 0, 1 << 26, "pages in the K/V pool; 0: room for all") ||
         !cli_range("serve", "--max-queue", max_queue, 1, 1 << 20, "requests waiting for a slot") ||
         !cli_range("serve", "--keep", keep, 0, 1 << 24, "positions a context shift keeps") ||
-        !cli_range("serve", "--draft-lookup", draft, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup"))
+        !cli_range("serve", "--draft-lookup", draft, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup") ||
+        !cli_range("serve", "--http-threads", http_threads, 0, 4096, "HTTP worker threads; 0: 2 x --parallel + 112") ||
+        !cli_range("serve", "--http-timeout", http_timeout, 1, 3600, "seconds a stalled or idle connection is kept"))
         return 2;
     if (api_key && !*api_key) {
         fprintf(stderr, "kvcache serve: --api-key is empty: give the key clients must send\n");
@@ -108,6 +120,13 @@ int cmd_serve(int argc, char **argv) {
                     session_dir);
             return 1;
         }
+        char why[256];   /* a save killed before its rename left its temporary file */
+        int removed = llm_session_dir_clean(session_dir, why, sizeof why);
+        if (removed > 0)
+            fprintf(stderr, "kvcache serve: --session-dir %s: removed %d unfinished save%s (NAME.kvs.XXXXXX)\n",
+                    session_dir, removed, removed == 1 ? "" : "s");
+        else if (removed < 0)
+            fprintf(stderr, "kvcache serve: --session-dir %s: cannot look for unfinished saves: %s\n", session_dir, why);
     }
 
     /* Signals go to sigwait below, never to a worker thread; a client that
@@ -123,7 +142,9 @@ int cmd_serve(int argc, char **argv) {
     model_id(mo.model, id, sizeof id);
     srv_params sp = {.host = host, .port = (int)port, .api_key = api_key, .batch_tokens = (int32_t)batch_tokens,
                      .max_waiting = (int32_t)max_queue,
-                     .http_threads = (int32_t)(2 * parallel + 48 > 1024 ? 1024 : 2 * parallel + 48), .model_id = id,
+                     .http_threads = (int32_t)(http_threads ? http_threads
+                                                            : 2 * parallel + 112 > 1024 ? 1024 : 2 * parallel + 112),
+                     .http_timeout_ms = (int32_t)(http_timeout * 1000), .model_id = id,
                      .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
                      .session_dir = session_dir};
     srv *s;

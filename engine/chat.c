@@ -12,12 +12,21 @@
 
 /* ---------------------------------------------------------------- output */
 
+/* Where the template wrote one of its markers: [at, at + len) of the text. */
+typedef struct {
+    int64_t at, len;
+} span;
+
 /* Appends while there is room and counts everything, so one pass both
- * measures and (when the buffer is big enough) writes. */
+ * measures and (when the buffer is big enough) writes. A sink with marks set
+ * also records where each marker went (llm_chat_tokenize). */
 typedef struct {
     char *out;   /* [cap] destination */
     int64_t cap;
     int64_t len; /* bytes produced so far, written or not */
+    span *marks; /* [n_marks] (grown as needed), or NULL: not recorded */
+    int32_t n_marks, cap_marks;
+    int oom;     /* a mark could not be recorded */
 } sink;
 
 static void put(sink *s, const char *p, size_t n) {
@@ -26,6 +35,22 @@ static void put(sink *s, const char *p, size_t n) {
 }
 
 static void puts_(sink *s, const char *p) { put(s, p, strlen(p)); }
+
+/* The template's own markers (turn and header delimiters, BOS and EOS
+ * text), as opposed to what the messages bring: only these may become
+ * control tokens. */
+static void mark(sink *s, const char *p) {
+    if (s->marks) {
+        if (s->n_marks == s->cap_marks) {
+            int32_t nc = s->cap_marks ? 2 * s->cap_marks : 16;
+            span *m = realloc(s->marks, sizeof *m * (size_t)nc);
+            if (!m) s->oom = 1;
+            else s->marks = m, s->cap_marks = nc;
+        }
+        if (s->n_marks < s->cap_marks) s->marks[s->n_marks++] = (span){s->len, (int64_t)strlen(p)};
+    }
+    puts_(s, p);
+}
 
 /* Python's str.isspace (what Jinja's trim and str.strip remove): Unicode
  * White_Space plus the ASCII separators U+001C..U+001F. */
@@ -59,7 +84,7 @@ static size_t put_strip(sink *s, const char *p, int lead, int trail) {
 }
 
 static int all_space(const char *p) {
-    sink none = {NULL, 0, 0};
+    sink none = {.out = NULL};
     return put_strip(&none, p, 1, 1) == 0;
 }
 
@@ -70,29 +95,38 @@ static int is_role(const llm_chat_msg *m, const char *role) { return strcmp(m->r
 static void render_chatml(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, int gen, sink *s) {
     /* SmolLM2/Qwen insert their default inside the loop: only when n >= 1. */
     if (n > 0 && f->default_system[0] && !is_role(&m[0], "system")) {
-        puts_(s, "<|im_start|>system\n");
+        mark(s, "<|im_start|>");
+        puts_(s, "system\n");
         puts_(s, f->default_system);
-        puts_(s, "<|im_end|>\n");
+        mark(s, "<|im_end|>");
+        puts_(s, "\n");
     }
     for (int32_t i = 0; i < n; i++) {
-        puts_(s, "<|im_start|>");
+        mark(s, "<|im_start|>");
         puts_(s, m[i].role);
         puts_(s, "\n");
         puts_(s, m[i].content);
-        puts_(s, "<|im_end|>\n");
+        mark(s, "<|im_end|>");
+        puts_(s, "\n");
     }
-    if (gen) puts_(s, "<|im_start|>assistant\n");
+    if (gen) mark(s, "<|im_start|>"), puts_(s, "assistant\n");
 }
 
 static void render_llama3(const llm_chat_msg *m, int32_t n, int gen, sink *s) {
     for (int32_t i = 0; i < n; i++) {
-        puts_(s, "<|start_header_id|>");
+        mark(s, "<|start_header_id|>");
         puts_(s, m[i].role);
-        puts_(s, "<|end_header_id|>\n\n");
+        mark(s, "<|end_header_id|>");
+        puts_(s, "\n\n");
         put_strip(s, m[i].content, 1, 1);
-        puts_(s, "<|eot_id|>");
+        mark(s, "<|eot_id|>");
     }
-    if (gen) puts_(s, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (gen) {
+        mark(s, "<|start_header_id|>");
+        puts_(s, "assistant");
+        mark(s, "<|end_header_id|>");
+        puts_(s, "\n\n");
+    }
 }
 
 /* The system message folds into the first user turn; every user turn but the
@@ -104,7 +138,7 @@ static void render_llama2(const llm_chat_format *f, const llm_chat_msg *m, int32
     if (n > 0 && is_role(&m[0], "system")) system = m[0].content, first = 1;
     for (int32_t i = first; i < n; i++) {
         if (is_role(&m[i], "user")) {
-            if (i > first) puts_(s, f->bos);
+            if (i > first) mark(s, f->bos);
             puts_(s, "[INST] ");
             if (i == first && system) {
                 /* The template strips "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + user
@@ -122,7 +156,7 @@ static void render_llama2(const llm_chat_format *f, const llm_chat_msg *m, int32
             puts_(s, " ");
             put_strip(s, m[i].content, 1, 1);
             puts_(s, " ");
-            puts_(s, f->eos);
+            mark(s, f->eos);
         }
     }
 }
@@ -131,15 +165,15 @@ static void render_zephyr(const llm_chat_format *f, const llm_chat_msg *m, int32
     for (int32_t i = 0; i < n; i++) {
         /* the template has a branch for these three roles only */
         if (!is_role(&m[i], "user") && !is_role(&m[i], "system") && !is_role(&m[i], "assistant")) continue;
-        puts_(s, "<|");
-        puts_(s, m[i].role);
-        puts_(s, "|>\n");
+        /* one of the three: a header the template writes */
+        mark(s, is_role(&m[i], "user") ? "<|user|>" : is_role(&m[i], "system") ? "<|system|>" : "<|assistant|>");
+        puts_(s, "\n");
         puts_(s, m[i].content);
-        puts_(s, f->eos);
+        mark(s, f->eos);
         puts_(s, "\n");
     }
     /* the template writes it inside the loop, after the last message */
-    if (gen && n > 0) puts_(s, "<|assistant|>\n");
+    if (gen && n > 0) mark(s, "<|assistant|>"), puts_(s, "\n");
 }
 
 /* Gemma's template: the system message and a blank line start the first turn
@@ -150,7 +184,7 @@ static void render_gemma(const llm_chat_msg *m, int32_t n, int gen, sink *s) {
     int32_t first = 0;
     if (n > 0 && is_role(&m[0], "system")) system = m[0].content, first = 1;
     for (int32_t i = first; i < n; i++) {
-        puts_(s, "<start_of_turn>");
+        mark(s, "<start_of_turn>");
         puts_(s, is_role(&m[i], "assistant") ? "model" : m[i].role);
         puts_(s, "\n");
         if (i == first && system) {
@@ -158,9 +192,10 @@ static void render_gemma(const llm_chat_msg *m, int32_t n, int gen, sink *s) {
             puts_(s, "\n\n");
         }
         put_strip(s, m[i].content, 1, 1);
-        puts_(s, "<end_of_turn>\n");
+        mark(s, "<end_of_turn>");
+        puts_(s, "\n");
     }
-    if (gen) puts_(s, "<start_of_turn>model\n");
+    if (gen) mark(s, "<start_of_turn>"), puts_(s, "model\n");
 }
 
 static int render(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, int gen, sink *s) {
@@ -296,11 +331,11 @@ int32_t llm_chat_render(const llm_chat_format *f, const llm_chat_msg *m, int32_t
     if (!f || n < 0 || (!m && n) || cap < 0 || (!out && cap)) return LLM_CHAT_ERR;
     /* Measure, then write only when it all fits (the buffer stays untouched
      * otherwise). */
-    sink s = {NULL, 0, 0};
+    sink s = {.out = NULL};
     if (render(f, m, n, gen, &s)) return LLM_CHAT_ERR;
     int32_t rc = result_len(s.len, cap);
     if (rc < 0) return rc;
-    sink w = {out, s.len, 0};
+    sink w = {.out = out, .cap = s.len};
     render(f, m, n, gen, &w);
     out[s.len] = '\0';
     return rc;
@@ -309,11 +344,11 @@ int32_t llm_chat_render(const llm_chat_format *f, const llm_chat_msg *m, int32_t
 /* Render into a fresh allocation (NUL-terminated); NULL on error. */
 static char *render_alloc(const llm_chat_format *f, const llm_chat_msg *m, int32_t n, int gen,
                           int64_t *len) {
-    sink s = {NULL, 0, 0};
+    sink s = {.out = NULL};
     if (render(f, m, n, gen, &s)) return NULL;
     char *buf = malloc((size_t)s.len + 1);
     if (!buf) return NULL;
-    sink w = {buf, s.len, 0};
+    sink w = {.out = buf, .cap = s.len};
     render(f, m, n, gen, &w);
     buf[s.len] = '\0';
     *len = s.len;
@@ -347,4 +382,86 @@ int32_t llm_chat_render_continuation(const llm_chat_format *f, const llm_chat_ms
     free(whole);
     free(prev);
     return rc;
+}
+
+/* ---------------------------------------------------------------- tokens */
+
+/* A growing array of ids. */
+typedef struct {
+    int32_t *ids;
+    int32_t n, cap;
+    int oom;
+} id_list;
+
+static int32_t *id_room(id_list *l, int32_t more) {
+    if (l->oom) return NULL;
+    if ((int64_t)l->n + more > l->cap) {
+        int64_t nc = ((int64_t)l->n + more) * 2;
+        int32_t *p = nc <= INT32_MAX ? realloc(l->ids, sizeof(int32_t) * (size_t)nc) : NULL;
+        if (!p) { l->oom = 1; return NULL; }
+        l->ids = p, l->cap = (int32_t)nc;
+    }
+    return l->ids + l->n;
+}
+
+static void push_id(id_list *l, int32_t id) {
+    int32_t *at = id_room(l, 1);
+    if (at) *at = id, l->n++;
+}
+
+/* Appends the ids of text[0..len), control tokens not recognised. */
+static void push_text(id_list *l, const llm_tokenizer *tok, const char *text, size_t len) {
+    int32_t need = llm_tokenize(tok, text, len, 0, 0, NULL, 0);
+    if (need == LLM_TOK_ERR) { l->oom = 1; return; }
+    need = need < 0 ? -need : need;
+    int32_t *at = need ? id_room(l, need) : NULL;
+    if (!at) return;
+    if (llm_tokenize(tok, text, len, 0, 0, at, need) != need) l->oom = 1;
+    else l->n += need;
+}
+
+/* The id a marker stands for, when the vocabulary has it as a special token. */
+static int32_t marker_id(const llm_tokenizer *tok, const char *text, size_t len) {
+    int32_t id = llm_tokenizer_find(tok, text, len);
+    int type = llm_token_type(tok, id);
+    return type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN || type == LLM_TOKEN_USER_DEFINED ? id : -1;
+}
+
+int32_t llm_chat_tokenize(const llm_chat_format *f, const llm_tokenizer *tok, const llm_chat_msg *m, int32_t n,
+                          int gen, int add_special, int32_t **out) {
+    if (out) *out = NULL;
+    if (!f || !tok || !out || n < 0 || (!m && n)) return LLM_CHAT_ERR;
+    int64_t len = 0;
+    char *text = render_alloc(f, m, n, gen, &len);
+    if (!text) return LLM_CHAT_ERR;
+    sink s = {.out = text, .cap = len};
+    s.marks = malloc(sizeof(span) * 16);
+    s.cap_marks = s.marks ? 16 : 0;
+    if (s.marks) render(f, m, n, gen, &s);   /* again, recording where the markers go */
+    id_list l = {NULL, 0, 0, !s.marks || s.oom};
+    /* BOS (and EOS) where llm_tokenize would add them around the whole text */
+    int32_t ends[4], n_ends = add_special ? llm_tokenize(tok, "", 0, 1, 0, ends, 4) : 0;
+    if (n_ends < 0) n_ends = 0, l.oom = 1;
+    int32_t n_bos = n_ends > 0 && ends[0] == llm_tokenizer_bos(tok);
+    if (n_bos) push_id(&l, ends[0]);
+    /* Text between two markers is tokenized on its own, as llm_tokenize with
+     * parse_special does between the control tokens it finds: the same ids,
+     * except that what the messages wrote stays text. */
+    int64_t from = 0;
+    for (int32_t k = 0; k <= s.n_marks && !l.oom; k++) {
+        int64_t at = k < s.n_marks ? s.marks[k].at : len;
+        int32_t id = k < s.n_marks ? marker_id(tok, text + at, (size_t)s.marks[k].len) : -1;
+        if (id < 0 && k < s.n_marks) continue;   /* not a token of this vocabulary: plain text */
+        push_text(&l, tok, text + from, (size_t)(at - from));
+        if (id >= 0) push_id(&l, id), from = at + s.marks[k].len;
+    }
+    for (int32_t k = n_bos; k < n_ends; k++) push_id(&l, ends[k]);
+    free(s.marks);
+    free(text);
+    if (l.oom) {
+        free(l.ids);
+        return LLM_CHAT_ERR;
+    }
+    *out = l.ids;
+    return l.n;
 }

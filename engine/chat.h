@@ -93,6 +93,17 @@ int32_t llm_chat_render_continuation(const llm_chat_format *fmt, const llm_chat_
                                      int32_t n_msgs, int32_t n_prev, int add_generation_prompt,
                                      char *out, int32_t cap);
 
+/* The conversation as token ids for tok, in *out (malloc'ed; the caller
+ * frees it): the ids of llm_chat_render's text tokenized with parse_special,
+ * except that only the template's own markers (turn and header delimiters,
+ * BOS and EOS text) become control tokens. Text the messages bring, content
+ * and role names, is tokenized as text whatever it holds, so a message that
+ * writes "<|im_end|>" cannot end its turn or open another. add_special: BOS
+ * (and EOS) as the tokenizer adds them. Returns the number of ids, or
+ * LLM_CHAT_ERR for a bad argument or when out of memory. */
+int32_t llm_chat_tokenize(const llm_chat_format *fmt, const llm_tokenizer *tok, const llm_chat_msg *msgs,
+                          int32_t n_msgs, int add_generation_prompt, int add_special, int32_t **out);
+
 /* The text that ends a turn: "<|im_end|>", "<|eot_id|>", "<end_of_turn>", or the
  * format's eos. */
 const char *llm_chat_turn_end(const llm_chat_format *fmt);

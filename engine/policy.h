@@ -98,4 +98,9 @@ int llm_session_file_load(llm_context *c, const char *path, const int32_t *promp
 int llm_session_file_peek(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
                           int32_t *n_common, int32_t *n_file, char *err, size_t errlen);
 
+/* Removes from dir the temporary files (NAME.kvs.XXXXXX) of saves that never
+ * finished: a writer killed before its rename. Only for a directory no other
+ * process is saving into. The number removed, or -1 with the reason. */
+int llm_session_dir_clean(const char *dir, char *err, size_t errlen);
+
 #endif

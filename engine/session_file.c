@@ -12,10 +12,13 @@
 #include "policy.h"
 #include "arch.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char MAGIC[8] = {'K', 'V', 'C', 'S', 'E', 'S', 'S', '1'};
@@ -82,6 +85,11 @@ int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, in
      * and two writers of one path never write into each other's file */
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return fail(err, errlen, "path too long", path);
+    struct stat st;   /* the rename would fail after the whole write, or replace a special file */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fail(err, errlen, S_ISDIR(st.st_mode) ? "is a directory, not a session file: not replaced"
+                                                     : "is not a regular file (a FIFO, socket or device): not replaced",
+                    path);
     int fd = mkstemp(tmp);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
@@ -92,10 +100,14 @@ int llm_session_file_save(llm_context *c, int32_t seq, const int32_t *tokens, in
     int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(tokens, sizeof(int32_t), (size_t)n, f) == (size_t)n &&
              fwrite(&sum, sizeof sum, 1, f) == 1;
     for (int32_t i = 0; ok && i < h.n_caches; i++) ok = kv_seq_save_file(llm_context_cache_at(c, i), seq, f) == KV_OK;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
+    int werr = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) ok = 0, werr = errno;
+    const char *step = "cannot write";
+    if (ok && rename(tmp, path) != 0) ok = 0, werr = errno, step = "cannot rename the written file into place";
+    if (!ok) {
         remove(tmp);
-        return fail(err, errlen, "write failed (disk full?)", path);
+        if (errlen) snprintf(err, errlen, "%s: %s: %s", path, step, werr ? strerror(werr) : "I/O error");
+        return -1;
     }
     return 0;
 }
@@ -111,7 +123,11 @@ static int read_header(llm_context *c, FILE *f, const char *path, file_header *h
     if (h->version != VERSION) return fail(err, errlen, "a session file of another version", path);
     h->name[NAME_LEN - 1] = 0;
     if (h->fingerprint != llm_model_fingerprint(m) || h->n_vocab != m->hp.n_vocab) {
-        if (errlen) snprintf(err, errlen, "%s: made for another model ('%s'), not '%s'", path, h->name, m->name);
+        if (errlen && strcmp(h->name, m->name))
+            snprintf(err, errlen, "%s: made for another model ('%s'), not '%s'", path, h->name, m->name);
+        else if (errlen)   /* the names agree: another file of that model (another quantization, another build) */
+            snprintf(err, errlen, "%s: made for another model named '%s' too (other weights or vocabulary)", path,
+                     h->name);
         return -1;
     }
     kv_dtype want = llm_context_get_params(c).kv_type;
@@ -153,10 +169,22 @@ static int read_header(llm_context *c, FILE *f, const char *path, file_header *h
  * with the reason (*missing: 1 when there is no such file). */
 static FILE *open_checked(llm_context *c, const char *path, const int32_t *prompt, int32_t n_prompt,
                           file_header *h, int32_t *common, int *missing, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    *missing = !f && errno == ENOENT;
-    if (!f) {
+    /* Without blocking: opening a FIFO for reading would wait for a writer.
+     * Anything but a regular file is refused before a byte is read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    *missing = fd < 0 && errno == ENOENT;
+    if (fd < 0) {
         if (errlen) snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (errlen)
+            snprintf(err, errlen, "%s: %s", path,
+                     fstat(fd, &st) ? strerror(errno) : S_ISDIR(st.st_mode) ? "is a directory, not a session file"
+                     : S_ISREG(st.st_mode) ? "out of memory" : "is not a regular file (a FIFO, socket or device)");
+        close(fd);
         return NULL;
     }
     int32_t *tokens;
@@ -227,4 +255,32 @@ int llm_session_file_load(llm_context *c, const char *path, const int32_t *promp
     *seq = s;
     *n_restored = common;
     return 0;
+}
+
+/* A name llm_session_file_save's mkstemp makes: "NAME.kvs." and 6 letters
+ * or digits. */
+static int is_temp_name(const char *name) {
+    size_t n = strlen(name);
+    if (n < 12 || memcmp(name + n - 11, ".kvs.", 5)) return 0;
+    for (size_t i = n - 6; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= '0' && name[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+int llm_session_dir_clean(const char *dir, char *err, size_t errlen) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errlen) snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int removed = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        struct stat st;
+        if (!is_temp_name(de->d_name) || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            continue;
+        removed += unlinkat(dirfd(d), de->d_name, 0) == 0;
+    }
+    closedir(d);
+    return removed;
 }

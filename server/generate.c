@@ -1,11 +1,13 @@
 /* server/generate.c - POST /v1/chat/completions and /v1/completions: the
  * prompt's tokens, a request handed to the scheduler thread, and the tokens
  * coming back through a queue of this request's own, written as SSE chunks
- * (stream) or one JSON reply. A write that fails means the client left: the
+ * (stream) or one JSON reply. A write that fails, or a socket the client
+ * closed (looked at while waiting for tokens), means the client left: the
  * request is cancelled and its pages are freed at the next step. */
 #include "internal.h"
 
 #include <civetweb.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +70,16 @@ static void on_event(void *user, const llm_sched_event *e) {
     pthread_mutex_unlock(&q->mu);
 }
 
+/* Waits on q (locked) until an event comes or ms pass. */
+static void queue_wait(gen_queue *q, int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += (long)ms * 1000000L;
+    t.tv_sec += t.tv_nsec / 1000000000L, t.tv_nsec %= 1000000000L;
+    while (q->n == 0)
+        if (pthread_cond_timedwait(&q->cv, &q->mu, &t) == ETIMEDOUT) return;
+}
+
 /* ---------------------------------------------------------------- the prompt */
 
 int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e) {
@@ -83,30 +95,20 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
         *n = r->n_tokens;
         return 0;
     }
-    char *rendered = NULL;
-    const char *text = r->prompt;
-    size_t len = r->prompt_len;
-    if (r->kind == SRV_CHAT) {
+    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
+    if (r->kind == SRV_CHAT) {   /* the template's markers are control tokens, the messages text */
         if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
-        int32_t need = llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, NULL, 0);
-        if (need == LLM_CHAT_ERR || need >= 0)
-            return srv_error_set(e, 400, "invalid_request_error", "the messages cannot be rendered");
-        rendered = malloc((size_t)-need);
-        if (!rendered || llm_chat_render(llm_model_chat(s->m), r->msgs, r->n_msgs, 1, rendered, -need) < 0) {
-            free(rendered);
-            return srv_error_set(e, 500, "server_error", "out of memory");
-        }
-        text = rendered, len = strlen(rendered);
+        *n = llm_chat_tokenize(llm_model_chat(s->m), tok, r->msgs, r->n_msgs, 1, 1, out);
+        if (*n == LLM_CHAT_ERR)
+            return *n = 0, srv_error_set(e, 400, "invalid_request_error", "the messages cannot be tokenized (too long?)");
+        return 0;
     }
-    int32_t need = llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, NULL, 0);
+    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, NULL, 0);
     int32_t cap = need < 0 ? -need : need;
-    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1)))) {
-        free(rendered);
+    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1))))
         return srv_error_set(e, 400, "invalid_request_error", "the prompt cannot be tokenized (too long?)");
-    }
-    *n = cap ? llm_tokenize(llm_model_tokenizer(s->m), text, len, 1, 1, *out, cap) : 0;
-    free(rendered);
+    *n = cap ? llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, *out, cap) : 0;
     return 0;
 }
 
@@ -378,13 +380,20 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                  (unsigned long long)o->created, (unsigned long long)serial);
         for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
         if (r.stream) start_stream(o);
+        int fd = -2;   /* the client's socket, looked up once the request has run a while */
+        double t_looked = now_s();
         for (int done = 0; !done;) {   /* until the scheduler's done event: it then forgets q */
             pthread_mutex_lock(&q.mu);
-            while (q.n == 0) pthread_cond_wait(&q.cv, &q.mu);
+            queue_wait(&q, SRV_GONE_POLL_MS);
             gen_event *ev = q.ev;
             size_t n = q.n;
             q.ev = NULL, q.n = q.cap = 0;
             pthread_mutex_unlock(&q.mu);
+            if (!o->broken && now_s() - t_looked >= SRV_GONE_POLL_MS * 1e-3) {   /* is anyone still waiting? */
+                t_looked = now_s();
+                if (fd == -2) fd = srv_conn_socket(conn);
+                if (srv_client_gone(fd)) o->broken = 1, llm_sched_cancel(s->sched, o->sched_id);
+            }
             for (size_t k = 0; k < n; k++) {
                 on_gen_event(o, &ev[k]);
                 done |= ev[k].done;
@@ -393,7 +402,8 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             free(ev);
         }
         if (r.stream) end_stream(o);
-        status = r.stream ? 200 : reply_whole(o);
+        /* 499: the client closed the connection before the reply (nginx's code, for the log) */
+        status = r.stream ? 200 : o->broken ? 499 : reply_whole(o);
         log_request(o, status);
         for (int32_t i = 0; i < LLM_SCHED_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
     }

@@ -4,39 +4,51 @@
  * detokenize, metrics). The generation endpoints are in generate.c. */
 #include "internal.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <dirent.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- replies */
 
+/* One reply; header: one more header's name, and value, or NULL. */
 static int send_body(srv *s, struct mg_connection *conn, int status, const char *type, const char *body,
-                     size_t len, const char *allow) {
+                     size_t len, const char *header, const char *value) {
     char clen[32];
     snprintf(clen, sizeof clen, "%zu", len);
     mg_response_header_start(conn, status);
     mg_response_header_add(conn, "Content-Type", type, -1);
     mg_response_header_add(conn, "Content-Length", clen, -1);
-    if (allow) mg_response_header_add(conn, "Allow", allow, -1);
+    if (header) mg_response_header_add(conn, header, value, -1);
     mg_response_header_send(conn);
-    mg_write(conn, body, len);
+    const char *method = mg_get_request_info(conn)->request_method;   /* NULL when the request line was bad */
+    if (!method || strcmp(method, "HEAD")) mg_write(conn, body, len);   /* HEAD: headers only */
     srv_metrics_status(&s->metrics, status);
     return status;
 }
 
-int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body) {
+static int reply_json_with(srv *s, struct mg_connection *conn, int status, json_t *body, const char *header,
+                           const char *value) {
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    if (!text) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL);
-    send_body(s, conn, status, "application/json", text, strlen(text), NULL);
+    if (!text) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL, NULL);
+    send_body(s, conn, status, "application/json", text, strlen(text), header, value);
     free(text);
     return status;
+}
+
+int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body) {
+    return reply_json_with(s, conn, status, body, NULL, NULL);
 }
 
 static json_t *error_body(const srv_error *e) {
@@ -50,13 +62,58 @@ int srv_reply_error(srv *s, struct mg_connection *conn, const srv_error *e) {
 static int reply_405(srv *s, struct mg_connection *conn, const char *path, const char *allow) {
     srv_error e;
     srv_error_set(&e, 405, "invalid_request_error", "%s takes %s", path, allow);
-    json_t *body = error_body(&e);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    if (!text) return 500;
-    send_body(s, conn, 405, "application/json", text, strlen(text), allow);
-    free(text);
-    return 405;
+    return reply_json_with(s, conn, 405, error_body(&e), "Allow", allow);
+}
+
+/* ---------------------------------------------------------------- the client's socket */
+
+/* A socket address as civetweb writes it (numeric host) and its port. */
+static int addr_text(const struct sockaddr_storage *a, char *host, size_t cap, int *port) {
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)a;
+        *port = ntohs(in->sin_port);
+        return inet_ntop(AF_INET, &in->sin_addr, host, (socklen_t)cap) ? 0 : -1;
+    }
+    if (a->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
+        *port = ntohs(in6->sin6_port);
+        return inet_ntop(AF_INET6, &in6->sin6_addr, host, (socklen_t)cap) ? 0 : -1;
+    }
+    return -1;
+}
+
+/* civetweb 1.15 does not hand out a connection's socket: it is the one of
+ * this process whose peer is the request's remote address and port and whose
+ * local port is the server's. -1 when none is found. */
+int srv_conn_socket(const struct mg_connection *conn) {
+    const struct mg_request_info *ri = mg_get_request_info(conn);
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int found = -1;
+    for (struct dirent *de; found < 0 && (de = readdir(d));) {
+        char *end;
+        long fd = strtol(de->d_name, &end, 10);
+        struct stat st;
+        if (*end || end == de->d_name || fd == dirfd(d) || fstat((int)fd, &st) || !S_ISSOCK(st.st_mode)) continue;
+        struct sockaddr_storage peer, local;
+        socklen_t np = sizeof peer, nl = sizeof local;
+        char host[64], local_host[64];
+        int pport, lport;
+        if (getpeername((int)fd, (struct sockaddr *)&peer, &np) || getsockname((int)fd, (struct sockaddr *)&local, &nl) ||
+            addr_text(&peer, host, sizeof host, &pport) || addr_text(&local, local_host, sizeof local_host, &lport))
+            continue;
+        if (pport == ri->remote_port && lport == ri->server_port && !strcmp(host, ri->remote_addr)) found = (int)fd;
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether the client closed its end (or the connection broke): a request it
+ * no longer waits for. A client that half-closes after sending counts as gone. */
+int srv_client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* ---------------------------------------------------------------- small endpoints */
@@ -88,13 +145,13 @@ static int index_page(srv *s, struct mg_connection *conn) {
 
 static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
     const llm_tokenizer *tok = llm_model_tokenizer(s->m);
-    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, NULL, 0);
+    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, NULL, 0);
     srv_error e;
     if (need == LLM_TOK_ERR)
         return srv_error_set(&e, 400, "invalid_request_error", "the text cannot be tokenized"), srv_reply_error(s, conn, &e);
     int32_t cap = need < 0 ? -need : need;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
-    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, 1, ids, cap) : 0;
+    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, ids, cap) : 0;
     json_t *arr = json_array();
     for (int32_t i = 0; ids && i < n; i++) {
         if (!r->with_pieces) {
@@ -128,8 +185,8 @@ static int detokenize(srv *s, struct mg_connection *conn, const srv_request *r) 
 
 static int metrics(srv *s, struct mg_connection *conn) {
     char *page = srv_metrics_page(s);
-    if (!page) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL);
-    send_body(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", page, strlen(page), NULL);
+    if (!page) return send_body(s, conn, 500, "text/plain", "out of memory\n", 14, NULL, NULL);
+    send_body(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", page, strlen(page), NULL, NULL);
     free(page);
     return 200;
 }
@@ -154,34 +211,84 @@ static const route routes[] = {
     {"/", "GET", -1, 1},
 };
 
-/* Reads the whole body into a malloc'ed buffer; NULL with *too_big set when
- * it exceeds SRV_MAX_BODY. */
-static char *read_body(struct mg_connection *conn, size_t *len, int *too_big) {
-    const struct mg_request_info *ri = mg_get_request_info(conn);
-    *too_big = ri->content_length > SRV_MAX_BODY;
-    if (*too_big) return NULL;
-    size_t cap = ri->content_length >= 0 ? (size_t)ri->content_length + 1 : 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            if (cap > SRV_MAX_BODY) { *too_big = 1; free(buf); return NULL; }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); return NULL; }
-            buf = nb, cap *= 2;
+/* Reads the whole body (NUL-terminated) into a malloc'ed buffer, or NULL
+ * with e set: 413 beyond SRV_MAX_BODY bytes, 400 when it ends before its
+ * Content-Length (the client stopped sending: civetweb's read timed out). A
+ * chunked body is read up to one byte past the limit, which tells it is over. */
+static char *read_body(struct mg_connection *conn, size_t *len, srv_error *e) {
+    const long long announced = mg_get_request_info(conn)->content_length;
+    if (announced > SRV_MAX_BODY) {
+        srv_error_set(e, 413, "invalid_request_error", "the request body exceeds %d bytes", SRV_MAX_BODY);
+        return NULL;
+    }
+    size_t cap = announced >= 0 ? (size_t)announced : 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    int oom = !buf;
+    while (!oom) {
+        if (n == cap) {
+            if (announced >= 0 || cap > SRV_MAX_BODY) break;
+            size_t nc = cap * 2 > (size_t)SRV_MAX_BODY + 1 ? (size_t)SRV_MAX_BODY + 1 : cap * 2;
+            char *nb = realloc(buf, nc + 1);
+            if (!nb) { oom = 1; break; }
+            buf = nb, cap = nc;
         }
-        int got = mg_read(conn, buf + n, cap - n - 1);
+        int got = mg_read(conn, buf + n, cap - n);
         if (got <= 0) break;
         n += (size_t)got;
-        if (n > SRV_MAX_BODY) { *too_big = 1; free(buf); return NULL; }
     }
-    if (buf) buf[n] = 0, *len = n;
+    if (oom) {
+        free(buf);
+        srv_error_set(e, 500, "server_error", "out of memory");
+        return NULL;
+    }
+    if (n > SRV_MAX_BODY) {
+        free(buf);
+        srv_error_set(e, 413, "invalid_request_error", "the request body exceeds %d bytes", SRV_MAX_BODY);
+        return NULL;
+    }
+    if (announced >= 0 && n < (size_t)announced) {
+        free(buf);
+        srv_error_set(e, 400, "invalid_request_error",
+                      "the request body ended after %zu of the %lld bytes its Content-Length announced", n, announced);
+        return NULL;
+    }
+    buf[n] = 0, *len = n;
     return buf;
+}
+
+/* Equal strings, in a time that depends on the key's length alone, not on
+ * where a guess first differs. */
+static int same_key(const char *given, const char *key) {
+    size_t n = strlen(key), m = strlen(given);
+    unsigned diff = n != m;
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? given[i] : 0);
+    return diff == 0;
 }
 
 static int authorized(const srv *s, struct mg_connection *conn) {
     if (!s->api_key[0]) return 1;
     const char *h = mg_get_header(conn, "Authorization");
-    return h && !strncasecmp(h, "Bearer ", 7) && !strcmp(h + 7, s->api_key);
+    return h && !strncasecmp(h, "Bearer ", 7) && same_key(h + 7, s->api_key);
+}
+
+/* Request smuggling's two shapes: Content-Length headers that disagree, or
+ * one beside Transfer-Encoding (which of the two frames the body would then
+ * depend on who reads it). 0, or -1 with e set. */
+static int check_framing(const struct mg_request_info *ri, srv_error *e) {
+    const char *length = NULL, *encoding = NULL;
+    for (int i = 0; i < ri->num_headers; i++) {
+        const char *name = ri->http_headers[i].name, *value = ri->http_headers[i].value;
+        if (!strcasecmp(name, "Transfer-Encoding")) encoding = value;
+        if (strcasecmp(name, "Content-Length")) continue;
+        if (length && strcmp(length, value))
+            return srv_error_set(e, 400, "invalid_request_error", "two different Content-Length headers (%.40s, %.40s)",
+                                 length, value);
+        length = value;
+    }
+    if (length && encoding)
+        return srv_error_set(e, 400, "invalid_request_error",
+                             "both Content-Length and Transfer-Encoding: a body is framed by one of them");
+    return 0;
 }
 
 static int handle(struct mg_connection *conn, void *cbdata) {
@@ -196,7 +303,15 @@ static int handle(struct mg_connection *conn, void *cbdata) {
         srv_error_set(&e, 404, "invalid_request_error", "no endpoint %.200s (GET / lists them)", path);
         return srv_reply_error(s, conn, &e);
     }
-    if (strcmp(ri->request_method, rt->method)) return reply_405(s, conn, path, rt->method);
+    int head = rt->kind < 0 && !strcmp(ri->request_method, "HEAD");   /* a GET without the body */
+    if (strcmp(ri->request_method, rt->method) && !head)
+        return reply_405(s, conn, path, rt->kind < 0 ? "GET, HEAD" : rt->method);
+    if (check_framing(ri, &e)) {   /* where the next request would start is unclear: none is read */
+        reply_json_with(s, conn, e.status, error_body(&e), "Connection", "close");
+        int fd = srv_conn_socket(conn);   /* civetweb keeps it alive otherwise */
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+        return e.status;
+    }
     if (!rt->open && !authorized(s, conn)) {
         srv_error_set(&e, 401, "authentication_error", "missing or wrong API key (Authorization: Bearer KEY)");
         return srv_reply_error(s, conn, &e);
@@ -211,13 +326,8 @@ static int handle(struct mg_connection *conn, void *cbdata) {
     }
     if (rt->kind < 0) return models(s, conn);
     size_t len = 0;
-    int too_big = 0;
-    char *body = read_body(conn, &len, &too_big);
-    if (!body) {
-        if (too_big) srv_error_set(&e, 413, "invalid_request_error", "the request body exceeds %d bytes", SRV_MAX_BODY);
-        else srv_error_set(&e, 500, "server_error", "out of memory");
-        return srv_reply_error(s, conn, &e);
-    }
+    char *body = read_body(conn, &len, &e);
+    if (!body) return srv_reply_error(s, conn, &e);
     int status;
     if (rt->kind == SRV_CHAT || rt->kind == SRV_COMPLETION) {
         atomic_fetch_add(&s->generating, 1);
@@ -243,6 +353,24 @@ static int log_message(const struct mg_connection *conn, const char *message) {
     return 1;   /* civetweb's own error log stays quiet; our errors go to the client */
 }
 
+/* The errors civetweb answers before any handler runs (an unknown method, a
+ * malformed request line, headers too large) in the API's JSON shape. */
+static int http_error(struct mg_connection *conn, int status, const char *msg) {
+    srv *s = mg_get_user_data(mg_get_context(conn));
+    const char *method = mg_get_request_info(conn)->request_method;
+    static const char *const known[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE"};
+    int unknown = method && *method;
+    for (size_t i = 0; unknown && i < sizeof known / sizeof known[0]; i++) unknown = strcmp(method, known[i]) != 0;
+    srv_error e;
+    if (unknown)
+        srv_error_set(&e, status, "invalid_request_error", "unknown HTTP method '%.40s' (this server takes GET, HEAD and POST)",
+                      method);
+    else
+        srv_error_set(&e, status, "invalid_request_error", "%.200s", msg && *msg ? msg : "bad request");
+    srv_reply_error(s, conn, &e);
+    return 0;
+}
+
 int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
     *out = NULL;
     srv *s = calloc(1, sizeof *s);
@@ -260,14 +388,24 @@ int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
     atomic_init(&s->next_id, 1);
     atomic_init(&s->generating, 0);
     srv_metrics_init(&s->metrics);
-    char ports[96], threads[16];
+    char ports[96], threads[16], timeout[16], keep_alive[16];
     snprintf(ports, sizeof ports, strchr(s->host, ':') ? "[%s]:%d" : "%s:%d", s->host, p->port);
-    snprintf(threads, sizeof threads, "%d", p->http_threads > 0 ? p->http_threads : 64);
+    int n_threads = p->http_threads > 0 ? p->http_threads : SRV_HTTP_THREADS;
+    int timeout_ms = p->http_timeout_ms > 0 ? p->http_timeout_ms : SRV_HTTP_TIMEOUT_MS;
+    snprintf(threads, sizeof threads, "%d", n_threads);
+    snprintf(timeout, sizeof timeout, "%d", timeout_ms);
+    snprintf(keep_alive, sizeof keep_alive, "%d", timeout_ms < SRV_KEEP_ALIVE_MS ? timeout_ms : SRV_KEEP_ALIVE_MS);
+    /* Each open connection holds a worker until its request is read, so a
+     * client that sends nothing, or stops halfway, is dropped after the
+     * timeout; connections beyond the workers wait in civetweb's queue and
+     * the kernel's backlog (SRV_BACKLOG each) instead of being refused. */
     const char *opts[] = {"listening_ports", ports, "num_threads", threads, "enable_keep_alive", "yes",
-                          "request_timeout_ms", "600000", "keep_alive_timeout_ms", "5000", NULL};
+                          "request_timeout_ms", timeout, "keep_alive_timeout_ms", keep_alive,
+                          "listen_backlog", SRV_BACKLOG_STR, "connection_queue", SRV_BACKLOG_STR, NULL};
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
     cb.log_message = log_message;
+    cb.http_error = http_error;
     mg_init_library(0);
     s->mg = mg_start(&cb, s, opts);
     if (!s->mg) {

@@ -16,7 +16,14 @@
 struct mg_connection;
 struct mg_context;
 
-enum { SRV_MAX_BODY = 1 << 20 };   /* request bodies beyond 1 MiB get 413 */
+enum { SRV_MAX_BODY = 1 << 20 };   /* request bodies beyond 1 MiB get 413; 1 MiB itself is read */
+/* civetweb's defaults when srv_params leaves them 0, and the connections that
+ * may wait for a worker (in civetweb's queue, and as many in the kernel's
+ * listen backlog, which Linux caps at net.core.somaxconn) */
+enum { SRV_HTTP_THREADS = 128, SRV_HTTP_TIMEOUT_MS = 10000, SRV_KEEP_ALIVE_MS = 5000 };
+/* how often a handler waiting for tokens looks whether its client left */
+enum { SRV_GONE_POLL_MS = 50 };
+#define SRV_BACKLOG_STR "1024"
 enum { SRV_LOADING = 0, SRV_READY = 1, SRV_STOPPING = 2 };
 
 /* ---------------------------------------------------------------- metrics */
@@ -74,6 +81,10 @@ struct srv {
 int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body);
 /* {"error":{"message","type","code"}} with e->status. */
 int srv_reply_error(srv *s, struct mg_connection *conn, const srv_error *e);
+/* The connection's socket, found among the process's own; -1 when not found. */
+int srv_conn_socket(const struct mg_connection *conn);
+/* Whether the client on socket fd has closed its end (0 for fd < 0). */
+int srv_client_gone(int fd);
 /* The chat and completions endpoints (generate.c). */
 int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const char *body, size_t len);
 
@@ -83,7 +94,8 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
 json_t *srv_json_text(const char *text, size_t len);
 /* [bytes...] of text, as OpenAI's logprobs "bytes" field. */
 json_t *srv_json_bytes(const char *text, size_t len);
-/* The finish_reason of a stop reason: "stop" or "length". */
+/* The finish_reason of a stop reason: "stop", "length", or "abort" (the
+ * server stopped while it ran). */
 const char *srv_finish_reason(llm_stop_reason r);
 /* Tokenizes what a request asks to generate from (chat messages rendered
  * with the model's template, or the completion prompt) into a malloc'ed array. */

@@ -232,10 +232,35 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
             return -1;
         if (field(o, "top_logprobs") && !r->logprobs)
             return bad(e, "'%s' needs \"logprobs\": true", "top_logprobs");
+        if (field(o, "parse_special"))   /* the template alone writes the markers */
+            return bad(e, "'%s' is for /v1/completions and /tokenize: chat content is always text", "parse_special");
     } else { /* the legacy form: logprobs is the number of alternatives */
+        if (get_bool(o, "parse_special", &r->parse_special, e)) return -1;
         int64_t lp = -1;
         if (get_int(o, "logprobs", 0, 5, &lp, e)) return -1;
         r->logprobs = lp >= 0, r->top_logprobs = lp >= 0 ? lp : 0;
+    }
+    return 0;
+}
+
+/* Whether arrays and objects in body[0..len) nest deeper than limit: one
+ * pass that skips strings (a bracket inside one is text) and their escapes.
+ * A stray closer is not counted below zero; the parser refuses it anyway, at
+ * or before the depth this pass saw. */
+static int nests_deeper(const char *body, size_t len, int limit) {
+    int depth = 0, in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (c == '\\') i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > limit) return 1;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        }
     }
     return 0;
 }
@@ -244,6 +269,9 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
+    if (nests_deeper(body, len, SRV_MAX_DEPTH))
+        return srv_error_set(err, 400, "invalid_request_error",
+                             "the JSON nests arrays and objects deeper than the limit of %d levels", SRV_MAX_DEPTH);
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     if (!root)
@@ -263,6 +291,7 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
         else out->prompt = json_string_value(c), out->prompt_len = json_string_length(c);
         if (!rc) rc = get_bool(root, "add_special", &out->add_special, err);
         if (!rc) rc = get_bool(root, "with_pieces", &out->with_pieces, err);
+        if (!rc) rc = get_bool(root, "parse_special", &out->parse_special, err);
     } else if (!rc) {
         json_t *t = field(root, "tokens");
         if (!json_is_array(t)) rc = bad(err, "'%s' is required and must be an array of token ids", "tokens");

@@ -33,7 +33,10 @@ typedef struct {
 int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128 };
+/* SRV_MAX_DEPTH: arrays and objects nested deeper than this are refused
+ * before the JSON parser sees them (jansson recurses once per level, on a
+ * civetweb worker's small stack); a valid request nests 4 deep. */
+enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
 
 typedef struct {
     srv_kind kind;
@@ -50,6 +53,8 @@ typedef struct {
     int32_t n_tokens;
     int add_special;             /* tokenize: add BOS as the model says (default 0) */
     int with_pieces;             /* tokenize: return each token's text as well */
+    int parse_special;           /* completion, tokenize: control tokens written in the text
+                                  * ("<|im_start|>") become their ids (default 0: text) */
     /* sampling and stopping */
     int64_t max_tokens;          /* max_tokens / max_completion_tokens; -1 when absent */
     double temperature;          /* default 1 (OpenAI's) */
@@ -70,7 +75,8 @@ typedef struct {
 
 /* Parses and validates body[0..len) as a request of `kind`. 0, or -1 with
  * *err set: 400 for malformed JSON (with line and column), a missing or
- * ill-typed field, or a value out of range. On failure nothing needs freeing;
+ * ill-typed field, a value out of range, or nesting deeper than
+ * SRV_MAX_DEPTH. On failure nothing needs freeing;
  * on success call srv_request_free. */
 int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *out, srv_error *err);
 void srv_request_free(srv_request *r);

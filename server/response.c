@@ -47,6 +47,7 @@ json_t *srv_json_bytes(const char *text, size_t len) {
 }
 
 const char *srv_finish_reason(llm_stop_reason r) {
+    if (r == LLM_STOP_CANCEL) return "abort";   /* the server stopped: the answer is cut, not finished */
     return r == LLM_STOP_LENGTH || r == LLM_STOP_CONTEXT ? "length" : "stop";
 }
 

@@ -22,6 +22,8 @@ typedef struct {
     int32_t batch_tokens;      /* scheduler's per-step token budget */
     int32_t max_waiting;       /* queued requests beyond which new ones get 503 */
     int32_t http_threads;      /* civetweb workers (one per open connection) */
+    int32_t http_timeout_ms;   /* a request's headers and body must arrive, and each write
+                                * complete, within this; slower or idle clients are dropped */
     const char *model_id;      /* the name /v1/models reports */
     int context_shift;         /* scheduler's cache policies (engine/scheduler.h llm_sched_params) */
     int32_t n_keep;

@@ -377,6 +377,8 @@ TEST(policy_corrupt_truncated_or_foreign_session_files_are_refused_and_change_no
     save_prefix(&other, KV_F16, tok, SAVED);
     CHECK_EQ_INT(warm_logits(s.m, other.path, KV_F16, tok, N, warm, err, sizeof err), -1);
     CHECK(strstr(err, "another model") != NULL);
+    /* both fixtures bear one name: said once, with what differs */
+    CHECK(strstr(err, "named") && strstr(err, "other weights") && !strstr(err, "), not '"));
     CHECK(memcmp(cold, warm, sizeof cold) == 0);
     save_prefix(&s, KV_Q8, tok, SAVED);
     CHECK_EQ_INT(warm_logits(s.m, s.path, KV_F16, tok, N, warm, err, sizeof err), -1);

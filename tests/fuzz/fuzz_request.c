@@ -2,7 +2,8 @@
  * kind of server request (server/request.c). The parse must return a valid
  * request or a 400 with a message, never crash or leak; a valid request's
  * fields must be within the ranges the scheduler is promised (a session name
- * is one file name). */
+ * is one file name). Wrapped in more arrays than SRV_MAX_DEPTH, any input
+ * must get the nesting error. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,28 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* The input inside k arrays, k from its first byte around the limit (up to
+ * 1000 levels past it): beyond SRV_MAX_DEPTH the parse must refuse it by
+ * naming the limit, whatever the input holds (it may close the arrays itself,
+ * or open a string that hides the closing brackets). */
+static void check_nesting(const uint8_t *data, size_t size) {
+    size_t k = size ? (data[0] < 128 ? SRV_MAX_DEPTH - 4 + data[0] % 8 : SRV_MAX_DEPTH + (size_t)data[0] * 4) : 0;
+    char *body = malloc(2 * k + size + 1);
+    if (!body) return;
+    memset(body, '[', k);
+    memcpy(body + k, data, size);
+    memset(body + k + size, ']', k);
+    srv_request r;
+    srv_error e;
+    for (int kind = SRV_CHAT; kind <= SRV_DETOKENIZE; kind++) {
+        if (!srv_request_parse((srv_kind)kind, body, 2 * k + size, &r, &e)) abort();   /* an array is no request */
+        if (k > SRV_MAX_DEPTH && !strstr(e.message, "levels")) abort();
+    }
+    free(body);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    check_nesting(data, size);
     for (int kind = SRV_CHAT; kind <= SRV_DETOKENIZE; kind++) {
         srv_request r;
         srv_error e;
