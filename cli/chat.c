@@ -57,16 +57,14 @@ static void conv_reset(conversation *cv, int keep_system) {
     cv->n_cached = 0;
 }
 
-/* The text of the new turn: everything after what the cache holds. */
-static char *render_new(const llm_model *m, const conversation *cv) {
-    const llm_chat_format *fmt = llm_model_chat(m);
-    int32_t len = llm_chat_render_continuation(fmt, cv->msgs, cv->n, cv->n_cached, 1, NULL, 0);
-    char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
-    if (text && llm_chat_render_continuation(fmt, cv->msgs, cv->n, cv->n_cached, 1, text, -len) < 0) {
-        free(text);
-        text = NULL;
-    }
-    return text;
+/* The tokens of the new turn: everything after what the cache holds (BOS
+ * first when it holds nothing), the template's markers as control tokens and
+ * what the user typed as text. */
+static int32_t *tokenize_new(const llm_model *m, const conversation *cv, int32_t *n) {
+    int32_t *ids = NULL;
+    *n = llm_chat_tokenize_continuation(llm_model_chat(m), llm_model_tokenizer(m), cv->msgs, cv->n, cv->n_cached, 1,
+                                        cv->n_cached == 0, &ids);
+    return *n >= 0 ? ids : NULL;
 }
 
 /* What a conversation runs on. */
@@ -113,9 +111,7 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     const int32_t n_ctx = llm_context_get_params(st->c).n_ctx, room = n_ctx - 1 - st->n_marker;
     int32_t n_held;
     llm_session_tokens(st->s, &n_held);
-    char *text = render_new(st->m, &st->cv);
-    int32_t *ids = text ? cli_tokenize(st->m, text, st->cv.n_cached == 0, n_new) : NULL;
-    free(text);
+    int32_t *ids = tokenize_new(st->m, &st->cv, n_new);
     *refused = 0;
     if (!ids || n_held + *n_new <= room) return ids;
     if (st->po.context_shift && n_held + *n_new - room <= n_held - st->gp.n_keep) {
@@ -136,9 +132,7 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     int32_t sys = alone.n > 1 && !strcmp(alone.msgs[0].role, "system") ? 1 : 0;
     llm_chat_msg pair[2] = {alone.msgs[0], alone.msgs[alone.n - 1]};
     alone.msgs = sys ? pair : &pair[1], alone.n = sys + 1, alone.n_cached = 0;
-    text = render_new(st->m, &alone);
-    ids = text ? cli_tokenize(st->m, text, 1, n_new) : NULL;
-    free(text);
+    ids = tokenize_new(st->m, &alone, n_new);
     if (!ids) return NULL;
     if (*n_new > room) {
         fprintf(stderr, "kvcache chat: this message is %d tokens; the context holds %d (with room for a reply "
@@ -251,7 +245,7 @@ int cmd_chat(int argc, char **argv) {
     st.gp.context_shift = po.context_shift;
     st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
     if (st.gp.n_keep < 4) st.gp.n_keep = 4; /* the sinks: at least 4 (StreamingLLM) */
-    st.marker = cli_tokenize(st.m, llm_chat_turn_end(llm_model_chat(st.m)), 0, &st.n_marker);
+    st.marker = cli_tokenize(st.m, llm_chat_turn_end(llm_model_chat(st.m)), 0, 1, &st.n_marker);
     st.gp.reserve = st.n_marker;
     st.reply_cap = 4096;
     st.reply = malloc(st.reply_cap);

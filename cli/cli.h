@@ -98,12 +98,17 @@ int32_t cli_threads(const cli_model_opts *o);
 /* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:
  * the label (a C string). Call with done == total to end the line. */
 void cli_progress(void *user, int64_t done, int64_t total);
-/* Tokenizes text (special tokens recognised; BOS/EOS as the model says when
- * add_special) into a malloc'ed array of *n_out ids; NULL on failure. */
-int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int32_t *n_out);
+/* Tokenizes text (BOS/EOS as the model says when add_special; control tokens
+ * written in it recognised only when parse_special) into a malloc'ed array of
+ * *n_out ids; NULL on failure. */
+int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int parse_special,
+                      int32_t *n_out);
 /* The same over text [len], NUL bytes included (a file read by its length). */
 int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t len, int add_special,
-                          int32_t *n_out);
+                          int parse_special, int32_t *n_out);
+/* A one-turn chat prompt (system may be NULL) as the model's template gives
+ * it, BOS first: markers from the template, the messages as text. */
+int32_t *cli_chat_tokens(const struct llm_model *m, const char *system, const char *user, int32_t *n);
 /* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
 /* ---- sampling and length, for generate and chat ---- */

@@ -149,19 +149,18 @@ bool cli_range(const char *cmd, const char *opt, int64_t v, int64_t lo, int64_t 
     return false;
 }
 
-int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int32_t *n_out) {
-    return cli_tokenize_len(m, text, strlen(text), add_special, n_out);
+int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int parse_special, int32_t *n_out) {
+    return cli_tokenize_len(m, text, strlen(text), add_special, parse_special, n_out);
 }
 
-/* Tokenizes text [len] (special tokens recognised, BOS as the model says)
- * into a malloc'ed array; NULL on failure. A NUL byte is an ordinary byte. */
-int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int32_t *n_out) {
-    int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, 1, NULL, 0);
+int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int parse_special,
+                          int32_t *n_out) {
+    int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, parse_special, NULL, 0);
     if (need == LLM_TOK_ERR) return NULL;
     int32_t cap = need < 0 ? -need : need;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
     if (!ids) return NULL;
-    *n_out = cap ? llm_tokenize(llm_model_tokenizer(m), text, len, add_special, 1, ids, cap) : 0;
+    *n_out = cap ? llm_tokenize(llm_model_tokenizer(m), text, len, add_special, parse_special, ids, cap) : 0;
     if (*n_out < 0) {
         free(ids);
         return NULL;

@@ -21,32 +21,13 @@ static void usage(void) {
            "  -n, --tokens N     tokens to generate at most (default 128); stops early at end of turn\n"
            "  --chat             wrap the prompt in the model's chat template as a user message\n"
            "  --system TEXT      with --chat: the system message (default: the template's)\n"
+           "  --special          recognise control tokens written in the prompt (\"<|im_start|>\");\n"
+           "                     by default they are plain text (--chat: the template writes them)\n"
            CLI_SAMPLE_HELP
            "  --draft-lookup N   prompt-lookup speculative decoding: propose up to N tokens that\n"
            "                     followed the last n-gram earlier in prompt + output, verify them in\n"
            "                     one pass; the same text as without it (default 0: off)\n"
            CLI_POLICY_HELP CLI_MODEL_HELP);
-}
-
-/* Renders a one-turn conversation; NULL (after a message) on failure. */
-static char *render_chat(const llm_model *m, const char *system, const char *prompt) {
-    const llm_chat_format *fmt = llm_model_chat(m);
-    if (fmt->kind == LLM_CHAT_UNKNOWN) {
-        fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
-        return NULL;
-    }
-    llm_chat_msg msgs[2];
-    int32_t n = 0;
-    if (system) msgs[n++] = (llm_chat_msg){"system", system};
-    msgs[n++] = (llm_chat_msg){"user", prompt};
-    int32_t len = llm_chat_render(fmt, msgs, n, 1, NULL, 0);
-    char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
-    if (!text || llm_chat_render(fmt, msgs, n, 1, text, -len) < 0) {
-        free(text);
-        fprintf(stderr, "kvcache generate: could not render the chat prompt\n");
-        return NULL;
-    }
-    return text;
 }
 
 /* The stats after the text: speed of each phase, why it stopped, the cache. */
@@ -84,7 +65,7 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
 int cmd_generate(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *prompt = NULL, *file = NULL, *system = NULL;
-    int chat = 0;
+    int chat = 0, special = 0;
     cli_sample_opts so = cli_sample_opts_default(128);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
@@ -96,11 +77,17 @@ int cmd_generate(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
         if (cli_sample_opt(argc, argv, &i, &so)) continue;
         if (!strcmp(argv[i], "--chat")) { chat = 1; continue; }
+        if (!strcmp(argv[i], "--special")) { special = 1; continue; }
         fprintf(stderr, "kvcache generate: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (system && !chat) {
         fprintf(stderr, "kvcache generate: --system goes with --chat\n");
+        return 2;
+    }
+    if (special && chat) {
+        fprintf(stderr, "kvcache generate: --special is for a raw prompt; with --chat the template writes the "
+                        "control tokens and the message stays text\n");
         return 2;
     }
     if (!prompt == !file) {
@@ -128,13 +115,17 @@ int cmd_generate(int argc, char **argv) {
     llm_context *c;
     int rc = cli_load("generate", &mo, 1, 0, &m, &c);
     if (rc) return free(file_text), rc;
-    char *text = chat ? render_chat(m, system, prompt) : NULL;
-    int32_t n_prompt = 0, *ids = (chat && !text) ? NULL : text ? cli_tokenize(m, text, 1, &n_prompt)
-                                                           : cli_tokenize_len(m, prompt, prompt_len, 1, &n_prompt);
+    int32_t n_prompt = 0, *ids = NULL;
+    if (chat && llm_model_chat(m)->kind == LLM_CHAT_UNKNOWN)
+        fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
+    else
+        ids = chat ? cli_chat_tokens(m, system, prompt, &n_prompt)
+                   : cli_tokenize_len(m, prompt, prompt_len, 1, special, &n_prompt);
     llm_session *s = NULL;
     rc = 1;
     if (!ids) {
-        if (!chat || text) fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
+        if (!chat || llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN)
+            fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
     } else if (n_prompt == 0) {
         fprintf(stderr, "kvcache generate: the prompt is empty\n");
     } else if ((rc = llm_session_create(c, &s)) != LLM_OK) {
@@ -161,7 +152,7 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     llm_session_free(s);
-    free(ids), free(text), free(file_text);
+    free(ids), free(file_text);
     llm_context_free(c);
     llm_model_free(m);
     return rc;

@@ -91,7 +91,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (rc) return free(text), rc;
     const int32_t V = llm_model_n_vocab(m), ctx = (int32_t)mo.ctx, first = ctx / 2;
     const int32_t n_batch = llm_context_get_params(c).n_batch;
-    int32_t n_tok = 0, *ids = cli_tokenize_len(m, text, text_len, 1, &n_tok); /* a NUL is a byte */
+    int32_t n_tok = 0, *ids = cli_tokenize_len(m, text, text_len, 1, 0, &n_tok); /* a NUL is a byte */
     free(text);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n_batch);
     float *lp = malloc(sizeof(float) * (size_t)V), *base = malloc(sizeof(float) * (size_t)V);

@@ -37,25 +37,21 @@ int cli_policy_check(const char *cmd, const cli_policy_opts *o) {
     return 0;
 }
 
-/* Tokens of a one-turn chat prompt whose user message is `user`. */
-static int32_t *chat_tokens(const llm_model *m, const char *system, const char *user, int32_t *n) {
-    const llm_chat_format *fmt = llm_model_chat(m);
+int32_t *cli_chat_tokens(const llm_model *m, const char *system, const char *user, int32_t *n) {
     llm_chat_msg msgs[2];
     int32_t k = 0;
     if (system) msgs[k++] = (llm_chat_msg){"system", system};
     msgs[k++] = (llm_chat_msg){"user", user};
-    int32_t len = llm_chat_render(fmt, msgs, k, 1, NULL, 0);
-    char *text = len < 0 && len != LLM_CHAT_ERR ? malloc((size_t)-len) : NULL;
-    int32_t *ids = text && llm_chat_render(fmt, msgs, k, 1, text, -len) >= 0 ? cli_tokenize(m, text, 1, n) : NULL;
-    free(text);
-    return ids;
+    int32_t *ids = NULL;
+    *n = llm_chat_tokenize(llm_model_chat(m), llm_model_tokenizer(m), msgs, k, 1, 1, &ids);
+    return *n >= 0 ? ids : NULL;
 }
 
 int32_t cli_chat_prefix_tokens(const llm_model *m, const char *system) {
     /* what two prompts with different user messages share: the template's
      * part before the message, system prompt included, whatever the template */
     int32_t na = 0, nb = 0, k = 0;
-    int32_t *a = chat_tokens(m, system, "a", &na), *b = chat_tokens(m, system, "b", &nb);
+    int32_t *a = cli_chat_tokens(m, system, "a", &na), *b = cli_chat_tokens(m, system, "b", &nb);
     while (a && b && k < na && k < nb && a[k] == b[k]) k++;
     free(a), free(b);
     return k;

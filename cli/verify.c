@@ -125,7 +125,7 @@ int cmd_verify(int argc, char **argv) {
     const int act_bits = llm_context_get_params(c).act_bits;
     if (default_tol && act_bits) tol += 16.0 / (act_bits == 8 ? 127 : 16383);
     const int32_t V = llm_model_n_vocab(m);
-    int32_t n = 0, *ids = cli_tokenize(m, prompt, 1, &n);
+    int32_t n = 0, *ids = cli_tokenize(m, prompt, 1, 0, &n);
     int32_t *all = ids ? realloc(ids, sizeof(int32_t) * (size_t)(n + steps + 1)) : NULL;
     /* both runs' logits for every step: [steps + 1][V] each */
     float *lc = malloc(sizeof(float) * (size_t)V * (size_t)(steps + 1));

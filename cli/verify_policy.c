@@ -87,7 +87,7 @@ int verify_shift(const cli_model_opts *mo, const char *prompt, int64_t steps, in
     /* a first context only to count the prompt's tokens */
     int rc = open_ctx(mo, 1, 64, &m, &c);
     if (rc) return rc;
-    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, &n);
+    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, 0, &n);
     llm_context_free(c);
     int64_t n_ctx = mo->ctx ? mo->ctx : n + (steps / 2 > 8 ? steps / 2 : 8);
     cli_model_opts o = *mo;
@@ -192,7 +192,7 @@ int verify_lookup(const cli_model_opts *mo, const char *prompt, int64_t steps, i
     llm_context *c;
     int rc = open_ctx(mo, 1, mo->ctx ? mo->ctx : (int64_t)strlen(prompt) + steps + 2, &m, &c);
     if (rc) return rc;
-    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, &n);
+    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, 0, &n);
     tokens a = {malloc(sizeof(int32_t) * (size_t)(steps + 1)), 0, (int32_t)steps};
     tokens b = {malloc(sizeof(int32_t) * (size_t)(steps + 1)), 0, (int32_t)steps};
     rc = 1;
@@ -233,7 +233,7 @@ int verify_session(const cli_model_opts *mo, const char *prompt, int64_t steps) 
     if (rc) return rc;
     char path[64];
     snprintf(path, sizeof path, "/tmp/kvcache_verify_session_%d", (int)getpid());
-    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, &n), half = (int32_t)(steps / 2);
+    int32_t n = 0, *p = cli_tokenize(m, prompt, 1, 0, &n), half = (int32_t)(steps / 2);
     tokens all = {malloc(sizeof(int32_t) * (size_t)(steps + 1)), 0, (int32_t)steps};
     tokens first = {malloc(sizeof(int32_t) * (size_t)(steps + 1)), 0, half};
     tokens rest = {malloc(sizeof(int32_t) * (size_t)(steps + 1)), 0, (int32_t)steps - half};

@@ -355,24 +355,38 @@ static char *render_alloc(const llm_chat_format *f, const llm_chat_msg *m, int32
     return buf;
 }
 
+/* Where the text after the first n_prev of the n messages starts in whole
+ * [nw], their rendering: where the rendering of the n_prev alone ends, less
+ * the trailer after its last turn marker (the cache stops at the marker, so
+ * what follows it is sent again). -1 when that rendering is not a prefix of
+ * whole (no family here renders so; if one did, no tail would be right). */
+static int64_t continuation_from(const llm_chat_format *f, const llm_chat_msg *m, int32_t n_prev, const char *whole,
+                                 int64_t nw) {
+    if (n_prev == 0) return 0;
+    int64_t np = 0;
+    char *prev = render_alloc(f, m, n_prev, 0, &np);
+    int64_t from = -1;
+    if (prev && np <= nw && memcmp(prev, whole, (size_t)np) == 0) {
+        from = np;
+        const char *end = llm_chat_turn_end(f), *trail = turn_trailer(f);
+        int64_t ne = (int64_t)strlen(end), nt = (int64_t)strlen(trail);
+        if (nt > 0 && np >= ne + nt && memcmp(prev + np - nt, trail, (size_t)nt) == 0 &&
+            memcmp(prev + np - nt - ne, end, (size_t)ne) == 0)
+            from -= nt;
+    }
+    free(prev);
+    return from;
+}
+
 int32_t llm_chat_render_continuation(const llm_chat_format *f, const llm_chat_msg *m, int32_t n,
                                      int32_t n_prev, int gen, char *out, int32_t cap) {
     if (!f || n < 0 || n_prev < 0 || n_prev > n || (!m && n) || cap < 0 || (!out && cap))
         return LLM_CHAT_ERR;
-    int64_t nw = 0, np = 0;
+    int64_t nw = 0;
     char *whole = render_alloc(f, m, n, gen, &nw);
-    char *prev = render_alloc(f, m, n_prev, 0, &np);
+    int64_t from = whole ? continuation_from(f, m, n_prev, whole, nw) : -1;
     int32_t rc = LLM_CHAT_ERR;
-    /* Every family here renders a conversation as a prefix of its extension;
-     * if that ever fails, no tail would be right. */
-    if (whole && prev && np <= nw && memcmp(prev, whole, (size_t)np) == 0) {
-        int64_t from = np;
-        const char *end = llm_chat_turn_end(f), *trail = turn_trailer(f);
-        int64_t ne = (int64_t)strlen(end), nt = (int64_t)strlen(trail);
-        /* The cache stops at the turn marker: resend what follows it. */
-        if (n_prev > 0 && nt > 0 && np >= ne + nt && memcmp(prev + np - nt, trail, (size_t)nt) == 0 &&
-            memcmp(prev + np - nt - ne, end, (size_t)ne) == 0)
-            from -= nt;
+    if (from >= 0) {
         rc = result_len(nw - from, cap);
         if (rc >= 0) {
             memcpy(out, whole + from, (size_t)(nw - from));
@@ -380,7 +394,6 @@ int32_t llm_chat_render_continuation(const llm_chat_format *f, const llm_chat_ms
         }
     }
     free(whole);
-    free(prev);
     return rc;
 }
 
@@ -427,15 +440,16 @@ static int32_t marker_id(const llm_tokenizer *tok, const char *text, size_t len)
     return type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN || type == LLM_TOKEN_USER_DEFINED ? id : -1;
 }
 
-int32_t llm_chat_tokenize(const llm_chat_format *f, const llm_tokenizer *tok, const llm_chat_msg *m, int32_t n,
-                          int gen, int add_special, int32_t **out) {
+int32_t llm_chat_tokenize_continuation(const llm_chat_format *f, const llm_tokenizer *tok, const llm_chat_msg *m,
+                                       int32_t n, int32_t n_prev, int gen, int add_special, int32_t **out) {
     if (out) *out = NULL;
-    if (!f || !tok || !out || n < 0 || (!m && n)) return LLM_CHAT_ERR;
+    if (!f || !tok || !out || n < 0 || n_prev < 0 || n_prev > n || (!m && n)) return LLM_CHAT_ERR;
     int64_t len = 0;
     char *text = render_alloc(f, m, n, gen, &len);
     if (!text) return LLM_CHAT_ERR;
+    int64_t from = continuation_from(f, m, n_prev, text, len);
     sink s = {.out = text, .cap = len};
-    s.marks = malloc(sizeof(span) * 16);
+    s.marks = from >= 0 ? malloc(sizeof(span) * 16) : NULL;
     s.cap_marks = s.marks ? 16 : 0;
     if (s.marks) render(f, m, n, gen, &s);   /* again, recording where the markers go */
     id_list l = {NULL, 0, 0, !s.marks || s.oom};
@@ -447,9 +461,9 @@ int32_t llm_chat_tokenize(const llm_chat_format *f, const llm_tokenizer *tok, co
     /* Text between two markers is tokenized on its own, as llm_tokenize with
      * parse_special does between the control tokens it finds: the same ids,
      * except that what the messages wrote stays text. */
-    int64_t from = 0;
     for (int32_t k = 0; k <= s.n_marks && !l.oom; k++) {
         int64_t at = k < s.n_marks ? s.marks[k].at : len;
+        if (at < from) continue; /* in the part already sent */
         int32_t id = k < s.n_marks ? marker_id(tok, text + at, (size_t)s.marks[k].len) : -1;
         if (id < 0 && k < s.n_marks) continue;   /* not a token of this vocabulary: plain text */
         push_text(&l, tok, text + from, (size_t)(at - from));
@@ -464,4 +478,9 @@ int32_t llm_chat_tokenize(const llm_chat_format *f, const llm_tokenizer *tok, co
     }
     *out = l.ids;
     return l.n;
+}
+
+int32_t llm_chat_tokenize(const llm_chat_format *f, const llm_tokenizer *tok, const llm_chat_msg *m, int32_t n,
+                          int gen, int add_special, int32_t **out) {
+    return llm_chat_tokenize_continuation(f, tok, m, n, 0, gen, add_special, out);
 }

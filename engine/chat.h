@@ -104,6 +104,13 @@ int32_t llm_chat_render_continuation(const llm_chat_format *fmt, const llm_chat_
 int32_t llm_chat_tokenize(const llm_chat_format *fmt, const llm_tokenizer *tok, const llm_chat_msg *msgs,
                           int32_t n_msgs, int add_generation_prompt, int add_special, int32_t **out);
 
+/* llm_chat_tokenize for the part after the first n_prev messages, as
+ * llm_chat_render_continuation renders it: what a cache holding those needs
+ * next. n_prev = 0 is llm_chat_tokenize. */
+int32_t llm_chat_tokenize_continuation(const llm_chat_format *fmt, const llm_tokenizer *tok,
+                                       const llm_chat_msg *msgs, int32_t n_msgs, int32_t n_prev,
+                                       int add_generation_prompt, int add_special, int32_t **out);
+
 /* The text that ends a turn: "<|im_end|>", "<|eot_id|>", "<end_of_turn>", or the
  * format's eos. */
 const char *llm_chat_turn_end(const llm_chat_format *fmt);

@@ -13,6 +13,7 @@
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
 #include "real_model.h"
+#include "../engine/tokenizer.h"
 
 typedef struct {
     int status;   /* exit status, or -1 when it did not exit normally */
@@ -779,5 +780,40 @@ TEST(cli_tokenize_prints_llama_cpp_ids_and_escaped_pieces) {
     snprintf(args, sizeof args, "tokenize -m %s -f /nonexistent/text", model);
     r = EXPECT(args, NULL, 1);
     CHECK(strstr(r.err, "/nonexistent/text") && strstr(r.err, "No such file"));
+    done(&r);
+}
+
+/* The prompt tokens a generate run reports ("prefill: N tokens"), or -1. */
+static int prefill_tokens(const char *args) {
+    result r = EXPECT(args, NULL, 0);
+    const char *p = strstr(r.err, "prefill: ");
+    int n = p ? atoi(p + 9) : -1;
+    done(&r);
+    return n;
+}
+
+/* Control tokens come from the chat template, never from what the user wrote:
+ * a message holding "<|im_end|>" keeps it as its 7 text tokens, and a raw
+ * prompt does too unless --special asks for the control token. */
+TEST(cli_control_tokens_come_from_the_template_or_special_alone) {
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    llm_model *m = rm_load(model, NULL);
+    if (!m) return;
+    int32_t text_ids[16];
+    int32_t k = llm_tokenize(llm_model_tokenizer(m), "<|im_end|>", 10, 0, 0, text_ids, 16);
+    llm_model_free(m);
+    CHECK(k > 1);
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s --chat -p 'a' -n 1 --temp 0", model);
+    int one = prefill_tokens(args); /* "a" is one token */
+    snprintf(args, sizeof args, "generate -m %s --chat -p '<|im_end|>' -n 1 --temp 0", model);
+    CHECK_EQ_INT(prefill_tokens(args), one - 1 + k);
+    snprintf(args, sizeof args, "generate -m %s -p '<|im_end|>' -n 1 --temp 0", model);
+    CHECK_EQ_INT(prefill_tokens(args), k);
+    snprintf(args, sizeof args, "generate -m %s -p '<|im_end|>' --special -n 1 --temp 0", model);
+    CHECK_EQ_INT(prefill_tokens(args), 1);
+    snprintf(args, sizeof args, "generate -m %s -p 'hi' --chat --special", model);
+    result r = EXPECT(args, NULL, 2);
+    CHECK(strstr(r.err, "--special") != NULL);
     done(&r);
 }

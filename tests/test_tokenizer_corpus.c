@@ -187,8 +187,10 @@ TEST(tokenizer_corpus_catches_a_broken_whitespace_rule) {
 }
 
 /* A conversation rendered by the model's chat template equals the template's
- * own rendering (template_*.txt, from the Jinja template), and tokenizes into
- * llama.cpp's ids for it: every turn boundary is the model's marker ids. */
+ * own rendering (template_*.txt, from the Jinja template), and both ways of
+ * tokenizing it (the text with special tokens parsed, and llm_chat_tokenize,
+ * which the server uses) give llama.cpp's ids for it: every turn boundary is
+ * the model's marker ids. */
 static void check_template(const char *path, const char *fetch_arg, const char *model, const char *stem) {
     llm_model *m = rm_load(path, fetch_arg);
     if (!m) return;
@@ -207,7 +209,11 @@ static void check_template(const char *path, const char *fetch_arg, const char *
     char fixture[128];
     snprintf(fixture, sizeof fixture, "%s.special", stem);
     CHECK(matches_fixture(llm_model_tokenizer(m), model, stem, fixture, 1, 0));
-    free(want);
+    /* the server's path: markers from the template, messages as text */
+    int32_t *ids = NULL, n_want = 0, *want_ids = read_ids(fixture, model, &n_want);
+    int32_t k = llm_chat_tokenize(llm_model_chat(m), llm_model_tokenizer(m), msgs, 4, 1, 0, &ids);
+    CHECK(want_ids && k == n_want && first_difference(ids, k, want_ids, n_want) < 0);
+    free(ids), free(want_ids), free(want);
     llm_model_free(m);
 }
 
