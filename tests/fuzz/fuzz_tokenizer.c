@@ -3,14 +3,16 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Iengine \
  *       tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c engine/tokenizer_encode.c \
- *       engine/pretok.c engine/unicode.c engine/chat.c -lm -o /tmp/fuzz_tok
+ *       engine/pretok.c engine/unicode.c engine/chat.c engine/status.c -lm -o /tmp/fuzz_tok
  *   /tmp/fuzz_tok -max_total_time=60
  *
  * The first byte picks what the rest of the input drives:
  *   0, 1  tokenize with fixed byte-level vocabularies (each pre-tokenizer) and
- *         a SentencePiece-style one, parse_special on and off; every result
- *         must decode back to the input exactly (byte-level always; SPM when
- *         the input has no literal '▁', which SPM reads as a space)
+ *         a SentencePiece-style one with Gemma-like runs of spaces, tabs and
+ *         newlines, parse_special on and off; every result must encode again
+ *         to the same ids from its decoded text, and decode back to the input
+ *         exactly when the input is well-formed UTF-8 (SPM: and has no literal
+ *         '▁', which SPM reads as a space)
  *   2     the input as a chat template and as messages (split at NUL bytes):
  *         detection, rendering, and continuation == whole minus cached prefix
  *   3     the input as a vocabulary (tokens split at '\n', merges from token
@@ -59,7 +61,8 @@ static unsigned gpt2_cp(unsigned b) {
     return 0;
 }
 
-enum { N_PRE = 4 };
+enum { N_PRE = 5 };
+static const char *const pres[N_PRE] = {"gpt2", "llama-bpe", "qwen2", "smollm", "default"};
 static llm_tokenizer *bpe[N_PRE], *spm;
 
 static void build_bpe(void) {
@@ -86,7 +89,6 @@ static void build_bpe(void) {
         merges[nm++] = dup_n(m, strlen(m));
         tok[n] = dup_n(r, strlen(r)), type[n++] = LLM_TOKEN_NORMAL;
     }
-    const char *pres[N_PRE] = {"gpt2", "llama-bpe", "qwen2", "smollm"};
     for (int p = 0; p < N_PRE; p++) {
         llm_tokenizer_desc d = llm_tokenizer_desc_default();
         d.model = "gpt2";
@@ -123,6 +125,9 @@ static void build_spm(void) {
         score[n] = -(float)i;
         type[n++] = LLM_TOKEN_NORMAL;
     }
+    const char *runs[] = {"  ", "   ", "\t", "\t\t", "\n", "\n\n"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        tok[n] = dup_n(runs[i], strlen(runs[i])), type[n++] = LLM_TOKEN_USER_DEFINED;
     llm_tokenizer_desc d = llm_tokenizer_desc_default();
     d.model = "llama";
     d.n_vocab = n;
@@ -137,9 +142,10 @@ static void build_spm(void) {
 /* ---------------------------------------------------------------- modes */
 
 /* Tokenize (checking the size protocol), decode, and compare with the input
- * when exact is set; with add_special the result must be the same ids with
- * n_added more around them (bos/eos). */
-static void roundtrip(const llm_tokenizer *t, const char *s, size_t n, int parse_special, int exact,
+ * when exact is set; when stable, the decoded text must encode to the same
+ * ids again; with add_special the result must be the same ids with n_added
+ * more around them (bos/eos; n_added < 0: not checked). */
+static void roundtrip(const llm_tokenizer *t, const char *s, size_t n, int parse_special, int exact, int stable,
                       int n_added) {
     int32_t need = llm_tokenize(t, s, n, 0, parse_special, NULL, 0);
     CHECK_OR_DIE(need != LLM_TOK_ERR);
@@ -163,6 +169,12 @@ static void roundtrip(const llm_tokenizer *t, const char *s, size_t n, int parse
         fprintf(stderr, "round trip failed (parse_special %d): %zu bytes in, %d out\n", parse_special, n, -len - 1);
         abort();
     }
+    if (stable) {
+        int32_t *again = malloc(sizeof *again * (size_t)(k + 8));
+        CHECK_OR_DIE(llm_tokenize(t, back, (size_t)(-len - 1), 0, parse_special, again, k + 8) == k);
+        CHECK_OR_DIE(k == 0 || memcmp(again, ids, sizeof *ids * (size_t)k) == 0);
+        free(again);
+    }
     for (int32_t i = 0; i < k; i++) {
         char piece[16];
         int32_t plen = -1;
@@ -175,19 +187,38 @@ static void roundtrip(const llm_tokenizer *t, const char *s, size_t n, int parse
     free(back);
 }
 
+/* Is s [n] well-formed UTF-8 (no overlong form, surrogate or value past
+ * U+10FFFF)? */
+static int well_formed(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned b = s[i];
+        size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : (b & 0xF0) == 0xE0 ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        if (!len || i + len > n) return 0;
+        uint32_t c = len == 1 ? b : b & (0x7Fu >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+            c = c << 6 | (s[i + k] & 0x3Fu);
+        }
+        if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10FFFF)) || (c >= 0xD800 && c <= 0xDFFF))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
 static void fuzz_tokenize(const char *s, size_t n) {
-    int has_sp = 0;
+    int has_sp = 0, ok = well_formed((const unsigned char *)s, n);
     for (size_t i = 0; i + 2 < n; i++)
         if ((unsigned char)s[i] == 0xE2 && (unsigned char)s[i + 1] == 0x96 && (unsigned char)s[i + 2] == 0x81)
             has_sp = 1;
     for (int p = 0; p < N_PRE; p++) {
-        roundtrip(bpe[p], s, n, 0, 1, 2);
-        roundtrip(bpe[p], s, n, 1, 1, 2);
+        roundtrip(bpe[p], s, n, 0, ok, 1, 2);
+        roundtrip(bpe[p], s, n, 1, ok, 1, 2);
     }
-    roundtrip(spm, s, n, 0, !has_sp, 1);
-    roundtrip(spm, s, n, 1, !has_sp, 1);
+    /* a literal '▁' decodes as a space, which user-defined runs of spaces then match */
+    roundtrip(spm, s, n, 0, ok && !has_sp, !has_sp, 1);
+    roundtrip(spm, s, n, 1, ok && !has_sp, !has_sp, 1);
     int32_t ends[64];
-    const char *pres[N_PRE] = {"gpt2", "llama-bpe", "qwen2", "smollm"};
     for (int p = 0; p < N_PRE; p++) {
         int32_t k = llm_pretokenize(pres[p], s, n, ends, 64);
         CHECK_OR_DIE(k != LLM_TOK_ERR);
@@ -272,8 +303,8 @@ static void fuzz_vocab(const char *s, size_t n) {
         d.add_bos = d.add_eos = 1;
         llm_tokenizer *t = NULL;
         if (llm_tokenizer_create(&d, &t, NULL, 0) != 0) continue;
-        roundtrip(t, s, n, 0, 0, -1);
-        roundtrip(t, s, n, 1, 0, -1);
+        roundtrip(t, s, n, 0, 0, 0, -1);
+        roundtrip(t, s, n, 1, 0, 0, -1);
         llm_tokenizer_free(t);
     }
     for (int i = 0; i < nm; i++) free(merges[i]);
