@@ -237,10 +237,11 @@ def test_a_fifo_or_directory_named_as_a_session_is_refused_without_stalling(tmp_
 
 
 def stop_reading_stderr(s):
+    """Stops the server (it must exit 0) and returns all it wrote to stderr."""
     s.proc.send_signal(signal.SIGTERM)
-    _, err = s.proc.communicate(timeout=30)
+    s.proc.communicate(timeout=30)
     assert s.proc.returncode == 0
-    return err
+    return s.stderr()
 
 
 def test_unfinished_saves_are_removed_at_start(tmp_path):
