@@ -18,6 +18,10 @@ also tokenized with special tokens parsed, into NAME.special.MODEL.ids (what a
 rendered chat template gets). Each .ids file is
 one line of decimal ids separated by spaces.
 
+The chat templates of models not at hand (Llama 3, Llama 2, Zephyr) are held to
+it too: their renderings are tokenized with the smollm2 vocabulary plus their
+markers as control tokens (TEMPLATE_MARKERS).
+
 The byte-level BPE pre-tokenizers are held to the same standard: the smollm2
 vocabulary is also written into vocabulary-only GGUF files whose
 tokenizer.ggml.pre names another pattern (BPE_VARIANTS), and each text gets
@@ -36,6 +40,15 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "tokenizer")
+# Chat templates whose models are not here: their renderings (template_NAME.txt)
+# are tokenized with the smollm2 vocabulary plus the template's markers as
+# control tokens, into template_NAME.special.smollm2+NAME.ids.
+TEMPLATE_MARKERS = {
+    "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "llama2": ["<s>", "</s>"],
+    "zephyr": ["<|system|>", "<|user|>", "<|assistant|>", "</s>"],
+}
+
 # Other tokenizer.ggml.pre values tried with the smollm2 vocabulary.
 BPE_VARIANTS = ["gpt-2", "default", "llama-bpe", "qwen2"]
 
@@ -67,15 +80,22 @@ def tokenize(tool, model, path, parse_special):
     return [int(x) for x in body.split(",")] if body else []
 
 
-def vocab_only_gguf(src, dst, pre):
-    """A copy of src's metadata, no tensors, with tokenizer.ggml.pre = pre."""
+def vocab_only_gguf(src, dst, pre=None, controls=()):
+    """A copy of src's metadata, no tensors, with tokenizer.ggml.pre = pre
+    (unless None) and the tokens controls appended as control tokens."""
     import gguf
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     for key, field in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        value = field.contents()
+        if key == "tokenizer.ggml.pre" and pre is not None:
+            value = pre
+        elif key == "tokenizer.ggml.tokens":
+            value = value + list(controls)
+        elif key == "tokenizer.ggml.token_type":
+            value = value + [3] * len(controls)
         if field.types[0] == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, value, field.types[0], sub_type=field.types[-1])
         else:
@@ -106,6 +126,11 @@ def main():
             path = os.path.join(tmp.name, f"smollm2-{pre}.gguf")
             vocab_only_gguf(models["smollm2"], path, pre)
             models[f"smollm2-{pre}"] = path
+        for name, controls in TEMPLATE_MARKERS.items():
+            path = os.path.join(tmp.name, f"smollm2+{name}.gguf")
+            vocab_only_gguf(models["smollm2"], path, controls=controls)
+            write_ids(os.path.join(out_dir, f"template_{name}.special.smollm2+{name}.ids"),
+                      tokenize(args.llama_tokenize, path, os.path.join(CORPUS, f"template_{name}.txt"), True))
     for name, gguf in models.items():
         for t in texts:
             path = os.path.join(CORPUS, t)

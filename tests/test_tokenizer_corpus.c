@@ -27,6 +27,7 @@
 static const char *const texts[] = {
     "license_gpl3", "code_python", "code_go", "code_web", "code_shell_make", "markdown", "chat",
     "numbers_dates", "multilingual", "whitespace", "crlf", "invalid_utf8", "template_chatml", "template_gemma",
+    "template_llama3", "template_llama2", "template_zephyr",
 };
 enum { N_TEXTS = sizeof texts / sizeof texts[0] };
 
@@ -147,17 +148,26 @@ TEST(tokenizer_corpus_smollm2_equals_llama_cpp) { check_corpus(SMOLLM2_MODEL, NU
 
 TEST(tokenizer_corpus_gemma3_equals_llama_cpp) { check_corpus(GEMMA3_MODEL, "gemma3-270m", "gemma3"); }
 
+/* The GGUF file at path (fetched first when missing), open in *g; NULL, with
+ * the test failed, when it cannot be had. */
+static llm_gguf *open_gguf(const char *path, const char *fetch_arg) {
+    llm_model *m = rm_load(path, fetch_arg);
+    if (!m) return NULL;
+    llm_model_free(m);
+    llm_gguf *g = NULL;
+    char err[256];
+    if (llm_gguf_open(path, &g, err, sizeof err) != 0) test_fail(__FILE__, __LINE__, "%s: %s", path, err);
+    return g;
+}
+
 /* The comparison catches a wrong whitespace rule: Gemma 3's vocabulary with
  * the runs of spaces, tabs and newlines treated as ordinary pieces (what an
  * earlier version did), or with a space prefixed to the text, parts from
  * llama.cpp on the whitespace-heavy texts. */
 TEST(tokenizer_corpus_catches_a_broken_whitespace_rule) {
-    llm_model *m = rm_load(GEMMA3_MODEL, "gemma3-270m");
-    if (!m) return;
-    llm_model_free(m);
-    llm_gguf *g;
+    llm_gguf *g = open_gguf(GEMMA3_MODEL, "gemma3-270m");
+    if (!g) return;
     char err[256];
-    CHECK_EQ_INT(llm_gguf_open(GEMMA3_MODEL, &g, err, sizeof err), 0);
     llm_vocab_desc v;
     CHECK_EQ_INT(llm_vocab_desc_read(g, &v, err, sizeof err), LLM_OK);
     llm_tokenizer *t;
@@ -229,12 +239,9 @@ TEST(tokenizer_gemma_template_turn_boundaries_equal_llama_cpp) {
  * tokenizer.ggml.pre replaced (expected/NAME.smollm2-PRE.ids come from a
  * vocabulary-only copy of the file naming PRE, through llama.cpp). */
 TEST(tokenizer_corpus_bpe_pretokenizers_equal_llama_cpp) {
-    llm_model *m = rm_load(SMOLLM2_MODEL, NULL);
-    if (!m) return;
-    llm_model_free(m);
-    llm_gguf *g;
+    llm_gguf *g = open_gguf(SMOLLM2_MODEL, NULL);
+    if (!g) return;
     char err[256];
-    CHECK_EQ_INT(llm_gguf_open(SMOLLM2_MODEL, &g, err, sizeof err), 0);
     static const char *const pres[] = {"gpt-2", "default", "llama-bpe", "qwen2"};
     for (size_t p = 0; p < sizeof pres / sizeof pres[0]; p++) {
         llm_vocab_desc v;
@@ -252,4 +259,65 @@ TEST(tokenizer_corpus_bpe_pretokenizers_equal_llama_cpp) {
         llm_vocab_desc_free(&v);
     }
     llm_gguf_close(g);
+}
+
+/* The templates of models not at hand: SmolLM2's vocabulary with the
+ * template's markers appended as control tokens (as the fixture script gives
+ * llama.cpp), the conversation rendered (equal to the Jinja template's
+ * rendering) and tokenized by llm_chat_tokenize. */
+static void check_foreign_template(llm_chat_kind kind, const char *name, const char *const *markers, int n_markers) {
+    llm_gguf *g = open_gguf(SMOLLM2_MODEL, NULL);
+    if (!g) return;
+    char err[256];
+    llm_vocab_desc v;
+    CHECK_EQ_INT(llm_vocab_desc_read(g, &v, err, sizeof err), LLM_OK);
+    int32_t n = v.desc.n_vocab, total = n + n_markers;
+    const char **tokens = malloc(sizeof *tokens * (size_t)total);
+    int32_t *lens = malloc(sizeof *lens * (size_t)total), *types = malloc(sizeof *types * (size_t)total);
+    memcpy(tokens, v.tokens, sizeof *tokens * (size_t)n);
+    memcpy(lens, v.token_len, sizeof *lens * (size_t)n);
+    memcpy(types, v.token_type, sizeof *types * (size_t)n);
+    for (int i = 0; i < n_markers; i++)
+        tokens[n + i] = markers[i], lens[n + i] = (int32_t)strlen(markers[i]), types[n + i] = LLM_TOKEN_CONTROL;
+    v.desc.n_vocab = total, v.desc.tokens = tokens, v.desc.token_len = lens, v.desc.token_type = types;
+    llm_tokenizer *t;
+    CHECK_EQ_INT(llm_tokenizer_create(&v.desc, &t, err, sizeof err), 0);
+    llm_chat_format f = llm_chat_format_of(kind);
+    llm_chat_msg msgs[] = {{"system", "You are terse."},
+                           {"user", "Hi!  How are you?\n\tFine?"},
+                           {"assistant", "Good."},
+                           {"user", "List 3 colours."}};
+    char stem[64], fixture[96], model[64], file[128], text[1024];
+    snprintf(stem, sizeof stem, "template_%s", name);
+    snprintf(fixture, sizeof fixture, "%s.special", stem);
+    snprintf(model, sizeof model, "smollm2+%s", name);
+    snprintf(file, sizeof file, CORPUS "%s.txt", stem);
+    size_t len;
+    char *want = read_all(file, &len);
+    int32_t k = llm_chat_render(&f, msgs, 4, 1, text, sizeof text);
+    CHECK(want && k == (int32_t)len && memcmp(text, want, len) == 0);
+    int32_t *ids = NULL, n_want = 0, *want_ids = read_ids(fixture, model, &n_want);
+    k = llm_chat_tokenize(&f, t, msgs, 4, 1, 0, &ids);
+    CHECK(want_ids && k == n_want && first_difference(ids, k, want_ids, n_want) < 0);
+    CHECK(matches_fixture(t, model, stem, fixture, 1, 0));
+    free(ids), free(want_ids), free(want);
+    llm_tokenizer_free(t);
+    free(tokens), free(lens), free(types);
+    llm_vocab_desc_free(&v);
+    llm_gguf_close(g);
+}
+
+TEST(tokenizer_llama3_template_turn_boundaries_equal_llama_cpp) {
+    static const char *const markers[] = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    check_foreign_template(LLM_CHAT_LLAMA3, "llama3", markers, 3);
+}
+
+TEST(tokenizer_llama2_template_turn_boundaries_equal_llama_cpp) {
+    static const char *const markers[] = {"<s>", "</s>"};
+    check_foreign_template(LLM_CHAT_LLAMA2, "llama2", markers, 2);
+}
+
+TEST(tokenizer_zephyr_template_turn_boundaries_equal_llama_cpp) {
+    static const char *const markers[] = {"<|system|>", "<|user|>", "<|assistant|>", "</s>"};
+    check_foreign_template(LLM_CHAT_ZEPHYR, "zephyr", markers, 4);
 }
