@@ -191,9 +191,17 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
     if (st != LLM_OK) return st;
     double mean, sd;
     stats(b->x, (int)b->reps, &mean, &sd);
-    /* the floor: bytes per decoded token (mean depth D + n/2) at the measured bandwidth */
-    double kv = (double)llm_context_stats(b->c).bytes_per_token * ((double)depth + (double)n_gen / 2);
-    double floor_mb = ((double)llm_model_weight_bytes(b->m) + kv) / 1e6;
+    /* the floor: what a decoded token reads at the measured bandwidth, at the
+     * row's mean depth D + n/2: the weights the products stream (the packed
+     * copy when there is one), and per cache group the K/V of the positions
+     * its layers attend, at most a window's */
+    double at = (double)depth + (double)n_gen / 2, kv = 0;
+    for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(b->m, g, &nl, &w) == LLM_OK; g++) {
+        double span = w && (double)w < at ? (double)w : at;
+        kv += (double)kv_cache_get_stats(llm_context_cache_at(b->c, g)).bytes_per_token * span;
+    }
+    uint64_t packed = llm_model_packed_bytes(b->m);
+    double floor_mb = ((double)(packed ? packed : llm_model_weight_bytes(b->m)) + kv) / 1e6;
     double floor_tps = n_gen && b->read_gbs > 0 ? b->read_gbs * 1e3 / floor_mb : 0;
     const llm_context_params cp = llm_context_get_params(b->c);
     if (b->json) {
@@ -306,9 +314,12 @@ int cmd_bench_model(int argc, char **argv) {
         fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
         rc = 1;
     } else if (!json && b.read_gbs > 0) {
-        printf("  floor: weights (%.1f MB) + K/V at the row's mean depth, streamed once per token at the\n"
-               "  %.1f GB/s read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
-               (double)llm_model_weight_bytes(b.m) / 1e6, b.read_gbs, (int)cp.n_threads);
+        uint64_t packed = llm_model_packed_bytes(b.m);
+        printf("  floor: the weights the products stream (%.1f MB%s) + each layer group's K/V at the row's\n"
+               "  mean depth (a window group's at most its window), read once per token at the %.1f GB/s\n"
+               "  read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
+               (double)(packed ? packed : llm_model_weight_bytes(b.m)) / 1e6, packed ? ", packed" : "",
+               b.read_gbs, (int)cp.n_threads);
     }
     llm_session_free(b.s);
     free(toks), free(b.x);

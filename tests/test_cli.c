@@ -817,3 +817,22 @@ TEST(cli_control_tokens_come_from_the_template_or_special_alone) {
     CHECK(strstr(r.err, "--special") != NULL);
     done(&r);
 }
+
+/* bench model's decode floor counts what a token reads: the packed weights,
+ * and per layer group the K/V its layers attend. Gemma 3 270M, from its
+ * shape: 3 full and 15 window-512 layers, one KV head of 256, f16 K/V, so
+ * 1024 bytes per layer per position; at depth 600 and 4 new tokens (mean
+ * position 602) the full layers read 602 positions and the window layers 512. */
+TEST(cli_bench_model_floor_counts_each_layer_groups_attended_kv) {
+    const char *model = "models/gemma-3-270m-Q4_K_M.gguf";
+    llm_model *m = rm_load(model, "gemma3-270m");
+    if (!m) return;
+    llm_model_free(m);
+    char args[512];
+    snprintf(args, sizeof args, "bench model -m %s -p 0 -n 4 --depth 600 -r 1 --kv-type f16 --json", model);
+    result r = EXPECT(args, NULL, 0);
+    double packed = json_num(r.out, "packed_bytes"), bytes = json_num(r.out, "bytes_per_token");
+    CHECK(packed > 2e8);
+    CHECK_NEAR(bytes, packed + 3.0 * 1024 * 602 + 15.0 * 1024 * 512, 1.0);
+    done(&r);
+}
