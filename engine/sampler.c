@@ -17,7 +17,7 @@ static int params_ok(const llm_sampler_params *p, int32_t n_vocab) {
     if (n_vocab < 1 || p->top_k < 0 || isnan(p->temp) || !(p->top_p > 0.0f && p->top_p <= 1.0f)) return 0;
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty >= 0.0f && p->repeat_penalty < INFINITY) ||
         p->repeat_last_n < -1 || !(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f) ||
-        p->n_bias < 0 || (p->n_bias > 0 && !p->bias))
+        p->n_bias < 0 || (p->n_bias > 0 && !p->bias) || (p->grammar && p->grammar->n_vocab != n_vocab))
         return 0;
     for (int32_t i = 0; i < p->n_bias; i++)
         if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || !(fabsf(p->bias[i].bias) <= 100.0f)) return 0;
@@ -32,7 +32,8 @@ static int repeat_on(const llm_sampler_params *p) {
 static int init_processing(llm_sampler *s, int32_t n_vocab) {
     const llm_sampler_params *p = &s->p;
     const int counts = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f;
+    s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f || p->grammar;
+    if (p->grammar) llm_json_init(&s->json, (llm_json_root)p->json_root);
     if (!s->processing) return 0;
     s->work = malloc(sizeof *s->work * (size_t)n_vocab);
     if (!s->work) return -1;
@@ -92,6 +93,7 @@ void llm_sampler_accept_prompt(llm_sampler *s, const int32_t *tokens, int32_t n)
 
 void llm_sampler_accept(llm_sampler *s, int32_t token) {
     if (!s->processing || token < 0 || token >= s->n_vocab) return;
+    if (s->p.grammar) llm_json_accept(&s->json, s->p.grammar, token);
     window_push(s, token);
     if (!s->count) return;
     if (s->count[token]++ == 0) {
@@ -129,6 +131,7 @@ const float *llm_sampler_process(llm_sampler *s, const float *logits) {
         const int32_t t = s->seen[i];
         w[t] -= s->p.frequency_penalty * (float)s->count[t] + s->p.presence_penalty;
     }
+    if (s->p.grammar) llm_json_mask(&s->json, s->p.grammar, w);
     if (s->p.min_p > 0.0f && s->p.temp > 0.0f) {
         const float floor = w[llm_argmax(w, V)] + logf(s->p.min_p);
         for (int32_t i = 0; i < V; i++) w[i] = w[i] >= floor ? w[i] : -INFINITY;

@@ -22,6 +22,8 @@
  *   frequency_penalty  OpenAI's, over the generated tokens only (the prompt
  *   presence_penalty   is not counted): logit -= frequency * count + presence
  *                      * (count > 0), count = times the token was generated
+ *   grammar            only tokens that continue a valid JSON document
+ *                      (engine/grammar.h) keep their logits
  *   min_p              (temp > 0) tokens whose probability at temperature 1
  *                      is below min_p times the best one's are dropped
  *
@@ -36,6 +38,8 @@
 
 #include <stdint.h>
 
+#include "grammar.h"
+
 typedef struct {
     float temp;        /* temperature; <= 0 is greedy */
     int32_t top_k;     /* keep the k most likely tokens; 0 keeps all */
@@ -48,6 +52,8 @@ typedef struct {
     float frequency_penalty;    /* OpenAI's, in [-2, 2]; 0: off */
     const struct llm_logit_bias *bias; /* [n_bias], copied at init; ids in the vocabulary, */
     int32_t n_bias;                    /* values in [-100, 100] */
+    const llm_grammar_vocab *grammar;  /* non-NULL: constrained to JSON (its root: json_root); */
+    int32_t json_root;                 /* the caller keeps it alive while the sampler lives */
 } llm_sampler_params;
 
 typedef struct llm_logit_bias {
@@ -81,6 +87,7 @@ typedef struct {
     int32_t *ring;         /* [cap_ring] the last tokens of the sequence (repeat window) */
     int32_t cap_ring, n_ring, at_ring;
     uint32_t *mark, stamp; /* [V] deduplication of the window within one step */
+    llm_json_state json;   /* with p.grammar: the document so far */
 } llm_sampler;
 
 enum { LLM_SAMPLER_BLOCK = 256 };
