@@ -178,41 +178,77 @@ llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok) {
         if (n > 0) used += (size_t)n;
     }
     v->off[V] = (uint32_t)used;
+    /* group by first byte: counts, offsets, then place (counting sort) */
+    v->by_first = malloc(sizeof *v->by_first * ((size_t)V + 1));
+    v->eogs = malloc(sizeof *v->eogs * ((size_t)V + 1));
+    if (!v->by_first || !v->eogs) {
+        llm_grammar_vocab_free(v);
+        return NULL;
+    }
+    /* plain: every byte may stand inside a string as itself */
+    if (!(v->plain = malloc((size_t)V + 1))) {
+        llm_grammar_vocab_free(v);
+        return NULL;
+    }
+    for (int32_t t = 0; t < V; t++) {
+        v->plain[t] = 1;
+        for (uint32_t k = v->off[t]; k < v->off[t + 1]; k++) {
+            const unsigned char b = (unsigned char)v->bytes[k];
+            if (b < 0x20 || b == '"' || b == '\\') v->plain[t] = 0;
+        }
+    }
+    int32_t at[257] = {0};
+    for (int32_t t = 0; t < V; t++)
+        if (v->eog[t]) v->eogs[v->n_eog++] = t;
+        else if (v->off[t + 1] > v->off[t]) at[(unsigned char)v->bytes[v->off[t]] + 1]++;
+    for (int c = 0; c < 256; c++) at[c + 1] += at[c];
+    memcpy(v->group, at, sizeof at);
+    for (int32_t t = 0; t < V; t++)
+        if (!v->eog[t] && v->off[t + 1] > v->off[t]) v->by_first[at[(unsigned char)v->bytes[v->off[t]]]++] = t;
     return v;
 }
 
 void llm_grammar_vocab_free(llm_grammar_vocab *v) {
     if (!v) return;
-    free(v->off), free(v->bytes), free(v->eog), free(v);
+    free(v->off), free(v->bytes), free(v->eog), free(v->by_first), free(v->eogs), free(v->plain), free(v);
 }
 
-int32_t llm_json_mask(const llm_json_state *st, const llm_grammar_vocab *v, float *logits) {
-    /* the state after each possible first byte, once per step */
-    llm_json_state after[256];
-    uint8_t first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        after[c] = *st;
-        first_ok[c] = !st->dead && step(&after[c], c) == 0;
+int32_t llm_json_mask(const llm_json_state *st, const llm_grammar_vocab *v, const float *in, float *out) {
+    for (int32_t t = 0; t < v->n_vocab; t++) out[t] = -INFINITY;
+    /* the state after each first byte, once per step; then only the groups
+     * that byte allows, each token from the state after its first byte */
+    int32_t allowed = 0;
+    for (int c = 0; c < 256 && !st->dead; c++) {
+        if (v->group[c] == v->group[c + 1]) continue;
+        llm_json_state after = *st;
+        if (step(&after, c)) continue;
+        /* in a string, a token of plain string bytes stays in it: allowed unread */
+        const int in_str = after.mode == M_STR && st->mode == M_STR;
+        /* a large group: the second bytes the state allows, once (most tokens
+         * after a space are refused at their second byte) */
+        uint8_t ok2[256];
+        const int use2 = !in_str && v->group[c + 1] - v->group[c] > 256;
+        for (int c2 = 0; use2 && c2 < 256; c2++) {
+            llm_json_state s2 = after;
+            ok2[c2] = step(&s2, c2) == 0;
+        }
+        for (int32_t i = v->group[c]; i < v->group[c + 1]; i++) {
+            const int32_t t = v->by_first[i];
+            const uint32_t a = v->off[t] + 1, b = v->off[t + 1];
+            if (in_str && v->plain[t]) {
+                out[t] = in[t], allowed++;
+                continue;
+            }
+            if (use2 && a < b && !ok2[(unsigned char)v->bytes[a]]) continue;
+            llm_json_state s = after;
+            if (a == b || llm_json_feed(&s, v->bytes + a, b - a) == 0) out[t] = in[t], allowed++;
+        }
     }
     const int complete = llm_json_complete(st);
-    int32_t allowed = 0;
-    for (int32_t t = 0; t < v->n_vocab; t++) {
-        const uint32_t a = v->off[t], b = v->off[t + 1];
-        int ok;
-        if (v->eog[t]) ok = complete;
-        else if (a == b || !first_ok[(unsigned char)v->bytes[a]]) ok = 0;
-        else if (b - a == 1) ok = 1;
-        else {
-            llm_json_state s = after[(unsigned char)v->bytes[a]];
-            ok = llm_json_feed(&s, v->bytes + a + 1, b - a - 1) == 0;
-        }
-        if (ok) allowed++;
-        else logits[t] = -INFINITY;
-    }
-    if (allowed == 0) /* nothing continues the document: let the reply end */
-        for (int32_t t = 0; t < v->n_vocab; t++)
-            if (v->eog[t]) logits[t] = 0.0f, allowed++;
-    return allowed;
+    for (int32_t i = 0; i < v->n_eog; i++)
+        if (complete || allowed == 0) /* with nothing else left: let the reply end */
+            out[v->eogs[i]] = complete ? in[v->eogs[i]] : 0.0f;
+    return allowed + (complete || allowed == 0 ? v->n_eog : 0);
 }
 
 int llm_json_accept(llm_json_state *st, const llm_grammar_vocab *v, int32_t token) {

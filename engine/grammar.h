@@ -44,24 +44,30 @@ int llm_json_feed(llm_json_state *st, const char *bytes, size_t n);
 /* Whether what was fed is a complete document (more whitespace may follow). */
 int llm_json_complete(const llm_json_state *st);
 
-/* Every token's bytes (control tokens: none), once per vocabulary. */
+/* Every token's bytes (control tokens: none), once per vocabulary, and the
+ * tokens grouped by first byte (the mask visits only the groups whose first
+ * byte the state allows). */
 typedef struct llm_grammar_vocab {
     int32_t n_vocab;
     uint32_t *off;      /* [n_vocab + 1] token t's bytes are bytes[off[t] .. off[t + 1]) */
     char *bytes;
     uint8_t *eog;       /* [n_vocab] end-of-generation tokens */
+    int32_t *by_first;  /* [n_vocab] the tokens with bytes, by first byte */
+    int32_t group[257]; /* by_first[group[c] .. group[c + 1]) begin with byte c */
+    int32_t *eogs, n_eog; /* the end-of-generation tokens */
+    uint8_t *plain;     /* [n_vocab] no byte below 0x20, no '"' or '\\': inside a string, it stays one */
 } llm_grammar_vocab;
 
 /* NULL when out of memory. */
 llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok);
 void llm_grammar_vocab_free(llm_grammar_vocab *v);
 
-/* Sets logits [v->n_vocab] to -inf for every token that cannot follow st: a
- * token with no bytes or one whose bytes are refused; an end-of-generation
- * token is allowed only once the document is complete. When nothing would be
- * left (a dead state), the end-of-generation tokens are, at logit 0. Returns the count
- * of tokens allowed. */
-int32_t llm_json_mask(const llm_json_state *st, const llm_grammar_vocab *v, float *logits);
+/* out [v->n_vocab] = in where the token can follow st, -inf elsewhere (in and
+ * out distinct): a token with no bytes or whose bytes are refused is banned;
+ * an end-of-generation token is allowed only once the document is complete.
+ * When nothing would be left (a dead state), the end-of-generation tokens
+ * are, at logit 0. Returns the count of tokens allowed. */
+int32_t llm_json_mask(const llm_json_state *st, const llm_grammar_vocab *v, const float *in, float *out);
 /* Feeds token's bytes (an end-of-generation token: none). */
 int llm_json_accept(llm_json_state *st, const llm_grammar_vocab *v, int32_t token);
 

@@ -34,6 +34,7 @@ static int init_processing(llm_sampler *s, int32_t n_vocab) {
     const int counts = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f || p->grammar;
     if (p->grammar) llm_json_init(&s->json, (llm_json_root)p->json_root);
+    if (p->grammar && !(s->masked = malloc(sizeof *s->masked * (size_t)n_vocab))) return -1;
     if (!s->processing) return 0;
     s->work = malloc(sizeof *s->work * (size_t)n_vocab);
     if (!s->work) return -1;
@@ -69,7 +70,7 @@ int llm_sampler_init(llm_sampler *s, const llm_sampler_params *p, int32_t n_voca
 
 void llm_sampler_free(llm_sampler *s) {
     free(s->cand), free(s->prob), free(s->weight), free(s->block_mass);
-    free(s->work), free(s->bias), free(s->count), free(s->seen), free(s->ring), free(s->mark);
+    free(s->work), free(s->masked), free(s->bias), free(s->count), free(s->seen), free(s->ring), free(s->mark);
     memset(s, 0, sizeof *s);
 }
 
@@ -131,7 +132,10 @@ const float *llm_sampler_process(llm_sampler *s, const float *logits) {
         const int32_t t = s->seen[i];
         w[t] -= s->p.frequency_penalty * (float)s->count[t] + s->p.presence_penalty;
     }
-    if (s->p.grammar) llm_json_mask(&s->json, s->p.grammar, w);
+    if (s->p.grammar) {
+        llm_json_mask(&s->json, s->p.grammar, w, s->masked);
+        w = s->masked;
+    }
     if (s->p.min_p > 0.0f && s->p.temp > 0.0f) {
         const float floor = w[llm_argmax(w, V)] + logf(s->p.min_p);
         for (int32_t i = 0; i < V; i++) w[i] = w[i] >= floor ? w[i] : -INFINITY;

@@ -88,6 +88,7 @@ typedef struct {
     int32_t cap_ring, n_ring, at_ring;
     uint32_t *mark, stamp; /* [V] deduplication of the window within one step */
     llm_json_state json;   /* with p.grammar: the document so far */
+    float *masked;         /* [V] with p.grammar: the logits it allows */
 } llm_sampler;
 
 enum { LLM_SAMPLER_BLOCK = 256 };
