@@ -374,7 +374,8 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                                       .repeat_last_n = (int32_t)r.repeat_last_n,
                                       .presence_penalty = (float)r.presence_penalty,
                                       .frequency_penalty = (float)r.frequency_penalty, .bias = r.bias,
-                                      .n_bias = r.n_bias};
+                                      .n_bias = r.n_bias, .grammar = r.json_object ? s->json_vocab : NULL,
+                                      .json_root = LLM_JSON_OBJECT};
     char msg[200];
     sr.session = r.session ? path : NULL;
     int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;

@@ -457,6 +457,8 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     }
     s->sched_started = 1;
     s->c = c, s->m = llm_context_model(c), s->n_ctx = llm_context_get_params(c).n_ctx;
+    if (!(s->json_vocab = llm_grammar_vocab_new(llm_model_tokenizer(s->m))))
+        return snprintf(err, errlen, "out of memory for the vocabulary's byte strings"), -1;
     atomic_store(&s->state, SRV_READY);
     return 0;
 }
@@ -506,6 +508,7 @@ void srv_shutdown(srv *s) {
     if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
     llm_sched_free(s->sched);
+    llm_grammar_vocab_free(s->json_vocab);
     pthread_mutex_destroy(&s->metrics.mu);
     free(s);
 }

@@ -249,8 +249,8 @@ const srv_field srv_fields[] = {
     {"store", CH, SRV_FIELD_PARTIAL, "only false: this server stores no completions"},
     {"service_tier", CH, SRV_FIELD_PARTIAL, "only \"auto\" or \"default\": there is one tier"},
     {"modalities", CH, SRV_FIELD_PARTIAL, "only [\"text\"]: no audio output"},
-    {"response_format", CH, SRV_FIELD_PARTIAL, "only {\"type\": \"text\"}: constrained decoding (json_object, "
-                                               "json_schema) is not implemented"},
+    {"response_format", CH, SRV_FIELD_PARTIAL, "only {\"type\": \"text\"} or {\"type\": \"json_object\"}: "
+                                               "json_schema is not implemented"},
     {"tool_choice", CH, SRV_FIELD_PARTIAL, "only \"none\": tool calling is not implemented"},
     {"function_call", CH, SRV_FIELD_PARTIAL, "only \"none\": function calling is not implemented"},
     {"tools", CH, SRV_FIELD_REFUSED, "tool calling is not implemented"},
@@ -279,7 +279,9 @@ static int partial_ok(const char *name, json_t *v) {
     if (!strcmp(name, "store") || !strcmp(name, "echo")) return json_is_false(v);
     if (!strcmp(name, "service_tier")) return is_str(v, "auto") || is_str(v, "default");
     if (!strcmp(name, "modalities")) return json_is_array(v) && json_array_size(v) == 1 && is_str(json_array_get(v, 0), "text");
-    if (!strcmp(name, "response_format")) return json_is_object(v) && is_str(json_object_get(v, "type"), "text");
+    if (!strcmp(name, "response_format"))
+        return json_is_object(v) && json_object_size(v) == 1 &&
+               (is_str(json_object_get(v, "type"), "text") || is_str(json_object_get(v, "type"), "json_object"));
     if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call")) return is_str(v, "none");
     if (!strcmp(name, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
     if (!strcmp(name, "suffix")) return is_str(v, "");
@@ -379,6 +381,8 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
     if (get_session(o, r, e)) return -1;
+    json_t *rf = field(o, "response_format");   /* its value checked with the other fields */
+    r->json_object = rf && is_str(json_object_get(rf, "type"), "json_object");
     json_t *so = field(o, "stream_options");
     if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
     json_t *iu = so ? field(so, "include_usage") : NULL;

@@ -71,6 +71,7 @@ typedef struct {
     llm_logit_bias *bias;        /* [n_bias] from "logit_bias" (ids checked against the
                                   * vocabulary by the caller) */
     int32_t n_bias;
+    int json_object;             /* response_format {"type": "json_object"}: the reply is one JSON object */
     uint64_t seed;               /* when has_seed */
     int has_seed;
     const char *stops[LLM_MAX_STOPS];

@@ -106,12 +106,52 @@ def test_out_of_range_values_get_a_400_naming_the_field(client, field, value):
     ("parallel_tool_calls", True), ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low"), ("store", True),
     ("service_tier", "flex"), ("web_search_options", {}), ("verbosity", "low"),
-    ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("response_format", {"type": "bogus"}), ("mirostat", 2), ("grammar", "root ::= \"a\""), ("echo", True),
 ])
 def test_each_refused_field_gets_a_400_naming_it(client, field, value):
     refused(client, field, extra_body={field: value})
+
+
+JSON_PROMPTS = [
+    "Describe a cat as JSON with name and age.", "Give me a JSON object of three fruits and their colours.",
+    "Return a JSON object describing the weather today.", "List two cities and their countries as JSON.",
+    "Make a JSON object for a book: title, author, year.", "Answer in JSON: what is 2 + 2?",
+    "Output a JSON object with a key greeting.", "Describe a car in JSON.", "Hello!", "Write a poem."]
+
+
+def parses_as_object(text):
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def test_json_object_replies_parse(client):
+    """Every reply that ends by itself is one JSON object. SmolLM2-135M, greedy,
+    sometimes nests or lists keys until max_tokens: those end "length", cut
+    inside the object (as OpenAI's do); most end on their own."""
+    stopped = 0
+    for prompt in JSON_PROMPTS:
+        c = chat(client, prompt, max_tokens=200, response_format={"type": "json_object"}).choices[0]
+        if c.finish_reason == "stop":
+            stopped += 1
+            assert parses_as_object(c.message.content), (prompt, c.message.content)
+        else:
+            assert c.finish_reason == "length" and not parses_as_object(c.message.content)
+    assert stopped >= 6, stopped
+    # without the constraint the same model writes prose
+    plain = [chat(client, p, max_tokens=60).choices[0].message.content for p in JSON_PROMPTS[-3:]]
+    assert not any(parses_as_object(t) for t in plain), plain
+
+
+def test_json_object_with_sampling_and_n_each_choice_parses(client):
+    r = chat(client, JSON_PROMPTS[0], max_tokens=200, temperature=1.0, seed=5, n=3,
+             response_format={"type": "json_object"})
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.message.content), dict), c.message.content
+    assert sum(c.finish_reason == "stop" for c in r.choices) >= 2
 
 
 def test_accepted_values_of_partial_fields_and_identifiers_pass(client):
