@@ -17,6 +17,8 @@
 
 static void usage(void) {
     printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+           "                    [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P]\n"
+           "                    [--frequency-penalty F] [--stop TEXT]...\n"
            "                    [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
            "                    [--context-shift [--keep N]] [--session FILE]\n"
            "Reads one user message per line from stdin and streams each reply to stdout.\n"
@@ -240,7 +242,7 @@ int cmd_chat(int argc, char **argv) {
     }
     st.gp = llm_gen_default_params();
     st.gp.max_tokens = (int32_t)so.n_gen;
-    st.gp.sampler = cli_sampler_params(&so);
+    st.gp.sampler = cli_sampler_params(&so); st.gp.stops = so.stops, st.gp.n_stops = so.n_stops;
     st.gp.on_text = on_text, st.gp.on_token = on_token, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
     st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);

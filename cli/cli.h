@@ -113,7 +113,7 @@ int32_t *cli_chat_tokens(const struct llm_model *m, const char *system, const ch
 int cli_print_text(void *user, const char *text, size_t len);
 /* ---- sampling and length, for generate and chat ---- */
 
-#include "../engine/sampler.h" /* llm_sampler_params */
+#include "../engine/session.h" /* llm_sampler_params, LLM_MAX_STOPS */
 
 typedef struct {
     int64_t n_gen;   /* -n, --tokens: at most this many tokens */
@@ -121,18 +121,36 @@ typedef struct {
     int64_t top_k;   /* --top-k: 0 keeps every token */
     double top_p;    /* --top-p, in (0, 1] */
     int64_t seed;    /* --seed */
+    double min_p;                /* --min-p, in [0, 1]; 0: off */
+    double repeat_penalty;       /* --repeat-penalty, > 0; 1: off */
+    int64_t repeat_last_n;       /* --repeat-last-n: its window, prompt included; -1: all */
+    double presence_penalty;     /* --presence-penalty, in [-2, 2] */
+    double frequency_penalty;    /* --frequency-penalty, in [-2, 2] */
+    const char *stops[LLM_MAX_STOPS]; /* --stop, repeatable */
+    int32_t n_stops;
+    bool too_many_stops;
 } cli_sample_opts;
 
 /* generate's and chat's defaults (llama-cli's): temperature 0.8, top-k 40,
- * top-p 0.95, seed 1, and at most n_gen tokens. */
+ * top-p 0.95, seed 1, repeat window 64, penalties and min-p off, no stop
+ * strings, and at most n_gen tokens. */
 cli_sample_opts cli_sample_opts_default(int64_t n_gen);
 /* Their help lines, -n's apart. */
 #define CLI_SAMPLE_HELP                                                                          \
     "  --temp T           temperature; 0 is greedy and deterministic (default 0.8)\n"            \
     "  --top-k K          sample among the K most likely tokens, 0: all (default 40)\n"          \
     "  --top-p P          nucleus: the smallest set holding mass P (default 0.95)\n"             \
-    "  --seed S           sampler seed (default 1)\n"
-/* Matches -n/--tokens, --temp, --top-k, --top-p, --seed at argv[*i]. */
+    "  --seed S           sampler seed (default 1)\n"                                             \
+    "  --min-p P          drop tokens less likely than P times the best one (default 0: off)\n"  \
+    "  --repeat-penalty R divide positive logits (multiply negative) of the tokens among the\n"  \
+    "                     last --repeat-last-n, prompt included, by R (default 1: off)\n"        \
+    "  --repeat-last-n N  that window in tokens; -1: every token (default 64)\n"                 \
+    "  --presence-penalty P  OpenAI's: subtract P from each token generated before (in [-2, 2])\n" \
+    "  --frequency-penalty F OpenAI's: subtract F times its count so far (in [-2, 2])\n"         \
+    "  --stop TEXT        stop before TEXT appears (repeatable, up to 8; not shown)\n"
+/* Matches -n/--tokens, --temp, --top-k, --top-p, --seed, --min-p,
+ * --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
+ * --stop at argv[*i]. */
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
 /* 0, or 2 after a message; n_min is the least -n the command takes. */
 int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min);

@@ -178,19 +178,51 @@ int cli_print_text(void *user, const char *text, size_t len) {
 }
 
 cli_sample_opts cli_sample_opts_default(int64_t n_gen) {
-    return (cli_sample_opts){.n_gen = n_gen, .temp = 0.8, .top_k = 40, .top_p = 0.95, .seed = 1};
+    return (cli_sample_opts){.n_gen = n_gen, .temp = 0.8, .top_k = 40, .top_p = 0.95, .seed = 1,
+                             .repeat_penalty = 1, .repeat_last_n = 64};
 }
 
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
+    const char *stop = NULL;
+    if (cli_opt_str(argc, argv, i, NULL, "--stop", &stop)) {
+        if (o->n_stops < LLM_MAX_STOPS) o->stops[o->n_stops++] = stop;
+        else o->too_many_stops = true;
+        return true;
+    }
     return cli_opt_int(argc, argv, i, "-n", "--tokens", &o->n_gen) || cli_opt_f64(argc, argv, i, NULL, "--temp", &o->temp) ||
            cli_opt_int(argc, argv, i, NULL, "--top-k", &o->top_k) || cli_opt_f64(argc, argv, i, NULL, "--top-p", &o->top_p) ||
-           cli_opt_int(argc, argv, i, NULL, "--seed", &o->seed);
+           cli_opt_int(argc, argv, i, NULL, "--seed", &o->seed) || cli_opt_f64(argc, argv, i, NULL, "--min-p", &o->min_p) ||
+           cli_opt_f64(argc, argv, i, NULL, "--repeat-penalty", &o->repeat_penalty) ||
+           cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &o->repeat_last_n) ||
+           cli_opt_f64(argc, argv, i, NULL, "--presence-penalty", &o->presence_penalty) ||
+           cli_opt_f64(argc, argv, i, NULL, "--frequency-penalty", &o->frequency_penalty);
+}
+
+/* A real option out of [lo, hi] (NaN too): 0 after a message naming it. */
+static bool f64_range(const char *cmd, const char *opt, double v, double lo, double hi, const char *what) {
+    if (v >= lo && v <= hi) return true;
+    fprintf(stderr, "kvcache %s: %s %g is out of range: it takes %s, %g to %g\n", cmd, opt, v, what, lo, hi);
+    return false;
 }
 
 int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
     if (!cli_range(cmd, "-n", o->n_gen, n_min, 1 << 24, "tokens to generate") ||
-        !cli_range(cmd, "--top-k", o->top_k, 0, INT32_MAX, "the K most likely tokens; 0: all"))
+        !cli_range(cmd, "--top-k", o->top_k, 0, INT32_MAX, "the K most likely tokens; 0: all") ||
+        !cli_range(cmd, "--repeat-last-n", o->repeat_last_n, -1, 1 << 24, "a window in tokens; -1: all") ||
+        !f64_range(cmd, "--min-p", o->min_p, 0, 1, "a fraction of the best token's probability") ||
+        !f64_range(cmd, "--repeat-penalty", o->repeat_penalty, 1e-6, 10, "a divisor above 0 (1: off)") ||
+        !f64_range(cmd, "--presence-penalty", o->presence_penalty, -2, 2, "a logit offset") ||
+        !f64_range(cmd, "--frequency-penalty", o->frequency_penalty, -2, 2, "a logit offset per occurrence"))
         return 2;
+    if (o->too_many_stops) {
+        fprintf(stderr, "kvcache %s: --stop is given more than %d times\n", cmd, LLM_MAX_STOPS);
+        return 2;
+    }
+    for (int32_t k = 0; k < o->n_stops; k++)
+        if (!o->stops[k][0]) {
+            fprintf(stderr, "kvcache %s: --stop takes a non-empty text\n", cmd);
+            return 2;
+        }
     if (!(o->temp >= 0)) {
         fprintf(stderr, "kvcache %s: --temp %g is out of range: it takes 0 (greedy) or more\n", cmd, o->temp);
         return 2;
@@ -205,5 +237,8 @@ int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
 
 llm_sampler_params cli_sampler_params(const cli_sample_opts *o) {
     return (llm_sampler_params){.temp = (float)o->temp, .top_k = (int32_t)o->top_k, .top_p = (float)o->top_p,
-                                .seed = (uint64_t)o->seed};
+                                .seed = (uint64_t)o->seed, .min_p = (float)o->min_p,
+                                .repeat_penalty = (float)o->repeat_penalty, .repeat_last_n = (int32_t)o->repeat_last_n,
+                                .presence_penalty = (float)o->presence_penalty,
+                                .frequency_penalty = (float)o->frequency_penalty};
 }

@@ -12,7 +12,9 @@
 
 static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
-           "                        [--top-p P] [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
+           "                        [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
+           "                        [--presence-penalty P] [--frequency-penalty F] [--stop TEXT]...\n"
+           "                        [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
            "                        [--context-shift [--keep N]] [--session FILE] [--draft-lookup N]\n"
            "Streams the continuation of PROMPT to stdout, then prints prefill and decode speed,\n"
            "KV bytes per token and cache bytes in use to stderr.\n\n"
@@ -134,7 +136,7 @@ int cmd_generate(int argc, char **argv) {
     } else {
         llm_gen_params gp = llm_gen_default_params();
         gp.max_tokens = (int32_t)so.n_gen;
-        gp.sampler = cli_sampler_params(&so);
+        gp.sampler = cli_sampler_params(&so); gp.stops = so.stops, gp.n_stops = so.n_stops;
         gp.on_text = cli_print_text;
         if (n_prompt > 512) gp.progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;

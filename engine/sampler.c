@@ -10,12 +10,52 @@
 #include <string.h>
 
 llm_sampler_params llm_sampler_default_params(void) {
-    return (llm_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 1};
+    return (llm_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 1, .repeat_last_n = 64};
+}
+
+static int params_ok(const llm_sampler_params *p, int32_t n_vocab) {
+    if (n_vocab < 1 || p->top_k < 0 || isnan(p->temp) || !(p->top_p > 0.0f && p->top_p <= 1.0f)) return 0;
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty >= 0.0f && p->repeat_penalty < INFINITY) ||
+        p->repeat_last_n < -1 || !(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f) ||
+        p->n_bias < 0 || (p->n_bias > 0 && !p->bias) || (p->grammar && p->grammar->n_vocab != n_vocab))
+        return 0;
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || !(fabsf(p->bias[i].bias) <= 100.0f)) return 0;
+    return 1;
+}
+
+static int repeat_on(const llm_sampler_params *p) {
+    return p->repeat_penalty != 0.0f && p->repeat_penalty != 1.0f && p->repeat_last_n != 0;
+}
+
+/* The processing state, for the processors that are on. */
+static int init_processing(llm_sampler *s, int32_t n_vocab) {
+    const llm_sampler_params *p = &s->p;
+    const int counts = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f || p->grammar;
+    if (p->grammar) llm_json_init(&s->json, (llm_json_root)p->json_root);
+    if (p->grammar && !(s->masked = malloc(sizeof *s->masked * (size_t)n_vocab))) return -1;
+    if (!s->processing) return 0;
+    s->work = malloc(sizeof *s->work * (size_t)n_vocab);
+    if (!s->work) return -1;
+    if (p->n_bias > 0) {
+        if (!(s->bias = malloc(sizeof *s->bias * (size_t)p->n_bias))) return -1;
+        memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+    }
+    s->p.bias = NULL; /* the caller's array is not kept */
+    if (counts && !(s->count = calloc((size_t)n_vocab, sizeof *s->count))) return -1;
+    if (repeat_on(p)) {
+        s->cap_ring = p->repeat_last_n > 0 ? p->repeat_last_n : 256; /* -1: grows */
+        s->ring = malloc(sizeof *s->ring * (size_t)s->cap_ring);
+        s->mark = calloc((size_t)n_vocab, sizeof *s->mark);
+        if (!s->ring || !s->mark) return -1;
+    }
+    return 0;
 }
 
 int llm_sampler_init(llm_sampler *s, const llm_sampler_params *p, int32_t n_vocab) {
-    s->cand = NULL, s->prob = NULL, s->weight = NULL, s->block_mass = NULL;
-    if (n_vocab < 1 || p->top_k < 0 || isnan(p->temp) || !(p->top_p > 0.0f && p->top_p <= 1.0f)) return -1;
+    memset(s, 0, sizeof *s);
+    if (!params_ok(p, n_vocab)) return -1;
     s->p = *p;
     s->n_vocab = n_vocab;
     s->rng = p->seed;
@@ -23,14 +63,84 @@ int llm_sampler_init(llm_sampler *s, const llm_sampler_params *p, int32_t n_voca
     s->prob = malloc(sizeof *s->prob * (size_t)n_vocab);
     s->weight = malloc(sizeof *s->weight * (size_t)n_vocab);
     s->block_mass = malloc(sizeof *s->block_mass * (size_t)(n_vocab / LLM_SAMPLER_BLOCK + 1));
-    if (s->cand && s->prob && s->weight && s->block_mass) return 0;
+    if (s->cand && s->prob && s->weight && s->block_mass && init_processing(s, n_vocab) == 0) return 0;
     llm_sampler_free(s);
     return -1;
 }
 
 void llm_sampler_free(llm_sampler *s) {
     free(s->cand), free(s->prob), free(s->weight), free(s->block_mass);
-    s->cand = NULL, s->prob = NULL, s->weight = NULL, s->block_mass = NULL;
+    free(s->work), free(s->masked), free(s->bias), free(s->count), free(s->seen), free(s->ring), free(s->mark);
+    memset(s, 0, sizeof *s);
+}
+
+/* One token into the repeat window: the ring keeps the last repeat_last_n
+ * (-1: grows to keep all). */
+static void window_push(llm_sampler *s, int32_t token) {
+    if (!s->ring || token < 0 || token >= s->n_vocab) return;
+    if (s->n_ring == s->cap_ring && s->p.repeat_last_n < 0) { /* full and not wrapped yet: at_ring is 0 */
+        int32_t *r = realloc(s->ring, sizeof *r * (size_t)s->cap_ring * 2);
+        if (r) s->ring = r, s->at_ring = s->cap_ring, s->cap_ring *= 2; /* out of memory: it wraps instead */
+    }
+    s->ring[s->at_ring] = token;
+    s->at_ring = (s->at_ring + 1) % s->cap_ring;
+    if (s->n_ring < s->cap_ring) s->n_ring++;
+}
+
+void llm_sampler_accept_prompt(llm_sampler *s, const int32_t *tokens, int32_t n) {
+    if (s->ring && s->p.repeat_last_n > 0 && n > s->cap_ring) tokens += n - s->cap_ring, n = s->cap_ring;
+    for (int32_t i = 0; i < n; i++) window_push(s, tokens[i]);
+}
+
+void llm_sampler_accept(llm_sampler *s, int32_t token) {
+    if (!s->processing || token < 0 || token >= s->n_vocab) return;
+    if (s->p.grammar) llm_json_accept(&s->json, s->p.grammar, token);
+    window_push(s, token);
+    if (!s->count) return;
+    if (s->count[token]++ == 0) {
+        if (s->n_seen == s->cap_seen) {
+            int32_t cap = s->cap_seen ? 2 * s->cap_seen : 64;
+            int32_t *seen = realloc(s->seen, sizeof *seen * (size_t)cap);
+            if (!seen) { /* out of memory: the token goes uncounted rather than lost from the list */
+                s->count[token]--;
+                return;
+            }
+            s->seen = seen, s->cap_seen = cap;
+        }
+        s->seen[s->n_seen++] = token;
+    }
+}
+
+const float *llm_sampler_process(llm_sampler *s, const float *logits) {
+    if (!s->processing) return logits;
+    const int32_t V = s->n_vocab;
+    float *w = s->work;
+    memcpy(w, logits, sizeof *w * (size_t)V);
+    for (int32_t i = 0; i < s->p.n_bias; i++)
+        w[s->bias[i].id] = s->bias[i].bias <= -100.0f ? -INFINITY : w[s->bias[i].id] + s->bias[i].bias;
+    if (s->ring) {
+        const float rp = s->p.repeat_penalty;
+        if (++s->stamp == 0) memset(s->mark, 0, sizeof *s->mark * (size_t)V), s->stamp = 1;
+        for (int32_t i = 0; i < s->n_ring; i++) {
+            const int32_t t = s->ring[i];
+            if (s->mark[t] == s->stamp) continue;
+            s->mark[t] = s->stamp;
+            w[t] = w[t] > 0 ? w[t] / rp : w[t] * rp;
+        }
+    }
+    for (int32_t i = 0; i < s->n_seen; i++) {
+        const int32_t t = s->seen[i];
+        w[t] -= s->p.frequency_penalty * (float)s->count[t] + s->p.presence_penalty;
+    }
+    if (s->p.grammar) {
+        llm_json_mask(&s->json, s->p.grammar, w, s->masked);
+        w = s->masked;
+    }
+    if (s->p.min_p > 0.0f && s->p.temp > 0.0f) {
+        const float floor = w[llm_argmax(w, V)] + logf(s->p.min_p);
+        for (int32_t i = 0; i < V; i++) w[i] = w[i] >= floor ? w[i] : -INFINITY;
+    }
+    return w;
 }
 
 /* The passes over the vocabulary below take LANES logits a step in inner
@@ -292,14 +402,22 @@ static int32_t sample_top_k(llm_sampler *s, const float *logits, int32_t k, doub
     return s->cand[keep - 1].id; /* u landed on the rounding remainder */
 }
 
-int32_t llm_sample_at(llm_sampler *s, const float *logits, double u) {
+/* The draw from logits already processed. */
+static int32_t draw(llm_sampler *s, const float *logits, double u) {
     const int32_t V = s->n_vocab;
     if (s->p.temp <= 0.0f) return llm_argmax(logits, V);
     const int32_t k = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : V;
     return k < V ? sample_top_k(s, logits, k, u) : sample_all(s, logits, u);
 }
 
+int32_t llm_sample_at(llm_sampler *s, const float *logits, double u) {
+    return draw(s, llm_sampler_process(s, logits), u);
+}
+
 int32_t llm_sample(llm_sampler *s, const float *logits) {
-    if (s->p.temp <= 0.0f) return llm_argmax(logits, s->n_vocab); /* greedy draws nothing from the generator */
-    return llm_sample_at(s, logits, next_uniform(&s->rng));
+    const float *l = llm_sampler_process(s, logits);
+    /* greedy draws nothing from the generator */
+    const int32_t t = s->p.temp <= 0.0f ? llm_argmax(l, s->n_vocab) : draw(s, l, next_uniform(&s->rng));
+    llm_sampler_accept(s, t);
+    return t;
 }

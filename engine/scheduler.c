@@ -131,7 +131,8 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
         int bad = !ch->tokens;
         if (!bad && llm_sampler_init(&ch->sampler, &sp, s->V)) {
             req_free(q);
-            return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1)", 0, 0);
+            return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty >= 0, "
+                                                   "penalties in [-2, 2], logit_bias ids in the vocabulary and values in [-100, 100])", 0, 0);
         }
         int ts = bad ? LLM_ERR_NOMEM
                      : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, max_tokens, 0, &ch->ts);
@@ -143,6 +144,7 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
         }
         memcpy(ch->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
         ch->n_tokens = r->n_prompt;
+        llm_sampler_accept_prompt(&ch->sampler, r->prompt, r->n_prompt);
     }
     pthread_mutex_lock(&s->mu);
     int rc = s->stopping ? LLM_ERR_STOPPED : s->n_inbox + s->snap.waiting >= s->p.max_waiting ? LLM_ERR_QUEUE_FULL : 0;

@@ -191,6 +191,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     llm_sampler smp;
     if (llm_sampler_init(&smp, &p->sampler, V) != 0)
         return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "bad sampler parameters (or out of memory)"), res->status;
+    llm_sampler_accept_prompt(&smp, tokens, n);
     llm_textstream *ts;
     int rc = llm_textstream_create(llm_model_tokenizer(m), p->stops, p->n_stops, p->max_tokens,
                                    p->ignore_eog ? LLM_STREAM_IGNORE_EOG : 0, &ts);

@@ -347,6 +347,13 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
         return srv_reply_error(s, conn, &e);
     }
     if (r.session) snprintf(path, sizeof path, "%s/%s.kvs", s->session_dir, r.session);   /* a name, never a path */
+    for (int32_t i = 0; i < r.n_bias; i++)
+        if (r.bias[i].id >= llm_model_n_vocab(s->m)) {
+            srv_error_set(&e, 400, "invalid_request_error", "'logit_bias' token id %d is outside the vocabulary of %d",
+                          (int)r.bias[i].id, (int)llm_model_n_vocab(s->m));
+            srv_request_free(&r);
+            return srv_reply_error(s, conn, &e);
+        }
     int32_t *ids = NULL, n_ids = 0;
     if (srv_prompt_tokens(s, &r, &ids, &n_ids, &e)) {
         srv_request_free(&r);
@@ -362,7 +369,13 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                             .top_logprobs = r.logprobs ? (int32_t)r.top_logprobs : -1, .cb = on_event, .user = &q};
     sr.sampler = (llm_sampler_params){.temp = (float)r.temperature, .top_k = (int32_t)r.top_k,
                                       .top_p = (float)r.top_p,
-                                      .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial};
+                                      .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial,
+                                      .min_p = (float)r.min_p, .repeat_penalty = (float)r.repeat_penalty,
+                                      .repeat_last_n = (int32_t)r.repeat_last_n,
+                                      .presence_penalty = (float)r.presence_penalty,
+                                      .frequency_penalty = (float)r.frequency_penalty, .bias = r.bias,
+                                      .n_bias = r.n_bias, .grammar = r.json_object ? s->json_vocab : NULL,
+                                      .json_root = LLM_JSON_OBJECT};
     char msg[200];
     sr.session = r.session ? path : NULL;
     int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;

@@ -205,6 +205,7 @@ static const route routes[] = {
     {"/v1/completions", "POST", SRV_COMPLETION, 0},
     {"/tokenize", "POST", SRV_TOKENIZE, 0},
     {"/detokenize", "POST", SRV_DETOKENIZE, 0},
+    {"/v1/embeddings", "POST", -2, 0},   /* answered 501: see handle */
     {"/v1/models", "GET", -1, 0},
     {"/health", "GET", -1, 1},
     {"/metrics", "GET", -1, 1},
@@ -303,9 +304,9 @@ static int handle(struct mg_connection *conn, void *cbdata) {
         srv_error_set(&e, 404, "invalid_request_error", "no endpoint %.200s (GET / lists them)", path);
         return srv_reply_error(s, conn, &e);
     }
-    int head = rt->kind < 0 && !strcmp(ri->request_method, "HEAD");   /* a GET without the body */
+    int head = rt->kind == -1 && !strcmp(ri->request_method, "HEAD");   /* a GET without the body */
     if (strcmp(ri->request_method, rt->method) && !head)
-        return reply_405(s, conn, path, rt->kind < 0 ? "GET, HEAD" : rt->method);
+        return reply_405(s, conn, path, rt->kind == -1 ? "GET, HEAD" : rt->method);
     if (check_framing(ri, &e)) {   /* where the next request would start is unclear: none is read */
         reply_json_with(s, conn, e.status, error_body(&e), "Connection", "close");
         int fd = srv_conn_socket(conn);   /* civetweb keeps it alive otherwise */
@@ -322,6 +323,12 @@ static int handle(struct mg_connection *conn, void *cbdata) {
     if (atomic_load(&s->state) != SRV_READY) {
         srv_error_set(&e, 503, "unavailable_error",
                       atomic_load(&s->state) == SRV_LOADING ? "loading the model" : "shutting down");
+        return srv_reply_error(s, conn, &e);
+    }
+    if (rt->kind == -2) {
+        srv_error_set(&e, 501, "not_implemented_error",
+                      "/v1/embeddings is not implemented: the server runs causal language models for generation "
+                      "and has no pooling or embedding head");
         return srv_reply_error(s, conn, &e);
     }
     if (rt->kind < 0) return models(s, conn);
@@ -450,6 +457,8 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     }
     s->sched_started = 1;
     s->c = c, s->m = llm_context_model(c), s->n_ctx = llm_context_get_params(c).n_ctx;
+    if (!(s->json_vocab = llm_grammar_vocab_new(llm_model_tokenizer(s->m))))
+        return snprintf(err, errlen, "out of memory for the vocabulary's byte strings"), -1;
     atomic_store(&s->state, SRV_READY);
     return 0;
 }
@@ -499,6 +508,7 @@ void srv_shutdown(srv *s) {
     if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
     llm_sched_free(s->sched);
+    llm_grammar_vocab_free(s->json_vocab);
     pthread_mutex_destroy(&s->metrics.mu);
     free(s);
 }

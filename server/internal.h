@@ -64,6 +64,7 @@ struct srv {
     atomic_int state;                  /* SRV_LOADING, SRV_READY, SRV_STOPPING */
     llm_context *c;                    /* set by srv_attach */
     const llm_model *m;
+    struct llm_grammar_vocab *json_vocab; /* every token's bytes, for response_format json_object */
     int32_t n_ctx;
     llm_sched *sched;
     pthread_t sched_thread;

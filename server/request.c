@@ -32,6 +32,10 @@ static json_t *field(json_t *o, const char *name) {
     return json_is_null(v) ? NULL : v;
 }
 
+static int is_str(json_t *v, const char *s) {
+    return json_is_string(v) && !strcmp(json_string_value(v), s);
+}
+
 static int get_bool(json_t *o, const char *name, int *out, srv_error *e) {
     json_t *v = field(o, name);
     if (!v) return 0;
@@ -146,10 +150,12 @@ static int message_content(json_t *c, int32_t i, srv_request *r, srv_error *e) {
     json_t *part;
     json_array_foreach(c, k, part) {
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
-            !json_is_string(text))
-            return bad(e, "'%s' parts must be {\"type\": \"text\", \"text\": ...} (no images or audio)",
-                       "messages[].content");
+        if (json_is_object(part) && json_is_string(type) && strcmp(json_string_value(type), "text"))
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'messages[].content' part type \"%.40s\" is not supported: text parts only (no "
+                                 "images, audio or files)", json_string_value(type));
+        if (!json_is_object(part) || !json_is_string(type) || !json_is_string(text))
+            return bad(e, "'%s' parts must be {\"type\": \"text\", \"text\": ...}", "messages[].content");
         total += json_string_length(text);
     }
     char *s = malloc(total + 1);
@@ -163,6 +169,27 @@ static int message_content(json_t *c, int32_t i, srv_request *r, srv_error *e) {
     s[at] = 0;
     r->joined[i] = s;
     r->msgs[i].content = s;
+    return 0;
+}
+
+/* A message's role and fields: system, developer, user, assistant with
+ * role and content only; a tool or function message, or a field such as
+ * name or tool_calls, is refused, naming it. */
+static int check_message(json_t *m, const char *role, srv_error *e) {
+    if (!strcmp(role, "tool") || !strcmp(role, "function"))
+        return srv_error_set(e, 400, "invalid_request_error",
+                             "'messages[].role' \"%s\" is not supported: tool calling is not implemented", role);
+    if (strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "user") && strcmp(role, "assistant"))
+        return srv_error_set(e, 400, "invalid_request_error",
+                             "'messages[].role' must be system, developer, user or assistant (got \"%.40s\")", role);
+    const char *key;
+    json_t *v;
+    json_object_foreach(m, key, v) {
+        if (json_is_null(v) || !strcmp(key, "role") || !strcmp(key, "content")) continue;
+        if (!strcmp(key, "refusal") && json_is_string(v)) continue;   /* an earlier reply's refusal text: history */
+        return srv_error_set(e, 400, "invalid_request_error",
+                             "'messages[].%.40s' is not supported (a message takes role and content)", key);
+    }
     return 0;
 }
 
@@ -184,9 +211,135 @@ static int get_messages(json_t *o, srv_request *r, srv_error *e) {
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         if (!json_is_string(role) || json_string_length(role) == 0)
             return bad(e, "'%s' must be a non-empty string", "messages[].role");
+        if (check_message(m, json_string_value(role), e)) return -1;
         if (!content) return bad(e, "'%s' is required", "messages[].content");
-        r->msgs[i].role = json_string_value(role);
+        /* "developer" is the newer name of "system" (OpenAI's o1 and later) */
+        r->msgs[i].role = is_str(role, "developer") ? "system" : json_string_value(role);
         if (message_content(content, (int32_t)i, r, e)) return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the field table */
+
+enum { CH = 1u << SRV_CHAT, CO = 1u << SRV_COMPLETION, BOTH = CH | CO };
+
+const srv_field srv_fields[] = {
+    {"model", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"messages", CH, SRV_FIELD_HONOURED, NULL},
+    {"prompt", CO, SRV_FIELD_PARTIAL, "one prompt per request: a string, a list of one string, or token ids"},
+    {"max_tokens", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"max_completion_tokens", CH, SRV_FIELD_HONOURED, NULL},
+    {"temperature", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"top_p", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"n", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"stream", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"stream_options", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"stop", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"seed", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"presence_penalty", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"frequency_penalty", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"logit_bias", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"logprobs", BOTH, SRV_FIELD_HONOURED, NULL},
+    {"top_logprobs", CH, SRV_FIELD_HONOURED, NULL},
+    {"user", BOTH, SRV_FIELD_NO_EFFECT, NULL},
+    {"metadata", CH, SRV_FIELD_NO_EFFECT, NULL},
+    {"safety_identifier", CH, SRV_FIELD_NO_EFFECT, NULL},
+    {"prompt_cache_key", CH, SRV_FIELD_NO_EFFECT, NULL},
+    {"store", CH, SRV_FIELD_PARTIAL, "only false: this server stores no completions"},
+    {"service_tier", CH, SRV_FIELD_PARTIAL, "only \"auto\" or \"default\": there is one tier"},
+    {"modalities", CH, SRV_FIELD_PARTIAL, "only [\"text\"]: no audio output"},
+    {"response_format", CH, SRV_FIELD_PARTIAL, "only {\"type\": \"text\"} or {\"type\": \"json_object\"}: "
+                                               "json_schema is not implemented"},
+    {"tool_choice", CH, SRV_FIELD_PARTIAL, "only \"none\": tool calling is not implemented"},
+    {"function_call", CH, SRV_FIELD_PARTIAL, "only \"none\": function calling is not implemented"},
+    {"tools", CH, SRV_FIELD_REFUSED, "tool calling is not implemented"},
+    {"functions", CH, SRV_FIELD_REFUSED, "function calling is not implemented"},
+    {"parallel_tool_calls", CH, SRV_FIELD_REFUSED, "tool calling is not implemented"},
+    {"audio", CH, SRV_FIELD_REFUSED, "no audio output"},
+    {"prediction", CH, SRV_FIELD_REFUSED, "predicted outputs are not implemented"},
+    {"reasoning_effort", CH, SRV_FIELD_REFUSED, "the models served have no reasoning budget"},
+    {"verbosity", CH, SRV_FIELD_REFUSED, "not implemented"},
+    {"web_search_options", CH, SRV_FIELD_REFUSED, "there is no web search"},
+    {"echo", CO, SRV_FIELD_PARTIAL, "only false: the prompt is not echoed"},
+    {"best_of", CO, SRV_FIELD_PARTIAL, "only 1: candidates are not ranked"},
+    {"suffix", CO, SRV_FIELD_PARTIAL, "only \"\": no insertion (fill in the middle)"},
+    {"top_k", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"min_p", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"repeat_penalty", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"repeat_last_n", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"session", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"parse_special", CO, SRV_FIELD_EXTENSION, NULL},
+};
+const int srv_n_fields = (int)(sizeof srv_fields / sizeof srv_fields[0]);
+
+/* Whether a PARTIAL field's value is one of those honoured. */
+static int partial_ok(const char *name, json_t *v) {
+    if (!strcmp(name, "prompt")) return 1;   /* checked where it is read */
+    if (!strcmp(name, "store") || !strcmp(name, "echo")) return json_is_false(v);
+    if (!strcmp(name, "service_tier")) return is_str(v, "auto") || is_str(v, "default");
+    if (!strcmp(name, "modalities")) return json_is_array(v) && json_array_size(v) == 1 && is_str(json_array_get(v, 0), "text");
+    if (!strcmp(name, "response_format"))
+        return json_is_object(v) && json_object_size(v) == 1 &&
+               (is_str(json_object_get(v, "type"), "text") || is_str(json_object_get(v, "type"), "json_object"));
+    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call")) return is_str(v, "none");
+    if (!strcmp(name, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
+    if (!strcmp(name, "suffix")) return is_str(v, "");
+    return 0;
+}
+
+/* Every non-null top-level field of a generation request against the table:
+ * one it does not list for this endpoint, a refused one, or a partial one
+ * with a value not honoured is a 400 naming it. */
+static int check_fields(json_t *o, srv_kind kind, srv_error *e) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        if (json_is_null(v)) continue;
+        const srv_field *f = NULL;
+        for (int i = 0; i < srv_n_fields && !f; i++)
+            if (!strcmp(srv_fields[i].name, key) && (srv_fields[i].kinds & (1u << kind))) f = &srv_fields[i];
+        if (!f)
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'%.64s' is not a field this endpoint takes (docs/SERVER.md lists them)", key);
+        if (f->use == SRV_FIELD_REFUSED)
+            return srv_error_set(e, 400, "invalid_request_error", "'%s' is not supported: %s", key, f->why);
+        if (f->use == SRV_FIELD_PARTIAL && !partial_ok(key, v)) {
+            if (!strcmp(key, "response_format") &&
+                !(json_is_object(v) && (is_str(json_object_get(v, "type"), "json_object") ||
+                                        is_str(json_object_get(v, "type"), "json_schema"))))
+                return bad(e, "'%s' must be an object whose type is \"text\", \"json_object\" or \"json_schema\"",
+                           "response_format");
+            return srv_error_set(e, 400, "invalid_request_error", "'%s' is not supported with this value: %s", key,
+                                 f->why);
+        }
+    }
+    return 0;
+}
+
+/* "logit_bias": {"token id": bias in [-100, 100], ...}, at most
+ * SRV_MAX_LOGIT_BIAS entries. */
+static int get_logit_bias(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "logit_bias");
+    if (!v) return 0;
+    if (!json_is_object(v)) return bad(e, "'%s' must be an object of token ids to numbers", "logit_bias");
+    size_t n = json_object_size(v);
+    if (n > SRV_MAX_LOGIT_BIAS)
+        return srv_error_set(e, 400, "invalid_request_error", "'logit_bias' takes at most %d tokens", SRV_MAX_LOGIT_BIAS);
+    r->bias = malloc(sizeof *r->bias * (n ? n : 1));
+    if (!r->bias) return srv_error_set(e, 500, "server_error", "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b) {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || key[0] < '0' || key[0] > '9' || id > INT32_MAX)
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'logit_bias' keys must be token ids (decimal integers >= 0); got \"%.40s\"", key);
+        if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'logit_bias' values must be numbers in [-100, 100]; token %lld has another", id);
+        r->bias[r->n_bias++] = (llm_logit_bias){(int32_t)id, (float)json_number_value(b)};
     }
     return 0;
 }
@@ -194,6 +347,7 @@ static int get_messages(json_t *o, srv_request *r, srv_error *e) {
 /* ---------------------------------------------------------------- the parse */
 
 static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
+    if (check_fields(o, r->kind, e)) return -1;
     if (r->kind == SRV_CHAT) {
         if (get_messages(o, r, e)) return -1;
     } else {
@@ -217,15 +371,23 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     r->max_tokens = mct >= 0 ? mct : mt;
     if (get_num(o, "temperature", 0, 0, 2, &r->temperature, e) || get_num(o, "top_p", 0, 1, 1, &r->top_p, e) ||
         get_int(o, "top_k", 0, INT32_MAX, &r->top_k, e) || get_int(o, "n", 1, 16, &r->n, e) ||
-        get_bool(o, "stream", &r->stream, e) || get_stops(o, r, e))
+        get_bool(o, "stream", &r->stream, e) || get_stops(o, r, e) ||
+        get_num(o, "presence_penalty", -2, 0, 2, &r->presence_penalty, e) ||
+        get_num(o, "frequency_penalty", -2, 0, 2, &r->frequency_penalty, e) || get_logit_bias(o, r, e) ||
+        get_num(o, "min_p", 0, 0, 1, &r->min_p, e) || get_num(o, "repeat_penalty", 0, 1, 10, &r->repeat_penalty, e) ||
+        get_int(o, "repeat_last_n", -1, 1 << 24, &r->repeat_last_n, e))
         return -1;
     int64_t seed = 0;
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
     if (get_session(o, r, e)) return -1;
+    json_t *rf = field(o, "response_format");   /* its value checked with the other fields */
+    r->json_object = rf && is_str(json_object_get(rf, "type"), "json_object");
     json_t *so = field(o, "stream_options");
     if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
-    if (so && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    json_t *iu = so ? field(so, "include_usage") : NULL;
+    if (iu && !json_is_boolean(iu)) return bad(e, "'%s' must be a boolean", "stream_options.include_usage");
+    r->include_usage = iu && json_is_true(iu);
     if (r->kind == SRV_CHAT) {
         if (get_bool(o, "logprobs", &r->logprobs, e) ||
             get_int(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &r->top_logprobs, e))
@@ -269,6 +431,7 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
+    out->repeat_penalty = 1, out->repeat_last_n = 64;
     if (nests_deeper(body, len, SRV_MAX_DEPTH))
         return srv_error_set(err, 400, "invalid_request_error",
                              "the JSON nests arrays and objects deeper than the limit of %d levels", SRV_MAX_DEPTH);
@@ -304,7 +467,7 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
 void srv_request_free(srv_request *r) {
     if (r->joined)
         for (int32_t i = 0; i < r->n_msgs; i++) free(r->joined[i]);
-    free(r->joined), free(r->msgs), free(r->tokens);
+    free(r->joined), free(r->msgs), free(r->tokens), free(r->bias);
     if (r->root) json_decref((json_t *)r->root);
     memset(r, 0, sizeof *r);
 }

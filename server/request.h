@@ -3,8 +3,12 @@
  * bytes (no model, no scheduler), so a fuzzer can drive it alone.
  *
  * Field names are the OpenAI API's (chat/completions, completions) and
- * llama.cpp's server (tokenize, detokenize). JSON null counts as absent;
- * fields the server does not use are ignored, as OpenAI clients send many. */
+ * llama.cpp's server (tokenize, detokenize). JSON null counts as absent.
+ * Generation requests are held to one table of fields (srv_fields, the one
+ * docs/SERVER.md shows): a field is honoured, an extension, accepted without
+ * effect (identifiers such as "user"), or refused with a 400 naming it; a
+ * field the table does not know is refused too, so nothing a client asks
+ * for is ever silently dropped. */
 #ifndef SRV_REQUEST_H
 #define SRV_REQUEST_H
 
@@ -36,7 +40,7 @@ int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, .
 /* SRV_MAX_DEPTH: arrays and objects nested deeper than this are refused
  * before the JSON parser sees them (jansson recurses once per level, on a
  * civetweb worker's small stack); a valid request nests 4 deep. */
-enum { SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
+enum { SRV_MAX_LOGIT_BIAS = 1024, SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
 
 typedef struct {
     srv_kind kind;
@@ -60,6 +64,14 @@ typedef struct {
     double temperature;          /* default 1 (OpenAI's) */
     double top_p;                /* default 1 */
     int64_t top_k;               /* default 0: all */
+    double min_p;                /* extension, default 0: off */
+    double repeat_penalty;       /* extension, default 1: off */
+    int64_t repeat_last_n;       /* extension, default 64; -1: every token */
+    double presence_penalty, frequency_penalty;  /* OpenAI's, default 0 */
+    llm_logit_bias *bias;        /* [n_bias] from "logit_bias" (ids checked against the
+                                  * vocabulary by the caller) */
+    int32_t n_bias;
+    int json_object;             /* response_format {"type": "json_object"}: the reply is one JSON object */
     uint64_t seed;               /* when has_seed */
     int has_seed;
     const char *stops[LLM_MAX_STOPS];
@@ -80,5 +92,24 @@ typedef struct {
  * on success call srv_request_free. */
 int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *out, srv_error *err);
 void srv_request_free(srv_request *r);
+
+/* The table of generation fields, for the docs and the tests. */
+typedef enum {
+    SRV_FIELD_HONOURED,   /* as the OpenAI API says */
+    SRV_FIELD_EXTENSION,  /* not OpenAI's: llama.cpp's or this server's */
+    SRV_FIELD_NO_EFFECT,  /* accepted, changes nothing (identifiers, metadata) */
+    SRV_FIELD_PARTIAL,    /* some values honoured, the rest refused (see why) */
+    SRV_FIELD_REFUSED,    /* any non-null value is a 400 */
+} srv_field_use;
+
+typedef struct {
+    const char *name;
+    unsigned kinds;       /* 1 << SRV_CHAT | 1 << SRV_COMPLETION */
+    srv_field_use use;
+    const char *why;      /* with PARTIAL and REFUSED: what is not supported */
+} srv_field;
+
+extern const srv_field srv_fields[];
+extern const int srv_n_fields;
 
 #endif

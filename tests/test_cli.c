@@ -836,3 +836,67 @@ TEST(cli_bench_model_floor_counts_each_layer_groups_attended_kv) {
     CHECK_NEAR(bytes, packed + 3.0 * 1024 * 602 + 15.0 * 1024 * 512, 1.0);
     done(&r);
 }
+
+/* generate's and chat's penalties and --stop, on SmolLM2, whose
+ * greedy continuation of "one two one two ..." repeats "two": each penalty
+ * changes it, prompt lookup keeps a penalised text, a stop string cuts it,
+ * and an out-of-range value is refused by name. */
+TEST(cli_generate_and_chat_penalties_and_stop_strings) {
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    llm_model *m = rm_load(model, NULL);
+    if (!m) return;
+    llm_model_free(m);
+    const char *base = "generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p 'one two one two one two one two' "
+                       "-n 24 --temp 0 -t 2";
+    char args[1024];
+    result plain = EXPECT(base, NULL, 0);
+    CHECK(strstr(plain.out, "two-two-two-two") != NULL);
+    const char *opts[] = {"--frequency-penalty 2", "--presence-penalty 2", "--repeat-penalty 1.5",
+                          "--repeat-penalty 1.5 --repeat-last-n -1"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        snprintf(args, sizeof args, "%s %s", base, opts[i]);
+        result r = EXPECT(args, NULL, 0);
+        if (!strcmp(r.out, plain.out)) test_fail(__FILE__, __LINE__, "%s changes nothing: %s", opts[i], r.out);
+        if (i == 0) { /* the verify loop keeps the same history */
+            snprintf(args, sizeof args, "%s %s --draft-lookup 8", base, opts[i]);
+            result d = EXPECT(args, NULL, 0);
+            CHECK(strcmp(d.out, r.out) == 0);
+            done(&d);
+        }
+        done(&r);
+    }
+    /* all off: exactly the plain tokens */
+    snprintf(args, sizeof args, "%s --repeat-penalty 1 --presence-penalty 0 --frequency-penalty 0 --min-p 0", base);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strcmp(r.out, plain.out) == 0);
+    done(&r);
+    /* --stop: the text before the first match, twice given */
+    snprintf(args, sizeof args, "%s --stop -two-two- --stop zzz", base);
+    r = EXPECT(args, NULL, 0);
+    const char *at = strstr(plain.out, "-two-two-");
+    CHECK(at && strlen(r.out) == (size_t)(at - plain.out) + 1 && !strncmp(r.out, plain.out, (size_t)(at - plain.out)));
+    CHECK(strstr(r.err, "stop string") != NULL);
+    done(&r);
+    /* chat takes the same options */
+    r = EXPECT("chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf -n 30 --temp 0 -t 2", "Count: one two one two\n", 0);
+    result c = EXPECT("chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf -n 30 --temp 0 -t 2 --frequency-penalty 2 "
+                      "--repeat-penalty 1.3 --min-p 0.05 --stop zzz", "Count: one two one two\n", 0);
+    CHECK(strcmp(r.out, c.out) != 0);
+    done(&r), done(&c);
+    static const char *bad[][2] = {
+        {"generate -p hi --presence-penalty 2.5", "--presence-penalty 2.5"},
+        {"generate -p hi --frequency-penalty -3", "--frequency-penalty -3"},
+        {"chat --min-p 1.5", "--min-p 1.5"},
+        {"generate -p hi --repeat-penalty 0", "--repeat-penalty 0"},
+        {"chat --repeat-last-n -2", "--repeat-last-n -2"},
+        {"generate -p hi --stop ''", "--stop"},
+        {"generate -p hi --stop a --stop b --stop c --stop d --stop e --stop f --stop g --stop h --stop i", "--stop"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s -m %s", bad[i][0], model);
+        r = EXPECT(args, NULL, 2);
+        if (!strstr(r.err, bad[i][1])) test_fail(__FILE__, __LINE__, "`%s` does not name %s: %s", args, bad[i][1], r.err);
+        done(&r);
+    }
+    done(&plain);
+}

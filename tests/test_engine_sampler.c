@@ -304,3 +304,108 @@ TEST(engine_sampler_rejects_bad_parameters) {
     p = llm_sampler_default_params(), p.temp = NAN;
     CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
 }
+
+/* The processing step against a direct float64 computation of the same
+ * rules over a prompt and a generated history: bias, then the repeat
+ * penalty over the last repeat_last_n tokens of both (each distinct token
+ * once), then frequency * count + presence over the generated ones only. */
+TEST(engine_sampler_penalties_and_bias_match_a_direct_computation) {
+    enum { V = 300, NP = 40, NG = 70, LAST = 50 };
+    test_rng r = {11};
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = (float)(4 * test_rng_normal(&r));
+    int32_t prompt[NP], gen[NG], all[NP + NG];
+    for (int i = 0; i < NP; i++) all[i] = prompt[i] = (int32_t)(test_rng_u64(&r) % 40);
+    for (int i = 0; i < NG; i++) all[NP + i] = gen[i] = (int32_t)(20 + test_rng_u64(&r) % 40);
+    const llm_logit_bias bias[3] = {{5, 2.5f}, {25, -1.25f}, {299, -100.0f}};
+    llm_sampler_params p = {.temp = 0, .top_p = 1, .repeat_penalty = 1.3f, .repeat_last_n = LAST,
+                            .presence_penalty = 0.7f, .frequency_penalty = -0.4f, .bias = bias, .n_bias = 3};
+    llm_sampler s;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, V), 0);
+    llm_sampler_accept_prompt(&s, prompt, NP);
+    for (int i = 0; i < NG; i++) llm_sampler_accept(&s, gen[i]);
+    const float *got = llm_sampler_process(&s, l);
+    CHECK(got != l);
+    double want[V];
+    for (int v = 0; v < V; v++) {
+        double x = l[v];
+        for (int b = 0; b < 3; b++)
+            if (bias[b].id == v) x = bias[b].bias <= -100 ? -INFINITY : x + bias[b].bias;
+        int in_window = 0, count = 0;
+        for (int i = NP + NG - LAST; i < NP + NG; i++) in_window |= all[i] == v;
+        for (int i = 0; i < NG; i++) count += gen[i] == v;
+        if (in_window) x = x > 0 ? x / 1.3 : x * 1.3;
+        x -= -0.4 * count + (count > 0 ? 0.7 : 0);
+        want[v] = x;
+    }
+    for (int v = 0; v < V; v++)
+        if (!(isinf(want[v]) ? got[v] == want[v] : fabs(got[v] - want[v]) <= 1e-5 * (1 + fabs(want[v]))))
+            test_fail(__FILE__, __LINE__, "token %d: processed logit %.7g, direct %.7g", v, got[v], want[v]);
+    /* greedy over the processed logits, and the token is recorded */
+    int32_t t = llm_sample(&s, l);
+    CHECK_EQ_INT(t, llm_argmax(got, V));
+    CHECK(t != 299);
+    llm_sampler_free(&s);
+}
+
+/* With every processor off the caller's logits are drawn from as they are,
+ * and a penalty changes a greedy run that repeats. */
+TEST(engine_sampler_processing_off_is_the_plain_draw_and_on_breaks_repeats) {
+    enum { V = 8 };
+    float l[V] = {0, 1, 3, 2.5f, 0, 0, 0, 0};
+    llm_sampler_params p = {.temp = 0, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = 64};
+    llm_sampler s;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, V), 0);
+    CHECK(llm_sampler_process(&s, l) == l);
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(llm_sample(&s, l), 2);
+    llm_sampler_free(&s);
+    p.presence_penalty = 1.0f;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, V), 0);
+    CHECK_EQ_INT(llm_sample(&s, l), 2);
+    CHECK_EQ_INT(llm_sample(&s, l), 3); /* 3 - 1 < 2.5 */
+    llm_sampler_free(&s);
+    /* a window of 1 only remembers the last token */
+    p = (llm_sampler_params){.temp = 0, .top_p = 1, .repeat_penalty = 2, .repeat_last_n = 1};
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, V), 0);
+    CHECK_EQ_INT(llm_sample(&s, l), 2);
+    CHECK_EQ_INT(llm_sample(&s, l), 3);
+    CHECK_EQ_INT(llm_sample(&s, l), 2);
+    llm_sampler_free(&s);
+}
+
+/* min_p drops every token whose probability (temperature 1) is below min_p
+ * times the best one's: logit < max + ln(min_p). */
+TEST(engine_sampler_min_p_keeps_tokens_near_the_best) {
+    enum { V = 6 };
+    float l[V] = {0, -1, -2.2f, -3, -0.5f, -2.4f};
+    llm_sampler_params p = {.temp = 1, .top_p = 1, .min_p = 0.1f};
+    llm_sampler s;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, V), 0);
+    const float *w = llm_sampler_process(&s, l);
+    for (int v = 0; v < V; v++) CHECK((exp(l[v]) >= 0.1 * exp(0)) == (w[v] > -INFINITY));
+    for (int i = 0; i < 200; i++) {
+        int32_t t = llm_sample(&s, l);
+        CHECK(t == 0 || t == 1 || t == 2 || t == 4); /* e^-2.2 > 0.1, e^-2.4 < 0.1 */
+    }
+    llm_sampler_free(&s);
+}
+
+TEST(engine_sampler_rejects_bad_processing_parameters) {
+    llm_sampler s;
+    const llm_logit_bias out[1] = {{10, 1}}, big[1] = {{1, 100.5f}};
+    llm_sampler_params good = llm_sampler_default_params(), p;
+    p = good, p.min_p = 1.5f;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.repeat_penalty = -1;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.repeat_last_n = -2;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.presence_penalty = 2.5f;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.frequency_penalty = -3;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.bias = out, p.n_bias = 1;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+    p = good, p.bias = big, p.n_bias = 1;
+    CHECK_EQ_INT(llm_sampler_init(&s, &p, 10), -1);
+}

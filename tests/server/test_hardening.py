@@ -74,7 +74,10 @@ def test_nesting_beyond_the_limit_is_a_400_naming_it_at_any_depth(server, path):
             # the request object is one level; its "x" field nests depth - 1 more
             body = (base + ', "x": ' + nested(depth - 1, shape) + "}").encode()
             status, reply = server.post(path, raw=body, headers={"Content-Type": "application/json"})
-            if depth <= 64:
+            if depth <= 64 and path.startswith("/v1/"):   # parsed, then refused as a field it does not know
+                assert status == 400 and reply["error"]["message"].startswith("'x' is not a field"), \
+                    (path, shape, depth, reply)
+            elif depth <= 64:
                 assert status == 200, (path, shape, depth, reply)
             else:
                 assert status == 400, (path, shape, depth, reply)
