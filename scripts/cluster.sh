@@ -60,7 +60,8 @@ trap cleanup EXIT
 servers=""
 i=1
 while [ "$i" -le "$n" ]; do
-    "$bin" serve -m "$model" --port 0 "$@" >"$dir/replica$i.out" 2>"$dir/replica$i.log" &
+    : >"$dir/replica$i.out"   # there before the loop below reads it
+    "$bin" serve -m "$model" --port 0 "$@" >>"$dir/replica$i.out" 2>"$dir/replica$i.log" &
     pid=$!
     pids="$pids $pid"
     url=""
