@@ -93,6 +93,9 @@ $(BUILD)/engine/quant_avx512.o $(BUILD)/engine/quant_avx512vnni.o: engine/quant_
 SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg-config --cflags jansson 2>/dev/null)
 SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
+# libzmq (libzmq3-dev): --kv-events' PUB socket (server/events.c).
+SERVER_CFLAGS += $(shell pkg-config --cflags libzmq 2>/dev/null)
+SERVER_LIBS   += $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
 # Only the kvcache binary links libedit (libedit-dev): chat's line editing.
 LINEEDIT_CFLAGS := $(shell pkg-config --cflags-only-other libedit 2>/dev/null)
