@@ -112,6 +112,30 @@ def test_session_header_sticks(cluster):
     assert len(seen) > 1, "six sessions all hashed to one replica"
 
 
+def test_session_field_sticks(cluster):
+    """The body's "session" routes too. These replicas keep no sessions
+    (no --session-dir), so each such request is a 400: the replica whose
+    400 counter moved is the one that got it."""
+    def count_400():
+        return [[v for n, lab, v in r.metrics()["kvcache_http_responses_total"]["samples"] if lab["code"] == "400"][0]
+                for r in cluster.replicas]
+    seen = set()
+    for k in range(6):
+        where = set()
+        for j in range(3):
+            before = count_400()
+            assert cluster.chat(turns(f"Question {j} of {k}"), session=f"s{k}")[0] == 400
+            for _ in range(100):   # counted once the reply is written
+                moved = {i for i, (a, b) in enumerate(zip(before, count_400())) if b != a}
+                if moved:
+                    break
+                time.sleep(0.01)
+            where |= moved
+        assert len(where) == 1, where
+        seen |= where
+    assert len(seen) > 1, "six sessions all hashed to one replica"
+
+
 def test_chat_first_turn_sticks_and_hits(cluster):
     """Without a session, the later turns of a chat (which resend its start)
     go where its first turn went, and find that start in the prefix cache."""
