@@ -19,7 +19,7 @@
 # SIGTERM or SIGINT, when it stops HAProxy and the replicas.
 #
 # Environment: KVCACHE_BIN (build/kvcache), KVCACHE_SERVE_MODEL (the
-# project's SmolLM2), KVCACHE_CLUSTER_DIR (a new temporary folder: haproxy.cfg
+# project's SmolLM2), KVCACHE_CLUSTER_DIR (a new temporary folder, kept: haproxy.cfg
 # and each process's log).
 set -eu
 
@@ -124,7 +124,8 @@ EOF
 haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
 pids="$pids $!"
 hp=$!
-# ready once the frontend answers and every replica passed its first check
+# ready once the frontend answers: a replica passed its checks (2 x 500 ms);
+# the others pass theirs at the same pace
 tries=0
 until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
     kill -0 "$hp" 2>/dev/null || { echo "cluster: haproxy exited:" >&2; cat "$dir/haproxy.log" >&2; exit 1; }
