@@ -93,6 +93,9 @@ $(BUILD)/engine/quant_avx512.o $(BUILD)/engine/quant_avx512vnni.o: engine/quant_
 SERVER_CFLAGS := $(shell pkg-config --cflags civetweb jansson 2>/dev/null || pkg-config --cflags jansson 2>/dev/null)
 SERVER_LIBS   := $(shell pkg-config --libs civetweb jansson 2>/dev/null || \
                    echo "-lcivetweb $$(pkg-config --libs jansson 2>/dev/null || echo -ljansson)")
+# libzmq (libzmq3-dev): --kv-events' PUB socket (server/events.c).
+SERVER_CFLAGS += $(shell pkg-config --cflags libzmq 2>/dev/null)
+SERVER_LIBS   += $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 $(SERVER_OBJ): CFLAGS_ALL += $(SERVER_CFLAGS)
 # Only the kvcache binary links libedit (libedit-dev): chat's line editing.
 LINEEDIT_CFLAGS := $(shell pkg-config --cflags-only-other libedit 2>/dev/null)
@@ -174,11 +177,11 @@ test-asan: deps
 
 # kvcache serve built with AddressSanitizer + UBSan, in test-asan's folder
 # (build-asan: the same flags, so the libraries compile once for both), under
-# the server tests that reach the HTTP, JSON, tokenizing and session code with
+# the server tests that reach the HTTP, JSON, tokenizing, session and --kv-events code with
 # short generations: SERVER_ASAN_TESTS, a pytest -k expression. A report ends
 # the server with a nonzero status, and every test checks that status at
 # SIGTERM; leaks are reported at that exit too.
-SERVER_ASAN_TESTS ?= test_hardening or test_sessions or (test_server and not equals and not concurrent)
+SERVER_ASAN_TESTS ?= test_hardening or test_sessions or test_kv_events or (test_server and not equals and not concurrent)
 test-server-asan: deps $(MODEL) $(PY_DEPS)
 	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/kvcache
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 KVCACHE_BIN=$(abspath build-asan)/kvcache \

@@ -20,6 +20,7 @@ static void usage(void) {
     printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
            "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
            "                     [--context-shift [--keep N]] [--draft-lookup N] [--session-dir DIR]\n"
+           "                     [--kv-events ENDPOINT]\n"
            "                     [--http-threads N] [--http-timeout S]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
@@ -46,6 +47,9 @@ static void usage(void) {
            "                     (1-128 of A-Z a-z 0-9 . _ -, not starting with '.') restores DIR/NAME.kvs\n"
            "                     when its tokens begin the prompt, and saves its sequence there when it\n"
            "                     ends (not when cancelled); without this option such a request gets 400\n"
+           "  --kv-events ENDPOINT  publish the prefix cache's changes (BlockStored, BlockRemoved,\n"
+           "                     AllBlocksCleared, vLLM's schema) on a ZeroMQ PUB socket bound there,\n"
+           "                     e.g. tcp://127.0.0.1:5557 (default: off)\n"
            "  --http-threads N   HTTP workers, each serving one open connection at a time (default\n"
            "                     2 x parallel + 112, at most 1024); more connections wait for one\n"
            "  --http-timeout S   seconds a client has to send a request's headers and body, and to\n"
@@ -67,7 +71,7 @@ static void model_id(const char *path, char *out, size_t cap) {
 
 int cmd_serve(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
-    const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL, *kv_events = NULL;
     int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
     int64_t http_threads = 0, http_timeout = 10;
     int shift = 0;
@@ -82,6 +86,7 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_int(argc, argv, &i, NULL, "--max-queue", &max_queue)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &api_key)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--session-dir", &session_dir)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &kv_events)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &draft)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--http-threads", &http_threads)) continue;
@@ -146,7 +151,7 @@ int cmd_serve(int argc, char **argv) {
                                                             : 2 * parallel + 112 > 1024 ? 1024 : 2 * parallel + 112),
                      .http_timeout_ms = (int32_t)(http_timeout * 1000), .model_id = id,
                      .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
-                     .session_dir = session_dir};
+                     .session_dir = session_dir, .kv_events = kv_events};
     srv *s;
     if (srv_start(&sp, &s, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);

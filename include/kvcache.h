@@ -319,6 +319,27 @@ KV_API int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *toke
  * or remove names their full pages again. KV_ERR_NULL for a NULL cache. */
 KV_API int kv_prefix_clear(kv_cache *cache);
 
+/* Prefix-cache events, for publishing what a cache holds to routers outside
+ * the process. KV_PREFIX_STORED: a full page became findable under hash
+ * (chained from parent_hash, has_parent 0 for a sequence's first page), holding
+ * tokens[n_tokens]; KV_PREFIX_REMOVED: the page named hash can no longer be
+ * found (reclaimed, overwritten, truncated away); KV_PREFIX_CLEARED:
+ * kv_prefix_clear emptied the cache (no REMOVED for its pages). The listener
+ * runs on the thread that changed the cache, inside the call that did; it
+ * must not call back into this cache. tokens is valid during the call. */
+typedef enum { KV_PREFIX_STORED, KV_PREFIX_REMOVED, KV_PREFIX_CLEARED } kv_prefix_event_kind;
+typedef struct {
+    kv_prefix_event_kind kind;
+    uint64_t hash, parent_hash;
+    int has_parent;
+    const int32_t *tokens;
+    int32_t n_tokens;
+} kv_prefix_event;
+typedef void (*kv_prefix_listener)(void *user, const kv_prefix_event *ev);
+/* Sets (fn NULL: removes) the cache's one listener. Not thread-safe against
+ * calls that change the cache: set it before they start. */
+KV_API void kv_cache_set_prefix_listener(kv_cache *cache, kv_prefix_listener fn, void *user);
+
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
  * stored, for every layer), under a header naming the cache configuration and
  * a checksum. kv_seq_restore reads such a file into a new sequence (*seq):

@@ -32,6 +32,8 @@ curl               the server tests talk HTTP with it
 libcivetweb-dev    the server's HTTP layer
 libjansson-dev     the server's JSON
 libedit-dev        chat's line editing and history on a terminal (the kvcache binary only)
+haproxy            scripts/cluster.sh: the load balancer in front of replicas (tests/server/test_cluster.py)
+libzmq3-dev        kvcache serve --kv-events: the ZeroMQ PUB socket (the kvcache binary only)
 "
 
 names=$(printf '%s\n' "$PACKAGES" | awk 'NF { print $1 }')

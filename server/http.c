@@ -450,7 +450,13 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     sp.log = sched_log;
     int rc = llm_sched_create(c, &sp, &s->sched);
     if (rc) return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
+    if (s->p.kv_events && srv_events_start(s, c, s->p.kv_events, err, errlen)) {
+        llm_sched_free(s->sched);
+        s->sched = NULL;
+        return -1;
+    }
     if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {
+        srv_events_stop(s);
         llm_sched_free(s->sched);
         s->sched = NULL;
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
@@ -497,6 +503,7 @@ void srv_shutdown(srv *s) {
         llm_sched_stop(s->sched);             /* in-flight requests end; their workers finish the replies */
         pthread_join(s->sched_thread, NULL);
     }
+    srv_events_stop(s);
     /* civetweb refuses writes once stopping: let the handlers write their
      * last chunks and [DONE] first (bounded: a stalled client cannot hold us) */
     for (int i = 0; i < 1000 && atomic_load(&s->generating) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);

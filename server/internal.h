@@ -73,7 +73,17 @@ struct srv {
     int64_t created;                   /* Unix time of srv_start (models' "created") */
     atomic_uint_fast64_t next_id;      /* response ids */
     srv_metrics metrics;
+    struct srv_events *events;         /* --kv-events publisher, NULL when off */
 };
+
+/* ---------------------------------------------------------------- KV-cache events (events.c) */
+
+typedef struct srv_events srv_events;
+/* Publishes c's prefix-cache changes on a ZeroMQ PUB socket bound to
+ * endpoint; call before the scheduler thread starts. 0, or -1 with a message. */
+int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, size_t errlen);
+/* Sends what is pending and closes the socket; call once the scheduler thread ended. */
+void srv_events_stop(srv *s);
 
 /* ---------------------------------------------------------------- replies (http.c) */
 

@@ -59,6 +59,23 @@ static void metric(page *pg, const char *name, const char *type, const char *hel
     put(pg, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* A vLLM-named family with the model_name label vLLM puts on every sample, so
+ * routers and dashboards written for vLLM read a replica unchanged. */
+static void vllm_metric(page *pg, const char *model, const char *name, const char *type, const char *help, double v) {
+    put(pg, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%s\"} %.17g\n", name, help, name, type, name, model, v);
+}
+
+/* s into a Prometheus label value: backslash, double quote and newline escaped */
+static void label_value(char *out, size_t cap, const char *s) {
+    size_t n = 0;
+    for (; *s && n + 3 < cap; s++) {
+        if (*s == '\\' || *s == '"') out[n++] = '\\', out[n++] = *s;
+        else if (*s == '\n') out[n++] = '\\', out[n++] = 'n';
+        else out[n++] = *s;
+    }
+    out[n] = 0;
+}
+
 static void histogram(page *pg, const char *name, const char *help, const srv_hist *h) {
     put(pg, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
@@ -111,6 +128,19 @@ char *srv_metrics_page(srv *s) {
            "Session saves that failed or were skipped (after a context shift)", (double)st.session_save_failures);
     metric(&pg, "kvcache_session_io_seconds_total", "counter", "Scheduler-thread time spent reading and writing session files",
            st.session_seconds);
+    /* the same quantities under vLLM's names and meanings: usage counts the pages
+     * live sequences hold (cached pages are reclaimable, as vLLM's free queue),
+     * prefix-cache queries and hits are counted in tokens */
+    char model[2 * sizeof s->model_id];
+    label_value(model, sizeof model, s->model_id);
+    vllm_metric(&pg, model, "vllm:num_requests_running", "gauge", "Requests in the running batch", st.running);
+    vllm_metric(&pg, model, "vllm:num_requests_waiting", "gauge", "Requests waiting to be processed", st.waiting);
+    vllm_metric(&pg, model, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage: 1 means 100 percent",
+                st.pages_total ? (double)st.pages_used / st.pages_total : 0);
+    vllm_metric(&pg, model, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in queried tokens",
+                (double)st.prefix_queries);
+    vllm_metric(&pg, model, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in cached tokens",
+                (double)st.prefix_hits);
     pthread_mutex_lock(&s->metrics.mu);
     put(&pg, "# HELP kvcache_http_responses_total HTTP replies by status\n"
              "# TYPE kvcache_http_responses_total counter\n");

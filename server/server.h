@@ -30,6 +30,8 @@ typedef struct {
     int32_t draft_lookup;
     const char *session_dir;   /* --session-dir: requests may name a session kept there
                                 * (DIR/NAME.kvs); NULL: a request naming one gets 400 */
+    const char *kv_events;     /* --kv-events: a ZeroMQ endpoint to publish the prefix
+                                * cache's changes on (server/events.c); NULL: off */
 } srv_params;
 
 typedef struct srv srv;

@@ -69,6 +69,8 @@ typedef struct {
     int32_t *hash_slots;  /* [hash_cap] open addressing, page ids or KV_NO_PAGE */
     uint32_t hash_cap;    /* power of two >= 2 n_pages */
     uint64_t hash_mask;   /* hash bits that count (all; tests narrow it to force collisions) */
+    kv_prefix_listener listener; /* NULL unless someone publishes the cache's events */
+    void *listener_user;
 } kv_prefix_index;
 
 int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size);

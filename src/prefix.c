@@ -93,6 +93,10 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
     uint32_t i = home_slot(c, h);
     while (c->prefix.hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->prefix.hash_cap - 1);
     c->prefix.hash_slots[i] = page;
+    if (c->prefix.listener)   /* once per full page, never per token */
+        c->prefix.listener(c->prefix.listener_user,
+                           &(kv_prefix_event){KV_PREFIX_STORED, h, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent],
+                                              parent != KV_NO_PAGE, tokens_of(c, page), c->p.page_size});
 }
 
 void kv_prefix_unname(kv_cache *c, int32_t page) {
@@ -112,6 +116,9 @@ void kv_prefix_unname(kv_cache *c, int32_t page) {
     }
     c->prefix.hash_slots[i] = KV_NO_PAGE;
     c->prefix.page_named[page] = false;
+    if (c->prefix.listener)
+        c->prefix.listener(c->prefix.listener_user,
+                           &(kv_prefix_event){.kind = KV_PREFIX_REMOVED, .hash = c->prefix.page_hash[page]});
 }
 
 /* ------------------------------------------------------------------ LRU */
@@ -190,8 +197,15 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
     return KV_OK;
 }
 
+void kv_cache_set_prefix_listener(kv_cache *c, kv_prefix_listener fn, void *user) {
+    if (!c) return;
+    c->prefix.listener = fn, c->prefix.listener_user = user;
+}
+
 int kv_prefix_clear(kv_cache *c) {
     if (!c) return KV_ERR_NULL;
+    kv_prefix_listener fn = c->prefix.listener;   /* one CLEARED, not a REMOVED per page */
+    c->prefix.listener = NULL;
     while (c->prefix.lru_head != KV_NO_PAGE) { /* cached pages: unreferenced, so free */
         int32_t page = c->prefix.lru_head;
         kv_lru_remove(c, page);
@@ -200,5 +214,7 @@ int kv_prefix_clear(kv_cache *c) {
     }
     for (int32_t page = 0; page < c->p.n_pages; page++) kv_prefix_unname(c, page);
     for (int32_t i = 0; i < c->p.max_seqs; i++) c->seqs[i].named_blocks = 0;
+    c->prefix.listener = fn;
+    if (fn) fn(c->prefix.listener_user, &(kv_prefix_event){.kind = KV_PREFIX_CLEARED});
     return KV_OK;
 }

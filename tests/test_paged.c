@@ -638,3 +638,77 @@ TEST(prefix_clear_frees_every_cached_page_and_forgets_every_name) {
     CHECK_EQ_INT(kv_seq_reserve(c, s, 8 * P, NULL), KV_OK);
     kv_cache_free(c);
 }
+
+typedef struct {
+    int n_stored, n_removed, n_cleared;
+    uint64_t stored[16], parent[16], removed[16];
+    int has_parent[16];
+    int32_t first_token[16];
+} prefix_log;
+
+static void log_prefix_event(void *user, const kv_prefix_event *ev) {
+    prefix_log *l = user;
+    if (ev->kind == KV_PREFIX_STORED && l->n_stored < 16) {
+        l->stored[l->n_stored] = ev->hash, l->parent[l->n_stored] = ev->parent_hash;
+        l->has_parent[l->n_stored] = ev->has_parent, l->first_token[l->n_stored] = ev->tokens[0];
+        CHECK_EQ_INT(ev->n_tokens, 4);
+        l->n_stored++;
+    } else if (ev->kind == KV_PREFIX_REMOVED && l->n_removed < 16) {
+        l->removed[l->n_removed++] = ev->hash;
+    } else if (ev->kind == KV_PREFIX_CLEARED) {
+        l->n_cleared++;
+    }
+}
+
+TEST(prefix_listener_sees_every_name_given_and_taken) {
+    enum { P = 4 };
+    kv_cache *c = make_cache(P, 6, 2, KV_F32);
+    prefix_log l = {0};
+    kv_cache_set_prefix_listener(NULL, log_prefix_event, &l); /* no cache: nothing happens */
+    kv_cache_set_prefix_listener(c, log_prefix_event, &l);
+    int32_t s, ta[8], tb[8];
+    for (int i = 0; i < 8; i++) ta[i] = i, tb[i] = 50 + i;
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 8, ta), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    /* two pages, a chain: the second's parent is the first */
+    CHECK_EQ_INT(l.n_stored, 2);
+    CHECK_EQ_INT(l.has_parent[0], 0);
+    CHECK_EQ_INT(l.has_parent[1], 1);
+    CHECK(l.parent[1] == l.stored[0]);
+    CHECK_EQ_INT(l.first_token[0], 0);
+    CHECK_EQ_INT(l.first_token[1], 4);
+    CHECK_EQ_INT(kv_cache_get_stats(c).pages_named, 2);
+    /* a hit names nothing new */
+    int32_t m;
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_match(c, s, ta, 8, &m), KV_OK);
+    CHECK_EQ_INT(m, 8);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(l.n_stored, 2);
+    CHECK_EQ_INT(l.n_removed, 0);
+    /* 24 positions need every page: both cached ones are reclaimed, and said so */
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 24, NULL), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(l.n_removed, 2);
+    CHECK((l.removed[0] == l.stored[0] && l.removed[1] == l.stored[1]) ||
+          (l.removed[0] == l.stored[1] && l.removed[1] == l.stored[0]));
+    /* a clear is one event, not one per page */
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 8, tb), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(l.n_stored, 4);
+    CHECK_EQ_INT(kv_prefix_clear(c), KV_OK);
+    CHECK_EQ_INT(l.n_cleared, 1);
+    CHECK_EQ_INT(l.n_removed, 2);
+    /* removed, the listener hears nothing more */
+    kv_cache_set_prefix_listener(c, NULL, NULL);
+    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_reserve(c, s, 8, ta), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c, s), KV_OK);
+    CHECK_EQ_INT(kv_prefix_clear(c), KV_OK);
+    CHECK_EQ_INT(l.n_stored, 4);
+    CHECK_EQ_INT(l.n_cleared, 1);
+    kv_cache_free(c);
+}
