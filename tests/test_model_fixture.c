@@ -156,17 +156,22 @@ static double *add_matrix(builder *b, const char *name, int64_t rows, int64_t co
     return dec;
 }
 
-/* A norm vector: 1 + 0.1 N(0, 1), written as F32 (as real files do). */
-static double *add_norm(builder *b, const char *name, int64_t n) {
-    float *v = malloc(sizeof(float) * (size_t)n);
-    double *d = malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(1.0 + 0.1 * normal(b));
+/* A vector of mean + sd N(0, 1) values, written as F32 (as real files do
+ * for norms and biases); returns them decoded. */
+static double *add_vector(builder *b, const char *name, int64_t n, double mean, double sd) {
+    float *v = malloc(sizeof(float) * (size_t)(n + 1));
+    double *d = malloc(sizeof(double) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(mean + sd * normal(b));
+    d[n] = v[n] = (float)mean; /* only written for bad_tensor */
     if (b->s->nan_norm && !strcmp(b->s->nan_norm, name)) d[0] = v[0] = NAN;
-    int64_t dims[1] = {n};
+    int64_t dims[1] = {b->s->bad_tensor && !strcmp(b->s->bad_tensor, name) ? n + 1 : n};
     if (!b->s->skip_tensor || strcmp(b->s->skip_tensor, name)) gw_add_tensor_f32(b->w, name, GW_F32, 1, dims, v);
     free(v);
     return d;
 }
+
+/* A norm vector: 1 + 0.1 N(0, 1). */
+static double *add_norm(builder *b, const char *name, int64_t n) { return add_vector(b, name, n, 1.0, 0.1); }
 
 enum { TOKEN_CAP = 64 }; /* bytes of one token text, "<extra_2147483647>" included */
 
@@ -238,6 +243,7 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     if (!s.ffn) s.ffn = 512;
     if (!s.arch) s.arch = "llama";
     m->gemma = strcmp(s.arch, "gemma3") == 0;
+    m->qwen = !strcmp(s.arch, "qwen2") ? 2 : !strcmp(s.arch, "qwen3") ? 3 : 0;
     if (!s.kv_heads) s.kv_heads = m->gemma ? 1 : 2;
     if (m->gemma) {
         if (!spec->layers) s.layers = 6;
@@ -266,6 +272,8 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
     if (!m->gemma)
         snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
+    if (!m->gemma && s.window)  /* Mistral's sliding window on the llama architecture */
+        snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch), gw_add_u32(b.w, key, (uint32_t)s.window);
     snprintf(key, sizeof key, "%s.context_length", s.arch), gw_add_u32(b.w, key, 1024);
     if (s.head_dim) {
         snprintf(key, sizeof key, "%s.attention.key_length", s.arch), gw_add_u32(b.w, key, (uint32_t)d);
@@ -286,14 +294,23 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         char n[64];
         fx_layer *L = &m->L[l];
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d." x ".weight", (int)l), n)
+#define NAME2(x, kind) (snprintf(n, sizeof n, "blk.%d." x "." kind, (int)l), n)
         L->attn_norm = add_norm(&b, NAME("attn_norm"), D);
         L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
         L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
         L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        if (m->qwen == 2) {
+            /* biases of the size of the projections' outputs, so that losing one shows */
+            L->bq = add_vector(&b, NAME2("attn_q", "bias"), (int64_t)H * d, 0.0, 0.5);
+            L->bk = add_vector(&b, NAME2("attn_k", "bias"), (int64_t)Hkv * d, 0.0, 0.5);
+            L->bv = add_vector(&b, NAME2("attn_v", "bias"), (int64_t)Hkv * d, 0.0, 0.5);
+        }
         L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, 1.0 / sqrt((double)H * d));
-        if (m->gemma) {
+        if (m->gemma || m->qwen == 3) {
             L->q_norm = add_norm(&b, NAME("attn_q_norm"), d);
             L->k_norm = add_norm(&b, NAME("attn_k_norm"), d);
+        }
+        if (m->gemma) {
             L->post_attn_norm = add_norm(&b, NAME("post_attention_norm"), D);
         }
         L->ffn_norm = add_norm(&b, NAME("ffn_norm"), D);
@@ -302,6 +319,7 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         L->wd = add_matrix(&b, NAME("ffn_down"), D, F, sf);
         if (m->gemma) L->post_ffn_norm = add_norm(&b, NAME("post_ffw_norm"), D);
 #undef NAME
+#undef NAME2
     }
     m->out_norm = add_norm(&b, "output_norm.weight", D);
     m->out = s.tied ? m->embd : add_matrix(&b, "output.weight", V, D, sd * 4);
@@ -334,6 +352,7 @@ void fx_free(fx_model *m) {
         free(L->attn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
         free(L->ffn_norm), free(L->wg), free(L->wu), free(L->wd);
         free(L->q_norm), free(L->k_norm), free(L->post_attn_norm), free(L->post_ffn_norm);
+        free(L->bq), free(L->bk), free(L->bv);
     }
     if (m->out != m->embd) free(m->out);
     free(m->embd), free(m->out_norm), free(m->inv_freq), free(m->inv_freq_local), free(m->L);
@@ -359,13 +378,15 @@ static void matvec(const double *W, const double *x, double *y, int64_t rows, in
 }
 
 /* RoPE over each head's first rot dims at pos: GGUF llama turns adjacent
- * pairs (2i, 2i+1), Gemma the halves' pairs (i, i + d/2), by pos * inv_freq[i]. */
+ * pairs (2i, 2i+1), Gemma and Qwen the halves' pairs (i, i + d/2), by pos *
+ * inv_freq[i]. */
 static void rope(const fx_model *m, const double *inv_freq, double *v, int32_t heads, int32_t pos) {
     const int32_t half = m->s.rot_dim / 2;
     for (int32_t h = 0; h < heads; h++)
         for (int32_t i = 0; i < half; i++) {
-            double *x0 = v + (size_t)h * m->head_dim + (m->gemma ? i : 2 * i);
-            double *x1 = m->gemma ? x0 + half : x0 + 1;
+            const int neox = m->gemma || m->qwen;
+            double *x0 = v + (size_t)h * m->head_dim + (neox ? i : 2 * i);
+            double *x1 = neox ? x0 + half : x0 + 1;
             double a = pos * inv_freq[i], c0 = *x0, c1 = *x1;
             *x0 = c0 * cos(a) - c1 * sin(a);
             *x1 = c0 * sin(a) + c1 * cos(a);
@@ -410,7 +431,8 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
     for (int32_t l = 0; l < m->s.layers; l++) {
         const fx_layer *L = &m->L[l];
         const int local = m->gemma && l % 6 < 5;
-        const int32_t window = local ? m->s.window : 0;
+        const int32_t window = local || (!m->gemma && !m->qwen) ? m->s.window : 0; /* llama: Mistral's, or 0 */
+        const int qk_norm = m->gemma || m->qwen == 3;
         const double *inv_freq = local ? m->inv_freq_local : m->inv_freq;
         /* every position's K and V first: position t attends to keys 0..t */
         for (int32_t t = 0; t < n; t++) {
@@ -418,14 +440,16 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
             rmsnorm(x + (size_t)t * D, L->attn_norm, h, D, eps);
             matvec(L->wk, h, kt, kvd, D);
             matvec(L->wv, h, Vv + (size_t)t * kvd, kvd, D);
-            for (int32_t kh = 0; m->gemma && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
+            for (int32_t i = 0; L->bk && i < kvd; i++) kt[i] += L->bk[i], Vv[(size_t)t * kvd + i] += L->bv[i];
+            for (int32_t kh = 0; qk_norm && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
             rope(m, inv_freq, kt, Hkv, t);
         }
         for (int32_t t = 0; t < n; t++) {
             double *xt = x + (size_t)t * D;
             rmsnorm(xt, L->attn_norm, h, D, eps);
             matvec(L->wq, h, q, qd, D);
-            for (int32_t qh = 0; m->gemma && qh < H; qh++) rmsnorm(q + qh * d, L->q_norm, q + qh * d, d, eps);
+            for (int32_t i = 0; L->bq && i < qd; i++) q[i] += L->bq[i];
+            for (int32_t qh = 0; qk_norm && qh < H; qh++) rmsnorm(q + qh * d, L->q_norm, q + qh * d, d, eps);
             rope(m, inv_freq, q, H, t);
             attend(m, q, K, Vv, t, window, p, att);
             matvec(L->wo, att, o, D, qd);
@@ -461,6 +485,46 @@ double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax) {
     }
     if (bmax) *bmax = mx;
     return d;
+}
+
+void fx_check_prefill(const fx_model *fx, const llm_model *m, const llm_context_params *p, const int32_t *tokens,
+                      int32_t n, const int32_t *batches, int nb, double tol, const char *what) {
+    const int64_t nv = (int64_t)n * fx->vocab;
+    double *ref = malloc(sizeof(double) * (size_t)nv);
+    float *got = malloc(sizeof(float) * (size_t)nv);
+    fx_reference(fx, tokens, n, ref);
+    for (int b = 0; b < nb; b++) {
+        llm_context_params pb = *p;
+        pb.n_batch = batches[b];
+        llm_context *c = fx_context(m, &pb);
+        int32_t seq;
+        if (!c) break;
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_eval(c, seq, tokens, n, 1, got, NULL, NULL), LLM_OK);
+        double bmax, r = fx_max_diff(got, ref, nv, &bmax) / bmax;
+        printf("     %-16s n_batch %2d: relative diff to f64 %.2e\n", what, (int)batches[b], r);
+        if (!(r <= tol)) test_fail(__FILE__, __LINE__, "%s, batch %d: logits off by %g", what, (int)batches[b], r);
+        llm_context_free(c);
+    }
+    free(ref), free(got);
+}
+
+void fx_check_threads(const llm_model *m, const llm_context_params *p, const int32_t *tokens, int32_t n) {
+    const int32_t V = llm_model_n_vocab(m);
+    float *base = malloc(sizeof(float) * (size_t)V), *other = malloc(sizeof(float) * (size_t)V);
+    for (int32_t t = 1; t <= 3; t++) {
+        llm_context_params pt = *p;
+        pt.n_threads = t;
+        llm_context *c = fx_context(m, &pt);
+        int32_t seq;
+        if (!c) break;
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_eval(c, seq, tokens, n, 0, t == 1 ? base : other, NULL, NULL), LLM_OK);
+        if (t > 1 && memcmp(base, other, sizeof(float) * (size_t)V))
+            test_fail(__FILE__, __LINE__, "%s: %d threads changed the logits", llm_model_arch(m), (int)t);
+        llm_context_free(c);
+    }
+    free(base), free(other);
 }
 
 void fx_check_load_error(const fx_spec *spec, const char *expect) {
