@@ -19,8 +19,9 @@
  * One cache group, one RoPE table (with rope_freqs.weight, Llama 3.1's
  * scaled frequencies, when present). Every layer attends fully, or within
  * llama.attention.sliding_window when the file declares one (Mistral 7B
- * v0.1: W = 4096, a window cache that returns pages as the sequence passes
- * them).
+ * v0.1's W = 4096: a window cache that returns pages as the sequence passes
+ * them). llama.cpp's converter does not write that key for Mistral and its
+ * llama graph ignores it, so a file from it attends fully, as there.
  *
  * The forward is shared with Qwen2 and Qwen3 (engine/arch_qwen.c), which
  * differ in tensors, not in code: q/k/v biases are added after the
@@ -36,11 +37,12 @@ static int llama_hparams(const llm_gguf *g, llm_hparams *hp, char *err, size_t e
 
 static const llm_tensor_desc llama_tensors[] = {LLM_LLAMA_TENSORS};
 
-/* Mistral's files may declare llama.attention.sliding_window: then every
- * layer attends within it, in one window cache. */
+/* A file may declare llama.attention.sliding_window (Mistral's window): then
+ * every layer attends within it, in one window cache. 0 is what converters
+ * write for "no window" (llama.cpp's for Llama 4 without one). */
 static int llama_load(llm_model *m, char *err, size_t errlen) {
     int32_t window = 0;
-    if (llm_read_opt_count(m->gguf, "llama.attention.sliding_window", 1, INT32_MAX, &window, err, errlen))
+    if (llm_read_opt_count(m->gguf, "llama.attention.sliding_window", 0, INT32_MAX, &window, err, errlen))
         return LLM_ERR_MODEL;
     int rc = llm_load_layers(m, llama_tensors, (int)(sizeof llama_tensors / sizeof llama_tensors[0]), err, errlen);
     if (rc) return rc;

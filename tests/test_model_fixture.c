@@ -272,8 +272,11 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
     if (!m->gemma)
         snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
-    if (!m->gemma && s.window)  /* Mistral's sliding window on the llama architecture */
-        snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch), gw_add_u32(b.w, key, (uint32_t)s.window);
+    if (!m->gemma && s.window) {  /* Mistral's sliding window on the llama architecture */
+        snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch);
+        gw_add_u32(b.w, key, s.window > 0 ? (uint32_t)s.window : 0);
+        if (s.window < 0) m->s.window = 0;
+    }
     snprintf(key, sizeof key, "%s.context_length", s.arch), gw_add_u32(b.w, key, 1024);
     if (s.head_dim) {
         snprintf(key, sizeof key, "%s.attention.key_length", s.arch), gw_add_u32(b.w, key, (uint32_t)d);

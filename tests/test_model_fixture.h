@@ -57,7 +57,8 @@ typedef struct {
      * tied to 1 unless untied is set) */
     int32_t head_dim;         /* d written as attention.key_length (default D / H; gemma3 2D / H) */
     int32_t window;           /* attention.sliding_window (gemma3: default 8; llama: written
-                               * when set, every layer's window, as Mistral's) */
+                               * when set, every layer's window, as Mistral's; -1 writes 0,
+                               * "no window") */
     int untied;               /* write output.weight after all */
     /* for the loader's error tests */
     const char *arch;         /* general.architecture (default "llama") */

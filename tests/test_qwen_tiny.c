@@ -85,6 +85,16 @@ TEST(llama_sliding_window_tiny_matches_f64_reference) {
     check_against_reference(&(fx_spec){.arch = "llama", .type = GW_Q4_0, .seed = 8, .window = 5}, "Q4_0 W=5");
 }
 
+/* sliding_window = 0 is the converters' "none": full attention */
+TEST(llama_sliding_window_0_means_full_attention) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.arch = "llama", .type = GW_F32, .seed = 18, .window = -1}, &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (m) CHECK_EQ_INT(m->groups[0].window, 0);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
 /* The reference tells the pieces apart, so agreeing with it means the engine
  * did each: the same weights without the biases, without the QK-norms, with
  * the llama forward (interleaved RoPE, neither piece), or with no window give
