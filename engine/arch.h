@@ -15,7 +15,7 @@
  *   - up to LLM_MAX_ROPES RoPE tables (e.g. one base for local layers, one
  *     for global ones).
  *
- * Llama, Qwen2, Qwen3: one group of every layer (a window group when the
+ * Llama, Qwen2, Qwen3, Phi-3: one group of every layer (a window group when the
  * file declares a sliding window, as Mistral's do), one RoPE table. Gemma 3:
  * a full group of the global layers and a window group of the others, two
  * RoPE tables (base 1e6 and 10000).
@@ -161,6 +161,7 @@ extern const llm_arch llm_arch_llama;   /* engine/arch_llama.c */
 extern const llm_arch llm_arch_gemma3;  /* engine/arch_gemma3.c */
 extern const llm_arch llm_arch_qwen2;   /* engine/arch_qwen.c */
 extern const llm_arch llm_arch_qwen3;   /* engine/arch_qwen.c */
+extern const llm_arch llm_arch_phi3;    /* engine/arch_phi3.c */
 
 /* The pre-norm SwiGLU decoder of engine/arch_llama.c, which Qwen2 and Qwen3
  * share: it adds q/k/v biases and applies the per-head q/k norms when the
@@ -212,6 +213,8 @@ typedef enum {
     LLM_SZ_Q,      /* n_heads * head_dim */
     LLM_SZ_KV,     /* n_kv_heads * head_dim */
     LLM_SZ_F,      /* ffn_dim */
+    LLM_SZ_QKV,    /* (n_heads + 2 n_kv_heads) * head_dim: q, k and v fused (Phi-3) */
+    LLM_SZ_2F,     /* 2 ffn_dim: gate and up fused (Phi-3) */
 } llm_size;
 
 /* One tensor of every layer: blk.<l>.<suffix>. A matrix (cols != LLM_SZ_NONE)
@@ -225,6 +228,10 @@ typedef struct {
     llm_size cols;           /* matrix cols (inputs, GGUF dims[0]); LLM_SZ_NONE for a vector */
     int optional;            /* 1: may be absent */
 } llm_tensor_desc;
+
+/* Splits a matrix loaded fused at its row `at`: *whole keeps rows [0, at),
+ * *rest gets the others (zero-copy views of the same block rows). */
+void llm_matrix_split(llm_matrix *whole, int64_t at, llm_matrix *rest);
 
 /* A table entry for field of llm_layer_weights. */
 #define LLM_TENSOR(suffix, field, rows, cols, optional) \

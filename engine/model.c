@@ -17,7 +17,8 @@
 
 /* ---------------------------------------------------------------- architectures */
 
-static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3, &llm_arch_qwen2, &llm_arch_qwen3};
+static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3, &llm_arch_qwen2, &llm_arch_qwen3,
+                                        &llm_arch_phi3};
 
 const llm_arch *llm_arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
@@ -26,7 +27,8 @@ const llm_arch *llm_arch_find(const char *name, size_t len) {
 }
 
 const char *llm_arch_names(void) {
-    return "'llama': Llama, SmolLM2, TinyLlama, Mistral; 'gemma3': Gemma 3; 'qwen2': Qwen2, Qwen2.5; 'qwen3': Qwen3";
+    return "'llama': Llama, SmolLM2, TinyLlama, Mistral; 'gemma3': Gemma 3; 'qwen2': Qwen2, Qwen2.5; 'qwen3': Qwen3; "
+           "'phi3': Phi-3 (4k context)";
 }
 
 static const llm_arch *arch_of(const llm_gguf *g, char *err, size_t errlen) {
@@ -229,6 +231,13 @@ int llm_layers_one_group(llm_model *m, int32_t window) {
     return LLM_OK;
 }
 
+void llm_matrix_split(llm_matrix *whole, int64_t at, llm_matrix *rest) {
+    *rest = *whole;
+    rest->data = (const uint8_t *)whole->data + (size_t)at * (size_t)llm_row_bytes(whole->type, whole->cols);
+    rest->rows = whole->rows - at;
+    whole->rows = at;
+}
+
 static int64_t size_of(const llm_hparams *hp, llm_size s) {
     switch (s) {
     case LLM_SZ_D: return hp->dim;
@@ -236,6 +245,8 @@ static int64_t size_of(const llm_hparams *hp, llm_size s) {
     case LLM_SZ_Q: return (int64_t)hp->n_heads * hp->head_dim;
     case LLM_SZ_KV: return (int64_t)hp->n_kv_heads * hp->head_dim;
     case LLM_SZ_F: return hp->ffn_dim;
+    case LLM_SZ_QKV: return (int64_t)(hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim;
+    case LLM_SZ_2F: return 2 * (int64_t)hp->ffn_dim;
     case LLM_SZ_NONE: break;
     }
     return 0;

@@ -156,6 +156,13 @@ static double *add_matrix(builder *b, const char *name, int64_t rows, int64_t co
     return dec;
 }
 
+/* A copy of rows [r0, r0 + n) of the [..][cols] matrix w. */
+static double *rows_of(const double *w, int64_t r0, int64_t n, int64_t cols) {
+    double *r = malloc(sizeof(double) * (size_t)(n * cols));
+    memcpy(r, w + r0 * cols, sizeof(double) * (size_t)(n * cols));
+    return r;
+}
+
 /* A vector of mean + sd N(0, 1) values, written as F32 (as real files do
  * for norms and biases); returns them decoded. */
 static double *add_vector(builder *b, const char *name, int64_t n, double mean, double sd) {
@@ -244,6 +251,7 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     if (!s.arch) s.arch = "llama";
     m->gemma = strcmp(s.arch, "gemma3") == 0;
     m->qwen = !strcmp(s.arch, "qwen2") ? 2 : !strcmp(s.arch, "qwen3") ? 3 : 0;
+    m->phi = !strcmp(s.arch, "phi3");
     if (!s.kv_heads) s.kv_heads = m->gemma ? 1 : 2;
     if (m->gemma) {
         if (!spec->layers) s.layers = 6;
@@ -272,7 +280,7 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
     if (!m->gemma)
         snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
-    if (!m->gemma && s.window) {  /* Mistral's sliding window on the llama architecture */
+    if (!m->gemma && s.window) {  /* llama: Mistral's sliding window; phi3: its converter's key, not applied */
         snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch);
         gw_add_u32(b.w, key, s.window > 0 ? (uint32_t)s.window : 0);
         if (s.window < 0) m->s.window = 0;
@@ -299,9 +307,17 @@ int fx_build(const fx_spec *spec, fx_model *m) {
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d." x ".weight", (int)l), n)
 #define NAME2(x, kind) (snprintf(n, sizeof n, "blk.%d." x "." kind, (int)l), n)
         L->attn_norm = add_norm(&b, NAME("attn_norm"), D);
-        L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
-        L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
-        L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        if (m->phi) { /* one matrix of the rows of Wq, Wk, Wv */
+            double *qkv = add_matrix(&b, NAME("attn_qkv"), (int64_t)(H + 2 * Hkv) * d, D, sd);
+            L->wq = rows_of(qkv, 0, (int64_t)H * d, D);
+            L->wk = rows_of(qkv, (int64_t)H * d, (int64_t)Hkv * d, D);
+            L->wv = rows_of(qkv, (int64_t)(H + Hkv) * d, (int64_t)Hkv * d, D);
+            free(qkv);
+        } else {
+            L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
+            L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
+            L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        }
         if (m->qwen == 2) {
             /* biases of the size of the projections' outputs, so that losing one shows */
             L->bq = add_vector(&b, NAME2("attn_q", "bias"), (int64_t)H * d, 0.0, 0.5);
@@ -317,8 +333,15 @@ int fx_build(const fx_spec *spec, fx_model *m) {
             L->post_attn_norm = add_norm(&b, NAME("post_attention_norm"), D);
         }
         L->ffn_norm = add_norm(&b, NAME("ffn_norm"), D);
-        L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
-        L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
+        if (m->phi) { /* one matrix of the rows of Wgate, then Wup */
+            double *gu = add_matrix(&b, NAME("ffn_up"), 2 * (int64_t)F, D, sd);
+            L->wg = rows_of(gu, 0, F, D);
+            L->wu = rows_of(gu, F, F, D);
+            free(gu);
+        } else {
+            L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
+            L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
+        }
         L->wd = add_matrix(&b, NAME("ffn_down"), D, F, sf);
         if (m->gemma) L->post_ffn_norm = add_norm(&b, NAME("post_ffw_norm"), D);
 #undef NAME
@@ -387,7 +410,7 @@ static void rope(const fx_model *m, const double *inv_freq, double *v, int32_t h
     const int32_t half = m->s.rot_dim / 2;
     for (int32_t h = 0; h < heads; h++)
         for (int32_t i = 0; i < half; i++) {
-            const int neox = m->gemma || m->qwen;
+            const int neox = m->gemma || m->qwen || m->phi;
             double *x0 = v + (size_t)h * m->head_dim + (neox ? i : 2 * i);
             double *x1 = neox ? x0 + half : x0 + 1;
             double a = pos * inv_freq[i], c0 = *x0, c1 = *x1;
@@ -434,7 +457,7 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
     for (int32_t l = 0; l < m->s.layers; l++) {
         const fx_layer *L = &m->L[l];
         const int local = m->gemma && l % 6 < 5;
-        const int32_t window = local || (!m->gemma && !m->qwen) ? m->s.window : 0; /* llama: Mistral's, or 0 */
+        const int32_t window = local || (!m->gemma && !m->qwen && !m->phi) ? m->s.window : 0; /* llama: Mistral's, or 0 */
         const int qk_norm = m->gemma || m->qwen == 3;
         const double *inv_freq = local ? m->inv_freq_local : m->inv_freq;
         /* every position's K and V first: position t attends to keys 0..t */

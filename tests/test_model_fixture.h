@@ -32,7 +32,11 @@
  * head (rmsnorm * attn_q_norm / attn_k_norm, weights [d]) before RoPE, and d
  * = key_length free of D / H. Both rotate split-half (pairs i, i + d/2), as
  * Gemma does, where GGUF llama rotates adjacent pairs. A llama file with
- * `window` set (Mistral) attends within it on every layer. */
+ * `window` set (Mistral) attends within it on every layer.
+ *
+ * Phi-3 (arch "phi3") is the Llama forward with split-half RoPE, written
+ * with q, k, v fused into attn_qkv (their rows in that order) and gate, up
+ * into ffn_up (2F rows, gate first); a window key it carries is not applied. */
 #ifndef TEST_MODEL_FIXTURE_H
 #define TEST_MODEL_FIXTURE_H
 
@@ -96,6 +100,7 @@ typedef struct {
     int32_t head_dim;         /* d = D / H, or the spec's head_dim */
     int gemma;                /* 1: arch "gemma3" (forward above) */
     int qwen;                 /* 2: arch "qwen2", 3: "qwen3" (below); 0: neither */
+    int phi;                  /* 1: arch "phi3" (below) */
     double eps;               /* RMSNorm epsilon written in the file */
     double *embd;             /* [V][D] */
     double *out;              /* [V][D] (= embd when tied) */

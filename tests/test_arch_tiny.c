@@ -1,5 +1,5 @@
-/* tests/test_qwen_tiny.c - the qwen2 and qwen3 architectures, and llama with
- * Mistral's sliding window, on tiny random-weight models
+/* tests/test_arch_tiny.c - the qwen2, qwen3 and phi3 architectures, and
+ * llama with Mistral's sliding window, on tiny random-weight models
  * (tests/test_model_fixture.h) against the fixture's independent float64
  * forward: every position of a prompt (one pass and chunks of 5), cached
  * decoding against recomputation and against f64, thread counts, the ChatML
@@ -48,7 +48,7 @@ static void check_against_reference(const fx_spec *spec, const char *what) {
     if (!m) return fx_free(&fx);
     CHECK(strcmp(llm_model_arch(m), spec->arch) == 0);
     CHECK_EQ_INT(m->n_groups, 1);
-    CHECK_EQ_INT(m->groups[0].window, spec->window);
+    CHECK_EQ_INT(m->groups[0].window, strcmp(spec->arch, "llama") ? 0 : spec->window);
     CHECK_EQ_INT(m->hp.head_dim, fx.head_dim);
     int32_t toks[N];
     prompt(toks, N, (int32_t)spec->seed);
@@ -63,6 +63,7 @@ static void check_against_reference(const fx_spec *spec, const char *what) {
 
 #define QWEN2(...) (&(fx_spec){.arch = "qwen2", __VA_ARGS__})
 #define QWEN3(...) (&(fx_spec){.arch = "qwen3", __VA_ARGS__})
+#define PHI3(...) (&(fx_spec){.arch = "phi3", __VA_ARGS__})
 #define MISTRAL(...) (&(fx_spec){.arch = "llama", .window = 8, __VA_ARGS__})
 
 TEST(qwen2_tiny_matches_f64_reference) {
@@ -77,6 +78,14 @@ TEST(qwen3_tiny_matches_f64_reference) {
     check_against_reference(QWEN3(.type = GW_F32, .seed = 4), "F32");
     check_against_reference(QWEN3(.type = GW_Q8_0, .seed = 5, .head_dim = 128, .tied = 1), "Q8_0 d=128");
     check_against_reference(QWEN3(.type = GW_Q6_K, .seed = 6, .head_dim = 32, .heads = 8), "Q6_K d=32");
+}
+
+/* fused q/k/v and gate/up split into the Llama forward's matrices; the
+ * window key phi3 files carry is not applied (as in llama.cpp) */
+TEST(phi3_tiny_matches_f64_reference) {
+    check_against_reference(PHI3(.type = GW_F32, .seed = 19), "F32");
+    check_against_reference(PHI3(.type = GW_Q4_K, .seed = 20, .window = 8, .kv_heads = 4), "Q4_K MHA W");
+    check_against_reference(PHI3(.type = GW_Q8_0, .seed = 21, .tied = 1, .rot_dim = 32), "Q8_0 r=32");
 }
 
 /* Mistral: the llama forward with every layer's window 8, a prompt of 24 */
@@ -185,6 +194,7 @@ TEST(qwen_tiny_cached_decode_equals_recompute_and_f64) {
     check_cached_equals_recompute(QWEN2(.type = GW_Q8_0, .seed = 10));
     check_cached_equals_recompute(QWEN3(.type = GW_Q4_K, .seed = 11, .head_dim = 128));
     check_cached_equals_recompute(MISTRAL(.type = GW_Q8_0, .seed = 12));
+    check_cached_equals_recompute(PHI3(.type = GW_Q4_0, .seed = 22));
 }
 
 static void check_threads(const fx_spec *spec) {
@@ -205,6 +215,7 @@ TEST(qwen_tiny_results_are_bit_identical_for_1_2_3_threads) {
     check_threads(QWEN2(.type = GW_Q4_1, .seed = 14));
     check_threads(QWEN3(.type = GW_Q5_K, .seed = 15, .head_dim = 128));
     check_threads(MISTRAL(.type = GW_Q4_K, .seed = 16));
+    check_threads(PHI3(.type = GW_Q6_K, .seed = 23));
 }
 
 /* The fixture's vocabulary carries a ChatML template, as Qwen files do. */
@@ -228,4 +239,9 @@ TEST(qwen_load_names_what_is_wrong) {
     fx_check_load_error(QWEN3(.type = GW_Q8_0, .head_dim = 128, .bad_tensor = "blk.0.attn_output.weight"),
                         "tensor blk.0.attn_output.weight has shape [512, 257], expected [512, 256]");
     fx_check_load_error(QWEN3(.type = GW_F32, .rot_dim = 32), "rotates whole heads");
+    fx_check_load_error(PHI3(.type = GW_Q8_0, .bad_tensor = "blk.1.attn_qkv.weight"),
+                        "tensor blk.1.attn_qkv.weight has shape [256, 513], expected [256, 512]");
+    fx_check_load_error(PHI3(.type = GW_F32, .bad_tensor = "blk.0.ffn_up.weight"),
+                        "tensor blk.0.ffn_up.weight has shape [256, 1025], expected [256, 1024]");
+    fx_check_load_error(PHI3(.type = GW_F32, .skip_tensor = "blk.0.attn_qkv.weight"), "missing tensor blk.0.attn_qkv.weight");
 }
