@@ -35,7 +35,14 @@ static int llama_hparams(const llm_gguf *g, llm_hparams *hp, char *err, size_t e
     return rc;
 }
 
-static const llm_tensor_desc llama_tensors[] = {LLM_LLAMA_TENSORS};
+/* q/k/v biases optional, as llama.cpp reads llama files: some converted
+ * models carry them */
+static const llm_tensor_desc llama_tensors[] = {
+    LLM_LLAMA_TENSORS,
+    LLM_TENSOR("attn_q.bias", bq, LLM_SZ_Q, LLM_SZ_NONE, 1),
+    LLM_TENSOR("attn_k.bias", bk, LLM_SZ_KV, LLM_SZ_NONE, 1),
+    LLM_TENSOR("attn_v.bias", bv, LLM_SZ_KV, LLM_SZ_NONE, 1),
+};
 
 /* A file may declare llama.attention.sliding_window (Mistral's window): then
  * every layer attends within it, in one window cache. 0 is what converters

@@ -94,6 +94,13 @@ TEST(llama_sliding_window_tiny_matches_f64_reference) {
     check_against_reference(&(fx_spec){.arch = "llama", .type = GW_Q4_0, .seed = 8, .window = 5}, "Q4_0 W=5");
 }
 
+/* llama files may carry q/k/v biases, all or some: each one present is added */
+TEST(llama_tiny_optional_biases_match_f64_reference) {
+    check_against_reference(&(fx_spec){.arch = "llama", .type = GW_F32, .seed = 24, .qkv_bias = 1}, "F32 biases");
+    check_against_reference(&(fx_spec){.arch = "llama", .type = GW_Q8_0, .seed = 25, .qkv_bias = 1,
+                                       .skip_tensor = "blk.1.attn_k.bias"}, "Q8_0 no bk 1");
+}
+
 /* sliding_window = 0 is the converters' "none": full attention */
 TEST(llama_sliding_window_0_means_full_attention) {
     fx_model fx;

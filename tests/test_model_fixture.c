@@ -177,6 +177,14 @@ static double *add_vector(builder *b, const char *name, int64_t n, double mean, 
     return d;
 }
 
+/* A bias: 0.5 N(0, 1); NULL (none in the forward) when the spec leaves it
+ * out of the file, which llama files may do. */
+static double *add_bias(builder *b, const char *name, int64_t n) {
+    double *v = add_vector(b, name, n, 0.0, 0.5);
+    if (b->s->skip_tensor && !strcmp(b->s->skip_tensor, name)) free(v), v = NULL;
+    return v;
+}
+
 /* A norm vector: 1 + 0.1 N(0, 1). */
 static double *add_norm(builder *b, const char *name, int64_t n) { return add_vector(b, name, n, 1.0, 0.1); }
 
@@ -318,11 +326,11 @@ int fx_build(const fx_spec *spec, fx_model *m) {
             L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
             L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
         }
-        if (m->qwen == 2) {
+        if (m->qwen == 2 || s.qkv_bias) {
             /* biases of the size of the projections' outputs, so that losing one shows */
-            L->bq = add_vector(&b, NAME2("attn_q", "bias"), (int64_t)H * d, 0.0, 0.5);
-            L->bk = add_vector(&b, NAME2("attn_k", "bias"), (int64_t)Hkv * d, 0.0, 0.5);
-            L->bv = add_vector(&b, NAME2("attn_v", "bias"), (int64_t)Hkv * d, 0.0, 0.5);
+            L->bq = add_bias(&b, NAME2("attn_q", "bias"), (int64_t)H * d);
+            L->bk = add_bias(&b, NAME2("attn_k", "bias"), (int64_t)Hkv * d);
+            L->bv = add_bias(&b, NAME2("attn_v", "bias"), (int64_t)Hkv * d);
         }
         L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, 1.0 / sqrt((double)H * d));
         if (m->gemma || m->qwen == 3) {
@@ -466,7 +474,8 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
             rmsnorm(x + (size_t)t * D, L->attn_norm, h, D, eps);
             matvec(L->wk, h, kt, kvd, D);
             matvec(L->wv, h, Vv + (size_t)t * kvd, kvd, D);
-            for (int32_t i = 0; L->bk && i < kvd; i++) kt[i] += L->bk[i], Vv[(size_t)t * kvd + i] += L->bv[i];
+            for (int32_t i = 0; L->bk && i < kvd; i++) kt[i] += L->bk[i];
+            for (int32_t i = 0; L->bv && i < kvd; i++) Vv[(size_t)t * kvd + i] += L->bv[i];
             for (int32_t kh = 0; qk_norm && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
             rope(m, inv_freq, kt, Hkv, t);
         }

@@ -64,6 +64,7 @@ typedef struct {
                                * when set, every layer's window, as Mistral's; -1 writes 0,
                                * "no window") */
     int untied;               /* write output.weight after all */
+    int qkv_bias;             /* llama: 1 writes attn_q/k/v.bias (qwen2 always has them) */
     /* for the loader's error tests */
     const char *arch;         /* general.architecture (default "llama") */
     const char *skip_tensor;  /* leave this tensor out */
