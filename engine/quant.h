@@ -12,6 +12,7 @@
  *   Q4_0   32   18     x[i] = d * (q[i] - 8),   q in 0..15
  *   Q4_1   32   20     x[i] = d * q[i] + m,     q in 0..15
  *   Q5_0   32   22     x[i] = d * (q[i] - 16),  q in 0..31 (4 low bits + 1 high bit)
+ *   Q5_1   32   24     x[i] = d * q[i] + m,     q in 0..31 (as Q5_0)
  *   Q8_0   32   34     x[i] = d * q[i],         q in -128..127
  *   Q4_K   256  144    8 sub-blocks of 32: x = d*sc[s]*q - dmin*mn[s], 6-bit sc, mn
  *   Q5_K   256  176    as Q4_K with a fifth bit per quant (q in 0..31)
@@ -48,6 +49,7 @@ enum {
     LLM_TYPE_Q4_0 = 2,
     LLM_TYPE_Q4_1 = 3,
     LLM_TYPE_Q5_0 = 6,
+    LLM_TYPE_Q5_1 = 7,
     LLM_TYPE_Q8_0 = 8,
     LLM_TYPE_Q4_K = 12,
     LLM_TYPE_Q5_K = 13,
@@ -55,7 +57,7 @@ enum {
     LLM_TYPE_BF16 = 30,
 };
 
-#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q5_0, Q8_0 */
+#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
 #define LLM_QK_K 256  /* elements per super-block of the K-quants */
 
 /* Block layouts, for documentation and sizeof; the code reads fields at
@@ -74,6 +76,12 @@ typedef struct {
     uint8_t  qh[4];              /* 32 fifth bits, a little-endian u32: bit j for element j */
     uint8_t  qs[LLM_QK / 2];     /* [16] low 4 bits, order as Q4_0 */
 } llm_block_q5_0;
+typedef struct {
+    uint16_t d;                  /* scale, IEEE half */
+    uint16_t m;                  /* offset added to every element, IEEE half */
+    uint8_t  qh[4];              /* 32 fifth bits, as Q5_0 */
+    uint8_t  qs[LLM_QK / 2];     /* [16] low 4 bits, order as Q4_0 */
+} llm_block_q5_1;
 typedef struct {
     uint16_t d;                  /* scale, IEEE half */
     int8_t   qs[LLM_QK];         /* [32] signed quants */
@@ -182,7 +190,8 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
  * a time, their quants laid out in lanes once per call). */
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
-/* 1 if llm_matmul_act takes integer products for this type. */
+/* 1 if llm_matmul_act takes integer products for this type; the others
+ * (F32, F16, BF16, Q5_1) run llm_matmul_rows on f32 activations. */
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----

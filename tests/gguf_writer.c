@@ -221,6 +221,24 @@ static void quant_q5_0(const float *x, uint8_t *b) {
     for (int k = 0; k < 4; k++) b[2 + k] = (uint8_t)(qh >> (8 * k));
 }
 
+/* Q5_1: d = (max - min) / 31, m = min, q = round((x - m) / d), fifth bits
+ * and nibbles laid out as Q5_0's after the two halves. */
+static void quant_q5_1(const float *x, uint8_t *b) {
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < 32; i++) { mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); }
+    float d = half_round((mx - mn) / 31), m = half_round(mn);
+    put16(b, kv_f32_to_f16(d));
+    put16(b + 2, kv_f32_to_f16(m));
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) {
+        int q = clampi(d ? lrintf((x[j] - m) / d) : 0, 0, 31);
+        if (q & 16) qh |= 1u << j;
+        if (j < 16) b[8 + j] = (uint8_t)(q & 15);
+        else b[8 + j - 16] |= (uint8_t)((q & 15) << 4);
+    }
+    for (int k = 0; k < 4; k++) b[4 + k] = (uint8_t)(qh >> (8 * k));
+}
+
 static void quant_q4_1(const float *x, uint8_t *b) {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < 32; i++) { mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); }
@@ -316,6 +334,7 @@ static int block_of(int type, int *elems, int *bsize) {
     case GW_Q4_0: *elems = 32;  *bsize = 18;  return 0;
     case GW_Q4_1: *elems = 32;  *bsize = 20;  return 0;
     case GW_Q5_0: *elems = 32;  *bsize = 22;  return 0;
+    case GW_Q5_1: *elems = 32;  *bsize = 24;  return 0;
     case GW_Q8_0: *elems = 32;  *bsize = 34;  return 0;
     case GW_Q4_K: *elems = 256; *bsize = 144; return 0;
     case GW_Q5_K: *elems = 256; *bsize = 176; return 0;
@@ -344,6 +363,7 @@ int gw_quantize(int type, const float *src, void *dst, int64_t n) {
         case GW_Q4_0: quant_q4_0(src, b); break;
         case GW_Q4_1: quant_q4_1(src, b); break;
         case GW_Q5_0: quant_q5_0(src, b); break;
+        case GW_Q5_1: quant_q5_1(src, b); break;
         case GW_Q8_0: quant_q8_0(src, b); break;
         case GW_Q4_K: quant_k45(src, b, 15); break;
         case GW_Q5_K: quant_k45(src, b, 31); break;

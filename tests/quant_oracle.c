@@ -42,12 +42,13 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
         int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;    /* element j+16 is the high nibble */
         return type == GW_Q4_0 ? d * (q - 8) : d * q + ref_half(b + 2);
     }
-    case GW_Q5_0: {   /* d, a u32 of fifth bits (bit j: element j), 16 bytes of nibbles */
-        const uint8_t *b = row + (e / 32) * 22;
+    case GW_Q5_0: case GW_Q5_1: {   /* d (Q5_1: then m), a u32 of fifth bits (bit j: element j), 16 bytes of nibbles */
+        const int h = type == GW_Q5_1 ? 4 : 2;
+        const uint8_t *b = row + (e / 32) * (h + 20);
         int j = (int)(e % 32);
-        uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-        int q = (j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4) + 16 * (int)((qh >> j) & 1);
-        return ref_half(b) * (q - 16);
+        uint32_t qh = (uint32_t)b[h] | (uint32_t)b[h + 1] << 8 | (uint32_t)b[h + 2] << 16 | (uint32_t)b[h + 3] << 24;
+        int q = (j < 16 ? b[h + 4 + j] & 15 : b[h + 4 + j - 16] >> 4) + 16 * (int)((qh >> j) & 1);
+        return type == GW_Q5_1 ? ref_half(b) * q + ref_half(b + 2) : ref_half(b) * (q - 16);
     }
     case GW_Q4_K: case GW_Q5_K: {
         int five = type == GW_Q5_K;
@@ -71,7 +72,7 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
 
 /* ------------------------------------------------------------ helpers */
 
-const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0,
+const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q5_1, GW_Q8_0,
                                 GW_Q4_K, GW_Q5_K, GW_Q6_K};
 const int n_all_types = (int)(sizeof all_types / sizeof all_types[0]);
 
@@ -91,7 +92,7 @@ void random_row(test_rng *r, int type, int64_t n, uint8_t *dst) {
         case GW_F16: put_half(b, (float)test_rng_normal(r)); break;
         case GW_BF16: { uint16_t h = kv_f32_to_bf16((float)test_rng_normal(r)); memcpy(b, &h, 2); break; }
         case GW_Q4_0: case GW_Q5_0: case GW_Q8_0: put_half(b, s); break;
-        case GW_Q4_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
+        case GW_Q4_1: case GW_Q5_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
         case GW_Q4_K: case GW_Q5_K: put_half(b, s); put_half(b + 2, s * 0.5f); break;
         case GW_Q6_K: put_half(b + 208, s * 0.1f); break;
         }

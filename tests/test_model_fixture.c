@@ -52,14 +52,15 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
             i += 32, p += type == GW_Q4_1 ? 20 : 18;
             break;
         }
-        case GW_Q5_0: { /* as Q4_0, fifth bit j of the u32 at p + 2 for element j */
-            double d = half(p);
-            uint32_t qh = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+        case GW_Q5_0: case GW_Q5_1: { /* as Q4_0 / Q4_1, fifth bit j of the u32 after d (and m) */
+            const int o = type == GW_Q5_1 ? 4 : 2;
+            double d = half(p), mn = type == GW_Q5_1 ? half(p + 2) : -16 * d;
+            uint32_t qh = (uint32_t)p[o] | (uint32_t)p[o + 1] << 8 | (uint32_t)p[o + 2] << 16 | (uint32_t)p[o + 3] << 24;
             for (int j = 0; j < 32; j++) {
-                int q = (j < 16 ? p[6 + j] & 15 : p[6 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
-                out[i + j] = d * (q - 16);
+                int q = (j < 16 ? p[o + 4 + j] & 15 : p[o + 4 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+                out[i + j] = d * q + mn;
             }
-            i += 32, p += 22;
+            i += 32, p += o + 20;
             break;
         }
         case GW_Q8_0: {
