@@ -30,6 +30,7 @@ static type_size type_size_of(int type) {
     case LLM_TYPE_Q5_0: return (type_size){LLM_QK, sizeof(llm_block_q5_0)};
     case LLM_TYPE_Q5_1: return (type_size){LLM_QK, sizeof(llm_block_q5_1)};
     case LLM_TYPE_Q8_0: return (type_size){LLM_QK, sizeof(llm_block_q8_0)};
+    case LLM_TYPE_Q2_K: return (type_size){LLM_QK_K, sizeof(llm_block_q2_k)};
     case LLM_TYPE_Q4_K: return (type_size){LLM_QK_K, sizeof(llm_block_q4_k)};
     case LLM_TYPE_Q5_K: return (type_size){LLM_QK_K, sizeof(llm_block_q5_k)};
     case LLM_TYPE_Q6_K: return (type_size){LLM_QK_K, sizeof(llm_block_q6_k)};
@@ -42,6 +43,7 @@ _Static_assert(sizeof(llm_block_q4_1) == 20, "Q4_1 block is 20 bytes");
 _Static_assert(sizeof(llm_block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(llm_block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(llm_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+_Static_assert(sizeof(llm_block_q2_k) == 84, "Q2_K block is 84 bytes");
 _Static_assert(sizeof(llm_block_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(llm_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(llm_block_q6_k) == 210, "Q6_K block is 210 bytes");
@@ -184,6 +186,17 @@ static void deq_k45(const uint8_t *b, float *y, int64_t nb, int five) {
  *   128h+64+l : high nibble of ql[64h+l],    bits 4-5 of qh[32h+l]
  *   128h+96+l : high nibble of ql[64h+32+l], bits 6-7 of qh[32h+l]
  * and element e uses scale scales[e / 16]. */
+static void deq_q2_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q2_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q2_k, d)), dmin = half_at(b + offsetof(llm_block_q2_k, dmin));
+        const uint8_t *sc = b + offsetof(llm_block_q2_k, scales), *qs = b + offsetof(llm_block_q2_k, qs);
+        for (int e = 0; e < LLM_QK_K; e++) {
+            const int q = (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3, s = sc[e / 16];
+            y[e] = d * (float)(s & 15) * (float)q - dmin * (float)(s >> 4);
+        }
+    }
+}
+
 static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q6_k), y += LLM_QK_K) {
         float d = half_at(b + offsetof(llm_block_q6_k, d));
@@ -219,6 +232,7 @@ static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) 
     case LLM_TYPE_Q5_0: deq_q5(src, dst, nb, 0); break;
     case LLM_TYPE_Q5_1: deq_q5(src, dst, nb, 1); break;
     case LLM_TYPE_Q8_0: deq_q8_0(src, dst, nb); break;
+    case LLM_TYPE_Q2_K: deq_q2_k(src, dst, nb); break;
     case LLM_TYPE_Q4_K: deq_k45(src, dst, nb, 0); break;
     case LLM_TYPE_Q5_K: deq_k45(src, dst, nb, 1); break;
     case LLM_TYPE_Q6_K: deq_q6_k(src, dst, nb); break;

@@ -14,6 +14,7 @@
  *   Q5_0   32   22     x[i] = d * (q[i] - 16),  q in 0..31 (4 low bits + 1 high bit)
  *   Q5_1   32   24     x[i] = d * q[i] + m,     q in 0..31 (as Q5_0)
  *   Q8_0   32   34     x[i] = d * q[i],         q in -128..127
+ *   Q2_K   256  84     16 sub-blocks of 16: x = d*sc[s]*q - dmin*mn[s], 4-bit sc, mn, q in 0..3
  *   Q4_K   256  144    8 sub-blocks of 32: x = d*sc[s]*q - dmin*mn[s], 6-bit sc, mn
  *   Q5_K   256  176    as Q4_K with a fifth bit per quant (q in 0..31)
  *   Q6_K   256  210    16 sub-blocks of 16: x = d * sc[s] * (q - 32), int8 sc, q in 0..63
@@ -51,6 +52,7 @@ enum {
     LLM_TYPE_Q5_0 = 6,
     LLM_TYPE_Q5_1 = 7,
     LLM_TYPE_Q8_0 = 8,
+    LLM_TYPE_Q2_K = 10,
     LLM_TYPE_Q4_K = 12,
     LLM_TYPE_Q5_K = 13,
     LLM_TYPE_Q6_K = 14,
@@ -86,6 +88,14 @@ typedef struct {
     uint16_t d;                  /* scale, IEEE half */
     int8_t   qs[LLM_QK];         /* [32] signed quants */
 } llm_block_q8_0;
+typedef struct {
+    uint8_t  scales[16];         /* sub-block s (elements 16s..16s+15): scale in the low
+                                    nibble of byte s, min in the high nibble */
+    uint8_t  qs[LLM_QK_K / 4];   /* [64] 2-bit quants: element 128h + 32j + l in bits 2j, 2j+1
+                                    of byte 32h + l (h < 2, j < 4, l < 32) */
+    uint16_t d;                  /* super-scale of the scales, IEEE half */
+    uint16_t dmin;               /* super-scale of the mins, IEEE half */
+} llm_block_q2_k;
 typedef struct {
     uint16_t d;                  /* super-scale of the 6-bit sub-block scales, IEEE half */
     uint16_t dmin;               /* super-scale of the 6-bit sub-block mins, IEEE half */
@@ -191,7 +201,7 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
 /* 1 if llm_matmul_act takes integer products for this type; the others
- * (F32, F16, BF16, Q5_1) run llm_matmul_rows on f32 activations. */
+ * (F32, F16, BF16, Q5_1, Q2_K) run llm_matmul_rows on f32 activations. */
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----

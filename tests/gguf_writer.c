@@ -299,6 +299,36 @@ static void quant_k45(const float *x, uint8_t *b, int levels) {
         }
 }
 
+/* Q2_K: per sub-block of 16 a 4-bit scale and a 4-bit min against the
+ * super-scales d, dmin; x ~ d sc q - dmin mn with q in 0..3. Byte 32h + l of
+ * the quants holds elements 128h + 32j + l in its bits 2j, 2j+1. */
+static void quant_q2_k(const float *x, uint8_t *b) {
+    float scale[16], neg_min[16], max_s = 0, max_m = 0;
+    for (int s = 0; s < 16; s++) {
+        float mn = 0, mx = 0;   /* min <= 0 <= max: the format stores -min >= 0 */
+        for (int l = 0; l < 16; l++) { mn = fminf(mn, x[16 * s + l]); mx = fmaxf(mx, x[16 * s + l]); }
+        scale[s] = (mx - mn) / 3;
+        neg_min[s] = -mn;
+        max_s = fmaxf(max_s, scale[s]);
+        max_m = fmaxf(max_m, neg_min[s]);
+    }
+    float d = half_round(max_s / 15), dmin = half_round(max_m / 15);
+    memset(b, 0, 84);
+    for (int s = 0; s < 16; s++) {
+        int sc = d > 0 ? clampi((long)ceilf(scale[s] / d), 0, 15) : 0;
+        int mq = dmin > 0 ? clampi((long)ceilf(neg_min[s] / dmin), 0, 15) : 0;
+        b[s] = (uint8_t)(sc | mq << 4);
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * s + l;
+            float step = d * (float)sc;
+            int q = step > 0 ? clampi(lrintf((x[e] + dmin * (float)mq) / step), 0, 3) : 0;
+            b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * (e % 128 / 32)));
+        }
+    }
+    put16(b + 80, kv_f32_to_f16(d));
+    put16(b + 82, kv_f32_to_f16(dmin));
+}
+
 /* Q6_K: per sub-block of 16 a signed 8-bit scale against one super-scale. */
 static void quant_q6_k(const float *x, uint8_t *b) {
     float sub[16], max_abs = 0;
@@ -336,6 +366,7 @@ static int block_of(int type, int *elems, int *bsize) {
     case GW_Q5_0: *elems = 32;  *bsize = 22;  return 0;
     case GW_Q5_1: *elems = 32;  *bsize = 24;  return 0;
     case GW_Q8_0: *elems = 32;  *bsize = 34;  return 0;
+    case GW_Q2_K: *elems = 256; *bsize = 84;  return 0;
     case GW_Q4_K: *elems = 256; *bsize = 144; return 0;
     case GW_Q5_K: *elems = 256; *bsize = 176; return 0;
     case GW_Q6_K: *elems = 256; *bsize = 210; return 0;
@@ -365,6 +396,7 @@ int gw_quantize(int type, const float *src, void *dst, int64_t n) {
         case GW_Q5_0: quant_q5_0(src, b); break;
         case GW_Q5_1: quant_q5_1(src, b); break;
         case GW_Q8_0: quant_q8_0(src, b); break;
+        case GW_Q2_K: quant_q2_k(src, b); break;
         case GW_Q4_K: quant_k45(src, b, 15); break;
         case GW_Q5_K: quant_k45(src, b, 31); break;
         case GW_Q6_K: quant_q6_k(src, b); break;

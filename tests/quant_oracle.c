@@ -59,6 +59,12 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
         if (five) q += ((b[16 + l] >> sub) & 1) * 16;   /* qh bit `sub` of byte l */
         return ref_half(b) * ref_k_scale(b + 4, sub, 0) * q - ref_half(b + 2) * ref_k_scale(b + 4, sub, 1);
     }
+    case GW_Q2_K: {   /* scales[16] (low nibble scale, high min), 64 bytes of 2-bit quants, d, dmin */
+        const uint8_t *b = row + (e / 256) * 84;
+        int i = (int)(e % 256), h = i / 128, j = (i % 128) / 32, l = i % 32, s = b[i / 16];
+        int q = (b[16 + 32 * h + l] >> (2 * j)) & 3;   /* 4 elements 32 apart share a byte */
+        return ref_half(b + 80) * (s & 15) * q - ref_half(b + 82) * (s >> 4);
+    }
     case GW_Q6_K: {
         const uint8_t *b = row + (e / 256) * 210;
         int i = (int)(e % 256), h = i / 128, s = (i % 128) / 32, l = i % 32;
@@ -73,7 +79,7 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
 /* ------------------------------------------------------------ helpers */
 
 const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q5_1, GW_Q8_0,
-                                GW_Q4_K, GW_Q5_K, GW_Q6_K};
+                                GW_Q2_K, GW_Q4_K, GW_Q5_K, GW_Q6_K};
 const int n_all_types = (int)(sizeof all_types / sizeof all_types[0]);
 
 void put_half(uint8_t *p, float v) { uint16_t h = kv_f32_to_f16(v); p[0] = (uint8_t)h; p[1] = (uint8_t)(h >> 8); }
@@ -95,6 +101,7 @@ void random_row(test_rng *r, int type, int64_t n, uint8_t *dst) {
         case GW_Q4_1: case GW_Q5_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
         case GW_Q4_K: case GW_Q5_K: put_half(b, s); put_half(b + 2, s * 0.5f); break;
         case GW_Q6_K: put_half(b + 208, s * 0.1f); break;
+        case GW_Q2_K: put_half(b + 80, s); put_half(b + 82, s * 0.5f); break;
         }
     }
 }

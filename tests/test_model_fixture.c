@@ -86,6 +86,15 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
             i += 256, p += five ? 176 : 144;
             break;
         }
+        case GW_Q2_K: { /* sub-block s of 16: d (sc & 15) q - dmin (sc >> 4), q 2 bits of byte 32h + l */
+            double d = half(p + 80), dmin = half(p + 82);
+            for (int e = 0; e < 256; e++) {
+                int q = (p[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3, sc = p[e / 16];
+                out[i + e] = d * (sc & 15) * q - dmin * (sc >> 4);
+            }
+            i += 256, p += 84;
+            break;
+        }
         case GW_Q6_K: { /* two halves of 128: quarters from ql nibbles and qh bit pairs */
             const uint8_t *ql = p, *qh = p + 128;
             const int8_t *scales = (const int8_t *)(p + 192);
