@@ -31,6 +31,7 @@ static type_size type_size_of(int type) {
     case LLM_TYPE_Q5_1: return (type_size){LLM_QK, sizeof(llm_block_q5_1)};
     case LLM_TYPE_Q8_0: return (type_size){LLM_QK, sizeof(llm_block_q8_0)};
     case LLM_TYPE_Q2_K: return (type_size){LLM_QK_K, sizeof(llm_block_q2_k)};
+    case LLM_TYPE_Q3_K: return (type_size){LLM_QK_K, sizeof(llm_block_q3_k)};
     case LLM_TYPE_Q4_K: return (type_size){LLM_QK_K, sizeof(llm_block_q4_k)};
     case LLM_TYPE_Q5_K: return (type_size){LLM_QK_K, sizeof(llm_block_q5_k)};
     case LLM_TYPE_Q6_K: return (type_size){LLM_QK_K, sizeof(llm_block_q6_k)};
@@ -44,6 +45,7 @@ _Static_assert(sizeof(llm_block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(llm_block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(llm_block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(llm_block_q2_k) == 84, "Q2_K block is 84 bytes");
+_Static_assert(sizeof(llm_block_q3_k) == 110, "Q3_K block is 110 bytes");
 _Static_assert(sizeof(llm_block_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(llm_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(llm_block_q6_k) == 210, "Q6_K block is 210 bytes");
@@ -197,6 +199,24 @@ static void deq_q2_k(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
+static void deq_q3_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q3_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q3_k, d));
+        const uint8_t *hm = b + offsetof(llm_block_q3_k, hmask), *qs = b + offsetof(llm_block_q3_k, qs);
+        const uint8_t *sc = b + offsetof(llm_block_q3_k, scales);
+        float dl[16];
+        for (int s = 0; s < 16; s++) {
+            int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            dl[s] = d * (float)((lo | hi << 4) - 32);
+        }
+        for (int e = 0; e < LLM_QK_K; e++) {
+            const int h = e / 128, j = e % 128 / 32, l = e % 32;
+            const int q = ((qs[32 * h + l] >> (2 * j)) & 3) - ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
+            y[e] = dl[e / 16] * (float)q;
+        }
+    }
+}
+
 static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q6_k), y += LLM_QK_K) {
         float d = half_at(b + offsetof(llm_block_q6_k, d));
@@ -233,6 +253,7 @@ static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) 
     case LLM_TYPE_Q5_1: deq_q5(src, dst, nb, 1); break;
     case LLM_TYPE_Q8_0: deq_q8_0(src, dst, nb); break;
     case LLM_TYPE_Q2_K: deq_q2_k(src, dst, nb); break;
+    case LLM_TYPE_Q3_K: deq_q3_k(src, dst, nb); break;
     case LLM_TYPE_Q4_K: deq_k45(src, dst, nb, 0); break;
     case LLM_TYPE_Q5_K: deq_k45(src, dst, nb, 1); break;
     case LLM_TYPE_Q6_K: deq_q6_k(src, dst, nb); break;

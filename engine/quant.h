@@ -15,6 +15,7 @@
  *   Q5_1   32   24     x[i] = d * q[i] + m,     q in 0..31 (as Q5_0)
  *   Q8_0   32   34     x[i] = d * q[i],         q in -128..127
  *   Q2_K   256  84     16 sub-blocks of 16: x = d*sc[s]*q - dmin*mn[s], 4-bit sc, mn, q in 0..3
+ *   Q3_K   256  110    16 sub-blocks of 16: x = d * (sc[s] - 32) * q, 6-bit sc, q in -4..3
  *   Q4_K   256  144    8 sub-blocks of 32: x = d*sc[s]*q - dmin*mn[s], 6-bit sc, mn
  *   Q5_K   256  176    as Q4_K with a fifth bit per quant (q in 0..31)
  *   Q6_K   256  210    16 sub-blocks of 16: x = d * sc[s] * (q - 32), int8 sc, q in 0..63
@@ -53,6 +54,7 @@ enum {
     LLM_TYPE_Q5_1 = 7,
     LLM_TYPE_Q8_0 = 8,
     LLM_TYPE_Q2_K = 10,
+    LLM_TYPE_Q3_K = 11,
     LLM_TYPE_Q4_K = 12,
     LLM_TYPE_Q5_K = 13,
     LLM_TYPE_Q6_K = 14,
@@ -96,6 +98,15 @@ typedef struct {
     uint16_t d;                  /* super-scale of the scales, IEEE half */
     uint16_t dmin;               /* super-scale of the mins, IEEE half */
 } llm_block_q2_k;
+typedef struct {
+    uint8_t  hmask[LLM_QK_K / 8]; /* [32] third bits: element 128h + 32j + l in bit 4h + j of
+                                     byte l; a clear bit subtracts 4 from the quant */
+    uint8_t  qs[LLM_QK_K / 4];    /* [64] low 2 bits, placed as Q2_K's */
+    uint8_t  scales[12];          /* 16 six-bit scales, stored + 32: low 4 bits of scale s in
+                                     byte s (s < 8, low nibble) or s - 8 (high nibble), top 2
+                                     bits in bits 2(s / 4), +1 of byte 8 + s % 4 */
+    uint16_t d;                   /* super-scale, IEEE half */
+} llm_block_q3_k;
 typedef struct {
     uint16_t d;                  /* super-scale of the 6-bit sub-block scales, IEEE half */
     uint16_t dmin;               /* super-scale of the 6-bit sub-block mins, IEEE half */
@@ -201,7 +212,7 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
 /* 1 if llm_matmul_act takes integer products for this type; the others
- * (F32, F16, BF16, Q5_1, Q2_K) run llm_matmul_rows on f32 activations. */
+ * (F32, F16, BF16, Q5_1, Q2_K, Q3_K) run llm_matmul_rows on f32 activations. */
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----

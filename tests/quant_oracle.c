@@ -65,6 +65,13 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
         int q = (b[16 + 32 * h + l] >> (2 * j)) & 3;   /* 4 elements 32 apart share a byte */
         return ref_half(b + 80) * (s & 15) * q - ref_half(b + 82) * (s >> 4);
     }
+    case GW_Q3_K: {   /* hmask[32], 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales, d */
+        const uint8_t *b = row + (e / 256) * 110, *sc = b + 96;
+        int i = (int)(e % 256), h = i / 128, j = (i % 128) / 32, l = i % 32, s = i / 16;
+        int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, top = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        int q = ((b[32 + 32 * h + l] >> (2 * j)) & 3) - 4 * !((b[l] >> (4 * h + j)) & 1);
+        return ref_half(b + 108) * ((lo | top << 4) - 32) * q;
+    }
     case GW_Q6_K: {
         const uint8_t *b = row + (e / 256) * 210;
         int i = (int)(e % 256), h = i / 128, s = (i % 128) / 32, l = i % 32;
@@ -79,7 +86,7 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
 /* ------------------------------------------------------------ helpers */
 
 const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q5_1, GW_Q8_0,
-                                GW_Q2_K, GW_Q4_K, GW_Q5_K, GW_Q6_K};
+                                GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K};
 const int n_all_types = (int)(sizeof all_types / sizeof all_types[0]);
 
 void put_half(uint8_t *p, float v) { uint16_t h = kv_f32_to_f16(v); p[0] = (uint8_t)h; p[1] = (uint8_t)(h >> 8); }
@@ -102,6 +109,7 @@ void random_row(test_rng *r, int type, int64_t n, uint8_t *dst) {
         case GW_Q4_K: case GW_Q5_K: put_half(b, s); put_half(b + 2, s * 0.5f); break;
         case GW_Q6_K: put_half(b + 208, s * 0.1f); break;
         case GW_Q2_K: put_half(b + 80, s); put_half(b + 82, s * 0.5f); break;
+        case GW_Q3_K: put_half(b + 108, s * 0.1f); break;
         }
     }
 }

@@ -95,6 +95,18 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
             i += 256, p += 84;
             break;
         }
+        case GW_Q3_K: { /* sub-block s of 16: d (sc - 32) q, sc 6 bits split over two bytes; q in -4..3 */
+            const uint8_t *sc = p + 96;
+            double d = half(p + 108);
+            for (int e = 0; e < 256; e++) {
+                int s = e / 16, h = e / 128, j = e % 128 / 32, l = e % 32;
+                int six = (s < 8 ? sc[s] & 15 : sc[s - 8] >> 4) | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+                int q = ((p[32 + 32 * h + l] >> (2 * j)) & 3) - ((p[l] >> (4 * h + j)) & 1 ? 0 : 4);
+                out[i + e] = d * (six - 32) * q;
+            }
+            i += 256, p += 110;
+            break;
+        }
         case GW_Q6_K: { /* two halves of 128: quarters from ql nibbles and qh bit pairs */
             const uint8_t *ql = p, *qh = p + 128;
             const int8_t *scales = (const int8_t *)(p + 192);
