@@ -231,7 +231,8 @@ int cmd_info(int argc, char **argv) {
     }
     llm_gguf_print(g, stdout, tensors);
     llm_hparams hp;
-    if (llm_hparams_read(g, &hp, err, sizeof err) != 0) {
+    const int hp_rc = llm_hparams_read(g, &hp, err, sizeof err);
+    if (hp_rc != 0) {
         printf("engine: cannot run this model: %s\n", err);
     } else {
         printf("engine: %d layers, width %d, %d heads over %d KV heads of %d, FFN %d, vocabulary %d,\n"
@@ -243,9 +244,12 @@ int cmd_info(int argc, char **argv) {
                (int)hp.ctx_train, (unsigned long long)kv_price_per_token(hp.n_layers, hp.n_kv_heads, hp.head_dim, KV_F16));
     }
     llm_gguf_close(g);
-    /* the layer groups come from the architecture: only a loadable model has them */
+    /* the layer groups come from the architecture: only a loadable model has
+     * them; a file whose header reads but whose tensors do not says why */
     llm_model *m;
-    if (llm_model_load(mo.model, &m, err, sizeof err) == LLM_OK) {
+    if (llm_model_load(mo.model, &m, err, sizeof err) != LLM_OK) {
+        if (hp_rc == 0) printf("engine: cannot load this model: %s\n", err);
+    } else {
         printf("        layer groups (one cache each):");
         for (int32_t i = 0, n, w; llm_model_group(m, i, &n, &w) == LLM_OK; i++) {
             if (w) printf("%s %d sliding-window layers (window %d)", i ? ";" : "", (int)n, (int)w);

@@ -15,11 +15,18 @@
  *   - up to LLM_MAX_ROPES RoPE tables (e.g. one base for local layers, one
  *     for global ones).
  *
- * Llama: one group of every layer, window 0, one RoPE table. Gemma 3: a
- * full group of the global layers and a window group of the others, two RoPE
- * tables (base 1e6 and 10000). */
+ * Llama, Qwen2, Qwen3, Phi-3: one group of every layer (a window group when the
+ * file declares a sliding window, as Mistral's do), one RoPE table. Gemma 3:
+ * a full group of the global layers and a window group of the others, two
+ * RoPE tables (base 1e6 and 10000).
+ *
+ * An architecture's per-layer tensors are a table (llm_tensor_desc): name,
+ * shape in terms of the hyperparameters, required or optional, and the
+ * llm_layer_weights field it fills; llm_load_layers checks and maps them. */
 #ifndef LLM_ARCH_H
 #define LLM_ARCH_H
+
+#include <stddef.h>
 
 #include "model.h"
 
@@ -44,12 +51,15 @@ typedef struct {
     llm_matrix wq;               /* [H*d][D] */
     llm_matrix wk;               /* [Hkv*d][D] */
     llm_matrix wv;               /* [Hkv*d][D] */
+    const float *bq;             /* [H*d] bias added to q (Qwen2), or NULL */
+    const float *bk;             /* [Hkv*d] bias added to k, or NULL */
+    const float *bv;             /* [Hkv*d] bias added to v, or NULL */
     llm_matrix wo;               /* [D][H*d] */
     const float *ffn_norm;       /* [D] */
     llm_matrix w_gate;           /* [F][D] */
     llm_matrix w_up;             /* [F][D] */
     llm_matrix w_down;           /* [D][F] */
-    const float *attn_q_norm;    /* [d] per-head RMSNorm of q (Gemma 3), or NULL */
+    const float *attn_q_norm;    /* [d] per-head RMSNorm of q before RoPE (Gemma 3, Qwen3), or NULL */
     const float *attn_k_norm;    /* [d] per-head RMSNorm of k, or NULL */
     const float *post_attn_norm; /* [D] norm of the attention output before the residual, or NULL */
     const float *post_ffn_norm;  /* [D] norm of the FFN output before the residual, or NULL */
@@ -149,6 +159,14 @@ typedef struct llm_arch {
 
 extern const llm_arch llm_arch_llama;   /* engine/arch_llama.c */
 extern const llm_arch llm_arch_gemma3;  /* engine/arch_gemma3.c */
+extern const llm_arch llm_arch_qwen2;   /* engine/arch_qwen.c */
+extern const llm_arch llm_arch_qwen3;   /* engine/arch_qwen.c */
+extern const llm_arch llm_arch_phi3;    /* engine/arch_phi3.c */
+
+/* The pre-norm SwiGLU decoder of engine/arch_llama.c, which Qwen2 and Qwen3
+ * share: it adds q/k/v biases and applies the per-head q/k norms when the
+ * layer has them (llm_layer_weights fields non-NULL). */
+int llm_llama_forward(const llm_pass *ps);
 
 /* The architecture named name[0..len), or NULL. */
 const llm_arch *llm_arch_find(const char *name, size_t len);
@@ -180,8 +198,59 @@ int llm_load_vector(const llm_gguf *g, const char *name, int64_t n, float *dst, 
  * file has that tensor and use_freqs is set. */
 int llm_load_rope(llm_model *m, int32_t i, const kv_rope_params *params, int use_freqs, char *err,
                   size_t errlen);
-/* Every layer in one group of window 0 with RoPE table 0: what an
- * architecture without sliding windows declares. NOMEM or OK. */
-int llm_layers_one_group(llm_model *m);
+/* Every layer in one group with RoPE table 0, attending within `window`
+ * positions (0: fully): what an architecture without per-layer differences
+ * declares. NOMEM or OK. */
+int llm_layers_one_group(llm_model *m, int32_t window);
+
+/* ---- the declarative per-layer tensor table */
+
+/* A size in a tensor table, in terms of m->hp. */
+typedef enum {
+    LLM_SZ_NONE,   /* no second dimension: the tensor is a vector */
+    LLM_SZ_D,      /* dim */
+    LLM_SZ_HEAD,   /* head_dim */
+    LLM_SZ_Q,      /* n_heads * head_dim */
+    LLM_SZ_KV,     /* n_kv_heads * head_dim */
+    LLM_SZ_F,      /* ffn_dim */
+    LLM_SZ_QKV,    /* (n_heads + 2 n_kv_heads) * head_dim: q, k and v fused (Phi-3) */
+    LLM_SZ_2F,     /* 2 ffn_dim: gate and up fused (Phi-3) */
+} llm_size;
+
+/* One tensor of every layer: blk.<l>.<suffix>. A matrix (cols != LLM_SZ_NONE)
+ * is mapped into the llm_matrix at `field`; a vector is decoded to f32 into
+ * m->norms and the const float * at `field` points at it. An optional tensor
+ * the file lacks leaves its field NULL / zero. */
+typedef struct {
+    const char *suffix;      /* e.g. "attn_q.weight", "attn_q.bias" */
+    size_t field;            /* offsetof(llm_layer_weights, ...) */
+    llm_size rows;           /* matrix rows (outputs), or the vector's length */
+    llm_size cols;           /* matrix cols (inputs, GGUF dims[0]); LLM_SZ_NONE for a vector */
+    int optional;            /* 1: may be absent */
+} llm_tensor_desc;
+
+/* Splits a matrix loaded fused at its row `at`: *whole keeps rows [0, at),
+ * *rest gets the others (zero-copy views of the same block rows). */
+void llm_matrix_split(llm_matrix *whole, int64_t at, llm_matrix *rest);
+
+/* A table entry for field of llm_layer_weights. */
+#define LLM_TENSOR(suffix, field, rows, cols, optional) \
+    {suffix, offsetof(llm_layer_weights, field), rows, cols, optional}
+/* The Llama block's tensors, which Qwen2 and Qwen3 extend. */
+#define LLM_LLAMA_TENSORS                                            \
+    LLM_TENSOR("attn_norm.weight", attn_norm, LLM_SZ_D, LLM_SZ_NONE, 0), \
+    LLM_TENSOR("attn_q.weight", wq, LLM_SZ_Q, LLM_SZ_D, 0),              \
+    LLM_TENSOR("attn_k.weight", wk, LLM_SZ_KV, LLM_SZ_D, 0),             \
+    LLM_TENSOR("attn_v.weight", wv, LLM_SZ_KV, LLM_SZ_D, 0),             \
+    LLM_TENSOR("attn_output.weight", wo, LLM_SZ_D, LLM_SZ_Q, 0),         \
+    LLM_TENSOR("ffn_norm.weight", ffn_norm, LLM_SZ_D, LLM_SZ_NONE, 0),   \
+    LLM_TENSOR("ffn_gate.weight", w_gate, LLM_SZ_F, LLM_SZ_D, 0),        \
+    LLM_TENSOR("ffn_up.weight", w_up, LLM_SZ_F, LLM_SZ_D, 0),            \
+    LLM_TENSOR("ffn_down.weight", w_down, LLM_SZ_D, LLM_SZ_F, 0)
+
+/* m->layers and m->norms from the n entries of table for every layer, then
+ * output_norm.weight [D] into m->output_norm. A missing required tensor or
+ * a misshapen one is refused with its name (and both shapes). OK, MODEL or NOMEM. */
+int llm_load_layers(llm_model *m, const llm_tensor_desc *table, int n, char *err, size_t errlen);
 
 #endif

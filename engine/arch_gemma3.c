@@ -27,7 +27,6 @@
  * a window cache of W, whose pages go back to the pool as the sequence
  * passes them, so that group's memory stays flat at about W positions. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "layers.h"
@@ -52,34 +51,21 @@ static int gemma3_hparams(const llm_gguf *g, llm_hparams *hp, char *err, size_t 
     return LLM_OK;
 }
 
-/* Layer l's tensors; norms: attn_norm [D], q_norm [d], k_norm [d],
- * post_attention_norm [D], ffn_norm [D], post_ffw_norm [D]. */
-static int load_layer(llm_model *m, int32_t l, float *norms, char *err, size_t errlen) {
-    const llm_hparams *hp = &m->hp;
-    llm_layer_weights *w = &m->layers[l];
-    const int64_t D = hp->dim, d = hp->head_dim, F = hp->ffn_dim;
-    const int64_t qd = (int64_t)hp->n_heads * d, kvd = (int64_t)hp->n_kv_heads * d;
-    char n[13][64];
-    static const char *const suffix[13] = {"attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm",
-                                           "ffn_norm", "post_ffw_norm", "attn_q", "attn_k", "attn_v",
-                                           "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
-    for (int i = 0; i < 13; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", (int)l, suffix[i]);
-    float *an = norms, *qn = an + D, *kn = qn + d, *pan = kn + d, *fn = pan + D, *pfn = fn + D;
-    if (llm_load_vector(m->gguf, n[0], D, an, err, errlen) || llm_load_vector(m->gguf, n[1], d, qn, err, errlen) ||
-        llm_load_vector(m->gguf, n[2], d, kn, err, errlen) || llm_load_vector(m->gguf, n[3], D, pan, err, errlen) ||
-        llm_load_vector(m->gguf, n[4], D, fn, err, errlen) || llm_load_vector(m->gguf, n[5], D, pfn, err, errlen) ||
-        llm_load_matrix(m->gguf, n[6], qd, D, &w->wq, err, errlen) ||
-        llm_load_matrix(m->gguf, n[7], kvd, D, &w->wk, err, errlen) ||
-        llm_load_matrix(m->gguf, n[8], kvd, D, &w->wv, err, errlen) ||
-        llm_load_matrix(m->gguf, n[9], D, qd, &w->wo, err, errlen) ||
-        llm_load_matrix(m->gguf, n[10], F, D, &w->w_gate, err, errlen) ||
-        llm_load_matrix(m->gguf, n[11], F, D, &w->w_up, err, errlen) ||
-        llm_load_matrix(m->gguf, n[12], D, F, &w->w_down, err, errlen))
-        return LLM_ERR_MODEL;
-    w->attn_norm = an, w->attn_q_norm = qn, w->attn_k_norm = kn;
-    w->post_attn_norm = pan, w->ffn_norm = fn, w->post_ffn_norm = pfn;
-    return LLM_OK;
-}
+static const llm_tensor_desc gemma3_tensors[] = {
+    LLM_TENSOR("attn_norm.weight", attn_norm, LLM_SZ_D, LLM_SZ_NONE, 0),
+    LLM_TENSOR("attn_q_norm.weight", attn_q_norm, LLM_SZ_HEAD, LLM_SZ_NONE, 0),
+    LLM_TENSOR("attn_k_norm.weight", attn_k_norm, LLM_SZ_HEAD, LLM_SZ_NONE, 0),
+    LLM_TENSOR("post_attention_norm.weight", post_attn_norm, LLM_SZ_D, LLM_SZ_NONE, 0),
+    LLM_TENSOR("ffn_norm.weight", ffn_norm, LLM_SZ_D, LLM_SZ_NONE, 0),
+    LLM_TENSOR("post_ffw_norm.weight", post_ffn_norm, LLM_SZ_D, LLM_SZ_NONE, 0),
+    LLM_TENSOR("attn_q.weight", wq, LLM_SZ_Q, LLM_SZ_D, 0),
+    LLM_TENSOR("attn_k.weight", wk, LLM_SZ_KV, LLM_SZ_D, 0),
+    LLM_TENSOR("attn_v.weight", wv, LLM_SZ_KV, LLM_SZ_D, 0),
+    LLM_TENSOR("attn_output.weight", wo, LLM_SZ_D, LLM_SZ_Q, 0),
+    LLM_TENSOR("ffn_gate.weight", w_gate, LLM_SZ_F, LLM_SZ_D, 0),
+    LLM_TENSOR("ffn_up.weight", w_up, LLM_SZ_F, LLM_SZ_D, 0),
+    LLM_TENSOR("ffn_down.weight", w_down, LLM_SZ_D, LLM_SZ_F, 0),
+};
 
 /* Group 0: the global layers (full cache), group 1: the window layers
  * (window cache); a model of fewer than 6 layers has window layers only. */
@@ -105,34 +91,21 @@ static int declare_layers(llm_model *m, int32_t window, float attn_scale) {
 
 static int gemma3_load(llm_model *m, char *err, size_t errlen) {
     const llm_hparams *hp = &m->hp;
-    const int64_t D = hp->dim, d = hp->head_dim, per_layer = 4 * D + 2 * d;
     if (!m->tied_output)
         return llm_errf(err, errlen, LLM_ERR_MODEL, "gemma3 files tie the output to token_embd; this one has output.weight");
     if (hp->rope.rot_dim != hp->head_dim)
         return llm_errf(err, errlen, LLM_ERR_MODEL, "gemma3 rotates whole heads; rope.dimension_count is %d of %d",
                         (int)hp->rope.rot_dim, (int)hp->head_dim);
-    /* the norm vectors are in the file (F32: 4 bytes per element), so a
-     * header claiming more elements than the file has bytes cannot be right,
-     * and must not make us allocate */
-    if ((uint64_t)per_layer * (uint64_t)hp->n_layers > llm_gguf_file_size(m->gguf))
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "the file (%llu bytes) is too small for %d layers of width %d",
-                        (unsigned long long)llm_gguf_file_size(m->gguf), (int)hp->n_layers, (int)D);
     int32_t window = 0;
     if (llm_read_count(m->gguf, "gemma3.attention.sliding_window", 1, INT32_MAX, &window, err, errlen))
         return LLM_ERR_MODEL;
     float scale = hp->n_layers == 62 ? (float)(1.0 / sqrt((double)hp->dim / hp->n_heads)) : 0.0f;
-    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    m->norms = malloc(sizeof(float) * (size_t)(per_layer * hp->n_layers + D));
-    if (!m->layers || !m->norms || declare_layers(m, window, scale))
-        return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
-    for (int32_t l = 0; l < hp->n_layers; l++)
-        if (load_layer(m, l, m->norms + (size_t)(per_layer * l), err, errlen)) return LLM_ERR_MODEL;
-    float *onorm = m->norms + (size_t)(per_layer * hp->n_layers);
-    if (llm_load_vector(m->gguf, "output_norm.weight", D, onorm, err, errlen)) return LLM_ERR_MODEL;
-    m->output_norm = onorm;
+    int rc = llm_load_layers(m, gemma3_tensors, (int)(sizeof gemma3_tensors / sizeof gemma3_tensors[0]), err, errlen);
+    if (rc) return rc;
+    if (declare_layers(m, window, scale)) return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
     kv_rope_params local = hp->rope;
     local.theta = GEMMA3_LOCAL_BASE;
-    int rc = llm_load_rope(m, 0, &hp->rope, 0, err, errlen);
+    rc = llm_load_rope(m, 0, &hp->rope, 0, err, errlen);
     return rc ? rc : llm_load_rope(m, 1, &local, 0, err, errlen);
 }
 

@@ -1,5 +1,5 @@
 /* engine/arch_llama.c - the `llama` architecture (Llama 1-3, TinyLlama,
- * SmolLM2, Mistral without sliding windows), per token:
+ * SmolLM2, Mistral), per token:
  *
  *     x = token_embd[token]
  *     for each layer:
@@ -16,11 +16,17 @@
  * ("normal" mode) for this architecture. So a GGUF llama model takes
  * KV_ROPE_INTERLEAVED, not the split-half layout its HF original uses.
  *
- * Every layer attends fully: one cache group, one RoPE table (with
- * rope_freqs.weight, Llama 3.1's scaled frequencies, when present). */
-#include <stdio.h>
-#include <stdlib.h>
-
+ * One cache group, one RoPE table (with rope_freqs.weight, Llama 3.1's
+ * scaled frequencies, when present). Every layer attends fully, or within
+ * llama.attention.sliding_window when the file declares one (Mistral 7B
+ * v0.1's W = 4096: a window cache that returns pages as the sequence passes
+ * them). llama.cpp's converter does not write that key for Mistral and its
+ * llama graph ignores it, so a file from it attends fully, as there.
+ *
+ * The forward is shared with Qwen2 and Qwen3 (engine/arch_qwen.c), which
+ * differ in tensors, not in code: q/k/v biases are added after the
+ * projections and per-head q/k norms applied before RoPE when a layer has
+ * them. */
 #include "layers.h"
 
 static int llama_hparams(const llm_gguf *g, llm_hparams *hp, char *err, size_t errlen) {
@@ -29,50 +35,29 @@ static int llama_hparams(const llm_gguf *g, llm_hparams *hp, char *err, size_t e
     return rc;
 }
 
-static int load_layer(llm_model *m, int32_t l, float *norms, char *err, size_t errlen) {
-    const llm_hparams *hp = &m->hp;
-    llm_layer_weights *w = &m->layers[l];
-    int64_t D = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
-    char n[9][64];
-    static const char *const suffix[9] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
-    for (int i = 0; i < 9; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", (int)l, suffix[i]);
-    if (llm_load_vector(m->gguf, n[0], D, norms, err, errlen) ||
-        llm_load_matrix(m->gguf, n[1], qd, D, &w->wq, err, errlen) ||
-        llm_load_matrix(m->gguf, n[2], kvd, D, &w->wk, err, errlen) ||
-        llm_load_matrix(m->gguf, n[3], kvd, D, &w->wv, err, errlen) ||
-        llm_load_matrix(m->gguf, n[4], D, qd, &w->wo, err, errlen) ||
-        llm_load_vector(m->gguf, n[5], D, norms + D, err, errlen) ||
-        llm_load_matrix(m->gguf, n[6], hp->ffn_dim, D, &w->w_gate, err, errlen) ||
-        llm_load_matrix(m->gguf, n[7], hp->ffn_dim, D, &w->w_up, err, errlen) ||
-        llm_load_matrix(m->gguf, n[8], D, hp->ffn_dim, &w->w_down, err, errlen))
-        return LLM_ERR_MODEL;
-    w->attn_norm = norms;
-    w->ffn_norm = norms + D;
-    return LLM_OK;
-}
+/* q/k/v biases optional, as llama.cpp reads llama files: some converted
+ * models carry them */
+static const llm_tensor_desc llama_tensors[] = {
+    LLM_LLAMA_TENSORS,
+    LLM_TENSOR("attn_q.bias", bq, LLM_SZ_Q, LLM_SZ_NONE, 1),
+    LLM_TENSOR("attn_k.bias", bk, LLM_SZ_KV, LLM_SZ_NONE, 1),
+    LLM_TENSOR("attn_v.bias", bv, LLM_SZ_KV, LLM_SZ_NONE, 1),
+};
 
+/* A file may declare llama.attention.sliding_window (Mistral's window): then
+ * every layer attends within it, in one window cache. 0 is what converters
+ * write for "no window" (llama.cpp's for Llama 4 without one). */
 static int llama_load(llm_model *m, char *err, size_t errlen) {
-    const llm_hparams *hp = &m->hp;
-    const int64_t D = hp->dim;
-    /* the 2L + 1 norm vectors are in the file at >= half a byte per element:
-     * a header claiming more cannot be right, and must not make us allocate */
-    if ((uint64_t)D * (uint64_t)(2 * hp->n_layers + 1) / 2 > llm_gguf_file_size(m->gguf))
-        return llm_errf(err, errlen, LLM_ERR_MODEL, "the file (%llu bytes) is too small for %d layers of width %d",
-                        (unsigned long long)llm_gguf_file_size(m->gguf), (int)hp->n_layers, (int)D);
-    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    m->norms = malloc(sizeof(float) * (size_t)D * (size_t)(2 * hp->n_layers + 1));
-    if (!m->layers || !m->norms || llm_layers_one_group(m))
-        return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
-    for (int32_t l = 0; l < hp->n_layers; l++)
-        if (load_layer(m, l, m->norms + (size_t)2 * l * D, err, errlen)) return LLM_ERR_MODEL;
-    float *onorm = m->norms + (size_t)2 * hp->n_layers * D;
-    if (llm_load_vector(m->gguf, "output_norm.weight", D, onorm, err, errlen)) return LLM_ERR_MODEL;
-    m->output_norm = onorm;
-    return llm_load_rope(m, 0, &hp->rope, 1, err, errlen);
+    int32_t window = 0;
+    if (llm_read_opt_count(m->gguf, "llama.attention.sliding_window", 0, INT32_MAX, &window, err, errlen))
+        return LLM_ERR_MODEL;
+    int rc = llm_load_layers(m, llama_tensors, (int)(sizeof llama_tensors / sizeof llama_tensors[0]), err, errlen);
+    if (rc) return rc;
+    if (llm_layers_one_group(m, window)) return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
+    return llm_load_rope(m, 0, &m->hp.rope, 1, err, errlen);
 }
 
-static int llama_forward(const llm_pass *ps) {
+int llm_llama_forward(const llm_pass *ps) {
     const llm_model *m = ps->c->m;
     const llm_hparams *hp = &m->hp;
     llm_scratch *ws = ps->ws;
@@ -85,6 +70,10 @@ static int llama_forward(const llm_pass *ps) {
         /* attention block */
         llm_rmsnorm(ws->x, w->attn_norm, ws->h, rows, D, hp->norm_eps);
         llm_project_qkv(ps, w);
+        if (w->attn_q_norm) {
+            llm_rmsnorm_heads(ws->q, w->attn_q_norm, rows, hp->n_heads, hp->head_dim, hp->norm_eps);
+            llm_rmsnorm_heads(ws->k, w->attn_k_norm, rows, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+        }
         int rc = llm_rope_qk(ps, &m->ropes[m->lhp[l].rope]);
         if (!rc) rc = llm_attention(ps, l);
         if (rc) return rc;
@@ -103,5 +92,5 @@ const llm_arch llm_arch_llama = {
     .name = "llama",
     .read_hparams = llama_hparams,
     .load = llama_load,
-    .forward = llama_forward,
+    .forward = llm_llama_forward,
 };

@@ -208,6 +208,10 @@ void llm_add_into(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+void llm_add_rows(float *x, const float *b, int32_t rows, int64_t n) {
+    for (int32_t r = 0; r < rows; r++) llm_add_into(x + (size_t)r * (size_t)n, b, (size_t)n);
+}
+
 void llm_scale(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
@@ -223,6 +227,9 @@ void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w) {
     llm_mm_add(&j, &w->wk, ws->h, ws->k, kvd);
     llm_mm_add(&j, &w->wv, ws->h, ws->v, kvd);
     llm_mm_run(ps, &j);
+    if (w->bq) llm_add_rows(ws->q, w->bq, ps->rows, qd);
+    if (w->bk) llm_add_rows(ws->k, w->bk, ps->rows, kvd);
+    if (w->bv) llm_add_rows(ws->v, w->bv, ps->rows, kvd);
 }
 
 void llm_ffn(const llm_pass *ps, const llm_layer_weights *w, llm_glu act) {

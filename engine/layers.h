@@ -58,7 +58,8 @@ void llm_matmul(const llm_pass *ps, const llm_matrix *w, const float *x, int32_t
 
 /* ---- the blocks' projections */
 
-/* ws->q, ws->k, ws->v = ws->h Wq, Wk, Wv for the pass's rows, one pool job. */
+/* ws->q, ws->k, ws->v = ws->h Wq, Wk, Wv for the pass's rows, one pool job,
+ * plus the biases bq, bk, bv where the layer has them. */
 void llm_project_qkv(const llm_pass *ps, const llm_layer_weights *w);
 
 /* A job of one gated product: gate = act(x Wgate^T) * (x Wup^T), both
@@ -81,6 +82,8 @@ void llm_rmsnorm(const float *x, const float *w, float *out, int32_t rows, int64
 void llm_rmsnorm_heads(float *x, const float *w, int32_t rows, int32_t n_heads, int32_t d, float eps);
 /* x += y over n. */
 void llm_add_into(float *x, const float *y, size_t n);
+/* x [rows][n] += b [n] on every row. */
+void llm_add_rows(float *x, const float *b, int32_t rows, int64_t n);
 /* x *= s over n. */
 void llm_scale(float *x, size_t n, float s);
 

@@ -17,7 +17,8 @@
 
 /* ---------------------------------------------------------------- architectures */
 
-static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3};
+static const llm_arch *const archs[] = {&llm_arch_llama, &llm_arch_gemma3, &llm_arch_qwen2, &llm_arch_qwen3,
+                                        &llm_arch_phi3};
 
 const llm_arch *llm_arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
@@ -25,7 +26,10 @@ const llm_arch *llm_arch_find(const char *name, size_t len) {
     return NULL;
 }
 
-const char *llm_arch_names(void) { return "'llama': Llama, SmolLM2, TinyLlama; 'gemma3': Gemma 3"; }
+const char *llm_arch_names(void) {
+    return "'llama': Llama, SmolLM2, TinyLlama, Mistral; 'gemma3': Gemma 3; 'qwen2': Qwen2, Qwen2.5; 'qwen3': Qwen3; "
+           "'phi3': Phi-3 (4k context)";
+}
 
 static const llm_arch *arch_of(const llm_gguf *g, char *err, size_t errlen) {
     llm_gguf_str arch;
@@ -217,12 +221,78 @@ int llm_load_rope(llm_model *m, int32_t i, const kv_rope_params *params, int use
     return LLM_OK;
 }
 
-int llm_layers_one_group(llm_model *m) {
+int llm_layers_one_group(llm_model *m, int32_t window) {
     m->lhp = calloc((size_t)m->hp.n_layers, sizeof *m->lhp);
     if (!m->lhp) return LLM_ERR_NOMEM;
-    for (int32_t l = 0; l < m->hp.n_layers; l++) m->lhp[l] = (llm_layer_hparams){.group = 0, .group_layer = l};
+    for (int32_t l = 0; l < m->hp.n_layers; l++)
+        m->lhp[l] = (llm_layer_hparams){.group = 0, .group_layer = l, .window = window};
     m->n_groups = 1;
-    m->groups[0] = (llm_cache_group){.n_layers = m->hp.n_layers, .window = 0};
+    m->groups[0] = (llm_cache_group){.n_layers = m->hp.n_layers, .window = window};
+    return LLM_OK;
+}
+
+void llm_matrix_split(llm_matrix *whole, int64_t at, llm_matrix *rest) {
+    *rest = *whole;
+    rest->data = (const uint8_t *)whole->data + (size_t)at * (size_t)llm_row_bytes(whole->type, whole->cols);
+    rest->rows = whole->rows - at;
+    whole->rows = at;
+}
+
+static int64_t size_of(const llm_hparams *hp, llm_size s) {
+    switch (s) {
+    case LLM_SZ_D: return hp->dim;
+    case LLM_SZ_HEAD: return hp->head_dim;
+    case LLM_SZ_Q: return (int64_t)hp->n_heads * hp->head_dim;
+    case LLM_SZ_KV: return (int64_t)hp->n_kv_heads * hp->head_dim;
+    case LLM_SZ_F: return hp->ffn_dim;
+    case LLM_SZ_QKV: return (int64_t)(hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim;
+    case LLM_SZ_2F: return 2 * (int64_t)hp->ffn_dim;
+    case LLM_SZ_NONE: break;
+    }
+    return 0;
+}
+
+/* Layer l's entries of the table; vectors decoded into norms onwards. */
+static int load_layer(llm_model *m, int32_t l, const llm_tensor_desc *table, int n, float *norms, char *err,
+                      size_t errlen) {
+    char *w = (char *)&m->layers[l];
+    for (int i = 0; i < n; i++) {
+        const llm_tensor_desc *t = &table[i];
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", (int)l, t->suffix);
+        const int64_t rows = size_of(&m->hp, t->rows), cols = size_of(&m->hp, t->cols);
+        if (t->optional && !llm_gguf_find_tensor(m->gguf, name)) continue;
+        if (t->cols == LLM_SZ_NONE) {
+            if (llm_load_vector(m->gguf, name, rows, norms, err, errlen)) return LLM_ERR_MODEL;
+            const float *v = norms;
+            memcpy(w + t->field, &v, sizeof v);
+            norms += rows;
+        } else if (llm_load_matrix(m->gguf, name, rows, cols, (llm_matrix *)(void *)(w + t->field), err, errlen)) {
+            return LLM_ERR_MODEL;
+        }
+    }
+    return LLM_OK;
+}
+
+int llm_load_layers(llm_model *m, const llm_tensor_desc *table, int n, char *err, size_t errlen) {
+    const llm_hparams *hp = &m->hp;
+    uint64_t per_layer = 0;   /* floats of the layer's vectors, optional ones included */
+    for (int i = 0; i < n; i++)
+        if (table[i].cols == LLM_SZ_NONE) per_layer += (uint64_t)size_of(hp, table[i].rows);
+    const uint64_t floats = per_layer * (uint64_t)hp->n_layers + (uint64_t)hp->dim;
+    /* the vectors are in the file at >= half a byte per element: a header
+     * claiming more cannot be right, and must not make us allocate */
+    if (floats / 2 > llm_gguf_file_size(m->gguf))
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "the file (%llu bytes) is too small for %d layers of width %d",
+                        (unsigned long long)llm_gguf_file_size(m->gguf), (int)hp->n_layers, (int)hp->dim);
+    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    m->norms = malloc(sizeof(float) * (size_t)floats);
+    if (!m->layers || !m->norms) return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; l < hp->n_layers; l++)
+        if (load_layer(m, l, table, n, m->norms + (size_t)per_layer * (size_t)l, err, errlen)) return LLM_ERR_MODEL;
+    float *onorm = m->norms + (size_t)per_layer * (size_t)hp->n_layers;
+    if (llm_load_vector(m->gguf, "output_norm.weight", hp->dim, onorm, err, errlen)) return LLM_ERR_MODEL;
+    m->output_norm = onorm;
     return LLM_OK;
 }
 

@@ -4,9 +4,11 @@
  * The architecture is chosen by the file's `general.architecture` from a
  * small table (engine/arch.h); each one is a file that composes the shared
  * layer toolkit (engine/layers.h). Today: `llama` (engine/arch_llama.c:
- * Llama 1-3, TinyLlama, SmolLM2, Mistral without sliding windows) and
- * `gemma3` (engine/arch_gemma3.c: Gemma 3 270M and 1B, whose window layers
- * share a sliding-window cache).
+ * Llama 1-3, TinyLlama, SmolLM2, Mistral, with its sliding window when the
+ * file declares one), `gemma3` (engine/arch_gemma3.c: Gemma 3 270M and 1B,
+ * whose window layers share a sliding-window cache), `qwen2` and `qwen3`
+ * (engine/arch_qwen.c: Qwen2/2.5 with q/k/v biases, Qwen3 with per-head q/k
+ * norms) and `phi3` (engine/arch_phi3.c: Phi-3 4k, fused projections).
  *
  * Weights stay in the file mapping in their block format; only the small
  * norm vectors are decoded to f32 at load. An llm_model is immutable once

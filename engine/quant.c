@@ -28,7 +28,10 @@ static type_size type_size_of(int type) {
     case LLM_TYPE_Q4_0: return (type_size){LLM_QK, sizeof(llm_block_q4_0)};
     case LLM_TYPE_Q4_1: return (type_size){LLM_QK, sizeof(llm_block_q4_1)};
     case LLM_TYPE_Q5_0: return (type_size){LLM_QK, sizeof(llm_block_q5_0)};
+    case LLM_TYPE_Q5_1: return (type_size){LLM_QK, sizeof(llm_block_q5_1)};
     case LLM_TYPE_Q8_0: return (type_size){LLM_QK, sizeof(llm_block_q8_0)};
+    case LLM_TYPE_Q2_K: return (type_size){LLM_QK_K, sizeof(llm_block_q2_k)};
+    case LLM_TYPE_Q3_K: return (type_size){LLM_QK_K, sizeof(llm_block_q3_k)};
     case LLM_TYPE_Q4_K: return (type_size){LLM_QK_K, sizeof(llm_block_q4_k)};
     case LLM_TYPE_Q5_K: return (type_size){LLM_QK_K, sizeof(llm_block_q5_k)};
     case LLM_TYPE_Q6_K: return (type_size){LLM_QK_K, sizeof(llm_block_q6_k)};
@@ -39,7 +42,10 @@ static type_size type_size_of(int type) {
 _Static_assert(sizeof(llm_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(llm_block_q4_1) == 20, "Q4_1 block is 20 bytes");
 _Static_assert(sizeof(llm_block_q5_0) == 22, "Q5_0 block is 22 bytes");
+_Static_assert(sizeof(llm_block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(llm_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+_Static_assert(sizeof(llm_block_q2_k) == 84, "Q2_K block is 84 bytes");
+_Static_assert(sizeof(llm_block_q3_k) == 110, "Q3_K block is 110 bytes");
 _Static_assert(sizeof(llm_block_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(llm_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(llm_block_q6_k) == 210, "Q6_K block is 210 bytes");
@@ -120,17 +126,22 @@ static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
-static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q5_0), y += LLM_QK) {
-        float d = half_at(b + offsetof(llm_block_q5_0, d));
-        const uint8_t *qh = b + offsetof(llm_block_q5_0, qh);
+/* Q5_0 (x = d (q - 16)) and Q5_1 (x = d q + m): the same quants after
+ * their header. */
+static void deq_q5(const uint8_t *b, float *y, int64_t nb, int with_min) {
+    const size_t bsize = with_min ? sizeof(llm_block_q5_1) : sizeof(llm_block_q5_0);
+    const size_t qh_at = with_min ? offsetof(llm_block_q5_1, qh) : offsetof(llm_block_q5_0, qh);
+    const size_t qs_at = with_min ? offsetof(llm_block_q5_1, qs) : offsetof(llm_block_q5_0, qs);
+    for (int64_t i = 0; i < nb; i++, b += bsize, y += LLM_QK) {
+        float d = half_at(b), m = with_min ? half_at(b + offsetof(llm_block_q5_1, m)) : 0.0f;
+        const uint8_t *qh = b + qh_at;
         uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-        const uint8_t *qs = b + offsetof(llm_block_q5_0, qs);
+        const uint8_t *qs = b + qs_at;
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)((h >> j) & 1) << 4;
             int hi = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
-            y[j] = d * (float)(lo - 16);
-            y[j + 16] = d * (float)(hi - 16);
+            y[j] = with_min ? d * (float)lo + m : d * (float)(lo - 16);
+            y[j + 16] = with_min ? d * (float)hi + m : d * (float)(hi - 16);
         }
     }
 }
@@ -177,6 +188,35 @@ static void deq_k45(const uint8_t *b, float *y, int64_t nb, int five) {
  *   128h+64+l : high nibble of ql[64h+l],    bits 4-5 of qh[32h+l]
  *   128h+96+l : high nibble of ql[64h+32+l], bits 6-7 of qh[32h+l]
  * and element e uses scale scales[e / 16]. */
+static void deq_q2_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q2_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q2_k, d)), dmin = half_at(b + offsetof(llm_block_q2_k, dmin));
+        const uint8_t *sc = b + offsetof(llm_block_q2_k, scales), *qs = b + offsetof(llm_block_q2_k, qs);
+        for (int e = 0; e < LLM_QK_K; e++) {
+            const int q = (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3, s = sc[e / 16];
+            y[e] = d * (float)(s & 15) * (float)q - dmin * (float)(s >> 4);
+        }
+    }
+}
+
+static void deq_q3_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q3_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q3_k, d));
+        const uint8_t *hm = b + offsetof(llm_block_q3_k, hmask), *qs = b + offsetof(llm_block_q3_k, qs);
+        const uint8_t *sc = b + offsetof(llm_block_q3_k, scales);
+        float dl[16];
+        for (int s = 0; s < 16; s++) {
+            int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            dl[s] = d * (float)((lo | hi << 4) - 32);
+        }
+        for (int e = 0; e < LLM_QK_K; e++) {
+            const int h = e / 128, j = e % 128 / 32, l = e % 32;
+            const int q = ((qs[32 * h + l] >> (2 * j)) & 3) - ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
+            y[e] = dl[e / 16] * (float)q;
+        }
+    }
+}
+
 static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q6_k), y += LLM_QK_K) {
         float d = half_at(b + offsetof(llm_block_q6_k, d));
@@ -209,8 +249,11 @@ static void dequant_scalar(int type, const uint8_t *src, float *dst, int64_t n) 
     case LLM_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(rd16(src + 2 * i)); break;
     case LLM_TYPE_Q4_0: deq_q4_0(src, dst, nb); break;
     case LLM_TYPE_Q4_1: deq_q4_1(src, dst, nb); break;
-    case LLM_TYPE_Q5_0: deq_q5_0(src, dst, nb); break;
+    case LLM_TYPE_Q5_0: deq_q5(src, dst, nb, 0); break;
+    case LLM_TYPE_Q5_1: deq_q5(src, dst, nb, 1); break;
     case LLM_TYPE_Q8_0: deq_q8_0(src, dst, nb); break;
+    case LLM_TYPE_Q2_K: deq_q2_k(src, dst, nb); break;
+    case LLM_TYPE_Q3_K: deq_q3_k(src, dst, nb); break;
     case LLM_TYPE_Q4_K: deq_k45(src, dst, nb, 0); break;
     case LLM_TYPE_Q5_K: deq_k45(src, dst, nb, 1); break;
     case LLM_TYPE_Q6_K: deq_q6_k(src, dst, nb); break;

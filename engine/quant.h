@@ -12,7 +12,10 @@
  *   Q4_0   32   18     x[i] = d * (q[i] - 8),   q in 0..15
  *   Q4_1   32   20     x[i] = d * q[i] + m,     q in 0..15
  *   Q5_0   32   22     x[i] = d * (q[i] - 16),  q in 0..31 (4 low bits + 1 high bit)
+ *   Q5_1   32   24     x[i] = d * q[i] + m,     q in 0..31 (as Q5_0)
  *   Q8_0   32   34     x[i] = d * q[i],         q in -128..127
+ *   Q2_K   256  84     16 sub-blocks of 16: x = d*sc[s]*q - dmin*mn[s], 4-bit sc, mn, q in 0..3
+ *   Q3_K   256  110    16 sub-blocks of 16: x = d * (sc[s] - 32) * q, 6-bit sc, q in -4..3
  *   Q4_K   256  144    8 sub-blocks of 32: x = d*sc[s]*q - dmin*mn[s], 6-bit sc, mn
  *   Q5_K   256  176    as Q4_K with a fifth bit per quant (q in 0..31)
  *   Q6_K   256  210    16 sub-blocks of 16: x = d * sc[s] * (q - 32), int8 sc, q in 0..63
@@ -48,14 +51,17 @@ enum {
     LLM_TYPE_Q4_0 = 2,
     LLM_TYPE_Q4_1 = 3,
     LLM_TYPE_Q5_0 = 6,
+    LLM_TYPE_Q5_1 = 7,
     LLM_TYPE_Q8_0 = 8,
+    LLM_TYPE_Q2_K = 10,
+    LLM_TYPE_Q3_K = 11,
     LLM_TYPE_Q4_K = 12,
     LLM_TYPE_Q5_K = 13,
     LLM_TYPE_Q6_K = 14,
     LLM_TYPE_BF16 = 30,
 };
 
-#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q5_0, Q8_0 */
+#define LLM_QK   32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
 #define LLM_QK_K 256  /* elements per super-block of the K-quants */
 
 /* Block layouts, for documentation and sizeof; the code reads fields at
@@ -76,8 +82,31 @@ typedef struct {
 } llm_block_q5_0;
 typedef struct {
     uint16_t d;                  /* scale, IEEE half */
+    uint16_t m;                  /* offset added to every element, IEEE half */
+    uint8_t  qh[4];              /* 32 fifth bits, as Q5_0 */
+    uint8_t  qs[LLM_QK / 2];     /* [16] low 4 bits, order as Q4_0 */
+} llm_block_q5_1;
+typedef struct {
+    uint16_t d;                  /* scale, IEEE half */
     int8_t   qs[LLM_QK];         /* [32] signed quants */
 } llm_block_q8_0;
+typedef struct {
+    uint8_t  scales[16];         /* sub-block s (elements 16s..16s+15): scale in the low
+                                    nibble of byte s, min in the high nibble */
+    uint8_t  qs[LLM_QK_K / 4];   /* [64] 2-bit quants: element 128h + 32j + l in bits 2j, 2j+1
+                                    of byte 32h + l (h < 2, j < 4, l < 32) */
+    uint16_t d;                  /* super-scale of the scales, IEEE half */
+    uint16_t dmin;               /* super-scale of the mins, IEEE half */
+} llm_block_q2_k;
+typedef struct {
+    uint8_t  hmask[LLM_QK_K / 8]; /* [32] third bits: element 128h + 32j + l in bit 4h + j of
+                                     byte l; a clear bit subtracts 4 from the quant */
+    uint8_t  qs[LLM_QK_K / 4];    /* [64] low 2 bits, placed as Q2_K's */
+    uint8_t  scales[12];          /* 16 six-bit scales, stored + 32: low 4 bits of scale s in
+                                     byte s (s < 8, low nibble) or s - 8 (high nibble), top 2
+                                     bits in bits 2(s / 4), +1 of byte 8 + s % 4 */
+    uint16_t d;                   /* super-scale, IEEE half */
+} llm_block_q3_k;
 typedef struct {
     uint16_t d;                  /* super-scale of the 6-bit sub-block scales, IEEE half */
     uint16_t dmin;               /* super-scale of the 6-bit sub-block mins, IEEE half */
@@ -182,7 +211,8 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
  * a time, their quants laid out in lanes once per call). */
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
-/* 1 if llm_matmul_act takes integer products for this type. */
+/* 1 if llm_matmul_act takes integer products for this type; the others
+ * (F32, F16, BF16, Q5_1, Q2_K, Q3_K) run llm_matmul_rows on f32 activations. */
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----

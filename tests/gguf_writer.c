@@ -221,6 +221,24 @@ static void quant_q5_0(const float *x, uint8_t *b) {
     for (int k = 0; k < 4; k++) b[2 + k] = (uint8_t)(qh >> (8 * k));
 }
 
+/* Q5_1: d = (max - min) / 31, m = min, q = round((x - m) / d), fifth bits
+ * and nibbles laid out as Q5_0's after the two halves. */
+static void quant_q5_1(const float *x, uint8_t *b) {
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < 32; i++) { mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); }
+    float d = half_round((mx - mn) / 31), m = half_round(mn);
+    put16(b, kv_f32_to_f16(d));
+    put16(b + 2, kv_f32_to_f16(m));
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) {
+        int q = clampi(d ? lrintf((x[j] - m) / d) : 0, 0, 31);
+        if (q & 16) qh |= 1u << j;
+        if (j < 16) b[8 + j] = (uint8_t)(q & 15);
+        else b[8 + j - 16] |= (uint8_t)((q & 15) << 4);
+    }
+    for (int k = 0; k < 4; k++) b[4 + k] = (uint8_t)(qh >> (8 * k));
+}
+
 static void quant_q4_1(const float *x, uint8_t *b) {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < 32; i++) { mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); }
@@ -281,16 +299,74 @@ static void quant_k45(const float *x, uint8_t *b, int levels) {
         }
 }
 
-/* Q6_K: per sub-block of 16 a signed 8-bit scale against one super-scale. */
-static void quant_q6_k(const float *x, uint8_t *b) {
-    float sub[16], max_abs = 0;
+/* Q2_K: per sub-block of 16 a 4-bit scale and a 4-bit min against the
+ * super-scales d, dmin; x ~ d sc q - dmin mn with q in 0..3. Byte 32h + l of
+ * the quants holds elements 128h + 32j + l in its bits 2j, 2j+1. */
+static void quant_q2_k(const float *x, uint8_t *b) {
+    float scale[16], neg_min[16], max_s = 0, max_m = 0;
+    for (int s = 0; s < 16; s++) {
+        float mn = 0, mx = 0;   /* min <= 0 <= max: the format stores -min >= 0 */
+        for (int l = 0; l < 16; l++) { mn = fminf(mn, x[16 * s + l]); mx = fmaxf(mx, x[16 * s + l]); }
+        scale[s] = (mx - mn) / 3;
+        neg_min[s] = -mn;
+        max_s = fmaxf(max_s, scale[s]);
+        max_m = fmaxf(max_m, neg_min[s]);
+    }
+    float d = half_round(max_s / 15), dmin = half_round(max_m / 15);
+    memset(b, 0, 84);
+    for (int s = 0; s < 16; s++) {
+        int sc = d > 0 ? clampi((long)ceilf(scale[s] / d), 0, 15) : 0;
+        int mq = dmin > 0 ? clampi((long)ceilf(neg_min[s] / dmin), 0, 15) : 0;
+        b[s] = (uint8_t)(sc | mq << 4);
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * s + l;
+            float step = d * (float)sc;
+            int q = step > 0 ? clampi(lrintf((x[e] + dmin * (float)mq) / step), 0, 3) : 0;
+            b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * (e % 128 / 32)));
+        }
+    }
+    put16(b + 80, kv_f32_to_f16(d));
+    put16(b + 82, kv_f32_to_f16(dmin));
+}
+
+/* sub [16] = max |x| / levels over each sub-block of 16 of x [256]; returns
+ * the largest. */
+static float sub_scales(const float *x, float levels, float sub[16]) {
+    float max_s = 0;
     for (int s = 0; s < 16; s++) {
         float a = 0;
         for (int l = 0; l < 16; l++) a = fmaxf(a, fabsf(x[16 * s + l]));
-        sub[s] = a / 31;
-        max_abs = fmaxf(max_abs, sub[s]);
+        sub[s] = a / levels;
+        max_s = fmaxf(max_s, sub[s]);
     }
-    float d = half_round(max_abs / 127);
+    return max_s;
+}
+
+/* Q3_K: per sub-block of 16 a 6-bit scale (stored + 32) against one
+ * super-scale, x ~ d (sc - 32) q with q in -4..3 kept as q + 4: the low 2
+ * bits placed as Q2_K's, the third in bit 4h + j of hmask[l]. */
+static void quant_q3_k(const float *x, uint8_t *b) {
+    float sub[16], d = half_round(sub_scales(x, 4, sub) / 31);
+    memset(b, 0, 110);
+    for (int s = 0; s < 16; s++) {
+        int sc = d > 0 ? clampi(lrintf(sub[s] / d), 0, 31) : 0, st = sc + 32;
+        if (s < 8) b[96 + s] |= (uint8_t)(st & 15);
+        else b[96 + s - 8] |= (uint8_t)((st & 15) << 4);
+        b[104 + s % 4] |= (uint8_t)((st >> 4) << (2 * (s / 4)));
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * s + l, h = e / 128, j = e % 128 / 32, el = e % 32;
+            float step = d * (float)sc;
+            int q = (step > 0 ? clampi(lrintf(x[e] / step), -4, 3) : 0) + 4;
+            b[32 + 32 * h + el] |= (uint8_t)((q & 3) << (2 * j));
+            if (q & 4) b[el] |= (uint8_t)(1 << (4 * h + j));
+        }
+    }
+    put16(b + 108, kv_f32_to_f16(d));
+}
+
+/* Q6_K: per sub-block of 16 a signed 8-bit scale against one super-scale. */
+static void quant_q6_k(const float *x, uint8_t *b) {
+    float sub[16], d = half_round(sub_scales(x, 31, sub) / 127);
     int8_t *scales = (int8_t *)(b + 192);
     for (int s = 0; s < 16; s++) scales[s] = (int8_t)(d > 0 ? clampi(lrintf(sub[s] / d), -128, 127) : 0);
     put16(b + 208, kv_f32_to_f16(d));
@@ -316,7 +392,10 @@ static int block_of(int type, int *elems, int *bsize) {
     case GW_Q4_0: *elems = 32;  *bsize = 18;  return 0;
     case GW_Q4_1: *elems = 32;  *bsize = 20;  return 0;
     case GW_Q5_0: *elems = 32;  *bsize = 22;  return 0;
+    case GW_Q5_1: *elems = 32;  *bsize = 24;  return 0;
     case GW_Q8_0: *elems = 32;  *bsize = 34;  return 0;
+    case GW_Q2_K: *elems = 256; *bsize = 84;  return 0;
+    case GW_Q3_K: *elems = 256; *bsize = 110; return 0;
     case GW_Q4_K: *elems = 256; *bsize = 144; return 0;
     case GW_Q5_K: *elems = 256; *bsize = 176; return 0;
     case GW_Q6_K: *elems = 256; *bsize = 210; return 0;
@@ -344,7 +423,10 @@ int gw_quantize(int type, const float *src, void *dst, int64_t n) {
         case GW_Q4_0: quant_q4_0(src, b); break;
         case GW_Q4_1: quant_q4_1(src, b); break;
         case GW_Q5_0: quant_q5_0(src, b); break;
+        case GW_Q5_1: quant_q5_1(src, b); break;
         case GW_Q8_0: quant_q8_0(src, b); break;
+        case GW_Q2_K: quant_q2_k(src, b); break;
+        case GW_Q3_K: quant_q3_k(src, b); break;
         case GW_Q4_K: quant_k45(src, b, 15); break;
         case GW_Q5_K: quant_k45(src, b, 31); break;
         case GW_Q6_K: quant_q6_k(src, b); break;

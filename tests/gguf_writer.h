@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* Tensor types (ggml numbering). */
-enum { GW_F32 = 0, GW_F16 = 1, GW_Q4_0 = 2, GW_Q4_1 = 3, GW_Q5_0 = 6, GW_Q8_0 = 8,
+enum { GW_F32 = 0, GW_F16 = 1, GW_Q4_0 = 2, GW_Q4_1 = 3, GW_Q5_0 = 6, GW_Q5_1 = 7, GW_Q8_0 = 8, GW_Q2_K = 10, GW_Q3_K = 11,
        GW_Q4_K = 12, GW_Q5_K = 13, GW_Q6_K = 14, GW_BF16 = 30 };
 
 /* Metadata value types (GGUF numbering). */

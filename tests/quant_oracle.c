@@ -42,12 +42,13 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
         int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;    /* element j+16 is the high nibble */
         return type == GW_Q4_0 ? d * (q - 8) : d * q + ref_half(b + 2);
     }
-    case GW_Q5_0: {   /* d, a u32 of fifth bits (bit j: element j), 16 bytes of nibbles */
-        const uint8_t *b = row + (e / 32) * 22;
+    case GW_Q5_0: case GW_Q5_1: {   /* d (Q5_1: then m), a u32 of fifth bits (bit j: element j), 16 bytes of nibbles */
+        const int h = type == GW_Q5_1 ? 4 : 2;
+        const uint8_t *b = row + (e / 32) * (h + 20);
         int j = (int)(e % 32);
-        uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-        int q = (j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4) + 16 * (int)((qh >> j) & 1);
-        return ref_half(b) * (q - 16);
+        uint32_t qh = (uint32_t)b[h] | (uint32_t)b[h + 1] << 8 | (uint32_t)b[h + 2] << 16 | (uint32_t)b[h + 3] << 24;
+        int q = (j < 16 ? b[h + 4 + j] & 15 : b[h + 4 + j - 16] >> 4) + 16 * (int)((qh >> j) & 1);
+        return type == GW_Q5_1 ? ref_half(b) * q + ref_half(b + 2) : ref_half(b) * (q - 16);
     }
     case GW_Q4_K: case GW_Q5_K: {
         int five = type == GW_Q5_K;
@@ -57,6 +58,19 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
         int q = hi ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 15;
         if (five) q += ((b[16 + l] >> sub) & 1) * 16;   /* qh bit `sub` of byte l */
         return ref_half(b) * ref_k_scale(b + 4, sub, 0) * q - ref_half(b + 2) * ref_k_scale(b + 4, sub, 1);
+    }
+    case GW_Q2_K: {   /* scales[16] (low nibble scale, high min), 64 bytes of 2-bit quants, d, dmin */
+        const uint8_t *b = row + (e / 256) * 84;
+        int i = (int)(e % 256), h = i / 128, j = (i % 128) / 32, l = i % 32, s = b[i / 16];
+        int q = (b[16 + 32 * h + l] >> (2 * j)) & 3;   /* 4 elements 32 apart share a byte */
+        return ref_half(b + 80) * (s & 15) * q - ref_half(b + 82) * (s >> 4);
+    }
+    case GW_Q3_K: {   /* hmask[32], 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales, d */
+        const uint8_t *b = row + (e / 256) * 110, *sc = b + 96;
+        int i = (int)(e % 256), h = i / 128, j = (i % 128) / 32, l = i % 32, s = i / 16;
+        int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, top = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        int q = ((b[32 + 32 * h + l] >> (2 * j)) & 3) - 4 * !((b[l] >> (4 * h + j)) & 1);
+        return ref_half(b + 108) * ((lo | top << 4) - 32) * q;
     }
     case GW_Q6_K: {
         const uint8_t *b = row + (e / 256) * 210;
@@ -71,8 +85,8 @@ double ref_value(int type, const uint8_t *row, int64_t e) {
 
 /* ------------------------------------------------------------ helpers */
 
-const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0,
-                                GW_Q4_K, GW_Q5_K, GW_Q6_K};
+const int all_types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q5_1, GW_Q8_0,
+                                GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K};
 const int n_all_types = (int)(sizeof all_types / sizeof all_types[0]);
 
 void put_half(uint8_t *p, float v) { uint16_t h = kv_f32_to_f16(v); p[0] = (uint8_t)h; p[1] = (uint8_t)(h >> 8); }
@@ -91,9 +105,11 @@ void random_row(test_rng *r, int type, int64_t n, uint8_t *dst) {
         case GW_F16: put_half(b, (float)test_rng_normal(r)); break;
         case GW_BF16: { uint16_t h = kv_f32_to_bf16((float)test_rng_normal(r)); memcpy(b, &h, 2); break; }
         case GW_Q4_0: case GW_Q5_0: case GW_Q8_0: put_half(b, s); break;
-        case GW_Q4_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
+        case GW_Q4_1: case GW_Q5_1: put_half(b, s); put_half(b + 2, (float)test_rng_uniform(r)); break;
         case GW_Q4_K: case GW_Q5_K: put_half(b, s); put_half(b + 2, s * 0.5f); break;
         case GW_Q6_K: put_half(b + 208, s * 0.1f); break;
+        case GW_Q2_K: put_half(b + 80, s); put_half(b + 82, s * 0.5f); break;
+        case GW_Q3_K: put_half(b + 108, s * 0.1f); break;
         }
     }
 }

@@ -296,6 +296,27 @@ TEST(cli_price_reproduces_the_seed_figures_for_llama_3_1_8b) {
     fx_free(&fx);
 }
 
+/* `info` on a file whose header reads but whose tensors do not says which
+ * tensor is wrong; on a loadable one it lists the layer groups. */
+TEST(cli_info_says_why_a_model_cannot_load) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_F32, .arch = "qwen2", .seed = 79, .skip_tensor = "blk.1.attn_q.bias"}, &fx))
+        return;
+    char args[512];
+    snprintf(args, sizeof args, "info -m %s", fx.path);
+    result r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "engine: cannot load this model: missing tensor blk.1.attn_q.bias") != NULL);
+    done(&r);
+    fx_free(&fx);
+    if (fx_build(&(fx_spec){.type = GW_F32, .arch = "qwen3", .seed = 80, .head_dim = 128}, &fx)) return;
+    snprintf(args, sizeof args, "info -m %s", fx.path);
+    r = EXPECT(args, NULL, 0);
+    CHECK(strstr(r.out, "4 heads over 2 KV heads of 128") && strstr(r.out, "(split halves)"));
+    CHECK(strstr(r.out, "layer groups (one cache each): 2 full-attention layers") != NULL);
+    done(&r);
+    fx_free(&fx);
+}
+
 /* A model with window layers is priced per group: the full layers per token,
  * the window layers bounded by their window and one chunk. */
 TEST(cli_price_prices_gemma3_window_and_full_layers_apart) {

@@ -61,24 +61,11 @@ static void check_against_reference(const fx_spec *spec, const char *what) {
     CHECK_EQ_INT(m->n_groups, 2);
     CHECK_EQ_INT(m->groups[0].window, 0);
     CHECK_EQ_INT(m->groups[1].window, W);
-    const int32_t V = fx.vocab;
     int32_t toks[N];
     prompt(toks, N, (int32_t)spec->seed);
-    double *ref = malloc(sizeof(double) * N * V);
-    float *got = malloc(sizeof(float) * N * V);
-    fx_reference(&fx, toks, N, ref);
-    const int32_t batches[2] = {64, 5};
-    for (int b = 0; b < 2; b++) {
-        llm_context *c = make_ctx(m, 2, batches[b], KV_F32);
-        int32_t seq;
-        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
-        CHECK_EQ_INT(llm_eval(c, seq, toks, N, 1, got, NULL, NULL), LLM_OK);
-        double r = rel_diff(got, ref, (int64_t)N * V);
-        printf("     %-6s n_batch %2d: relative diff to f64 %.2e\n", what, (int)batches[b], r);
-        if (!(r <= 1e-5)) test_fail(__FILE__, __LINE__, "%s, batch %d: logits off by %g", what, (int)batches[b], r);
-        llm_context_free(c);
-    }
-    free(ref), free(got);
+    llm_context_params p = llm_context_default_params();
+    p.n_ctx = 256, p.n_threads = 2, p.kv_type = KV_F32, p.page_size = PAGE, p.act_bits = 0;
+    fx_check_prefill(&fx, m, &p, toks, N, (const int32_t[]){64, 5}, 2, 1e-5, what);
     llm_model_free(m);
     fx_free(&fx);
 }
@@ -290,20 +277,11 @@ TEST(gemma3_tiny_results_are_bit_identical_for_1_2_3_threads) {
     if (fx_build(GEMMA(.type = GW_Q4_K, .seed = 8), &fx)) return;
     llm_model *m = fx_load(&fx);
     if (!m) return fx_free(&fx);
-    const int32_t V = fx.vocab;
     int32_t toks[60];
     prompt(toks, 60, 8);
-    float *base = malloc(sizeof(float) * V), *other = malloc(sizeof(float) * V);
-    for (int32_t t = 1; t <= 3; t++) {
-        llm_context *c = make_ctx(m, t, 16, KV_F16);
-        int32_t seq;
-        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
-        CHECK_EQ_INT(llm_eval(c, seq, toks, 60, 0, t == 1 ? base : other, NULL, NULL), LLM_OK);
-        if (t > 1 && memcmp(base, other, sizeof(float) * V))
-            test_fail(__FILE__, __LINE__, "%d threads changed the logits", (int)t);
-        llm_context_free(c);
-    }
-    free(base), free(other);
+    llm_context_params p = llm_context_default_params();
+    p.n_ctx = 256, p.kv_type = KV_F16, p.n_batch = 16, p.page_size = PAGE, p.act_bits = 0;
+    fx_check_threads(m, &p, toks, 60);
     llm_model_free(m);
     fx_free(&fx);
 }

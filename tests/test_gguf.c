@@ -216,11 +216,13 @@ TEST(gguf_getters_convert_integers_only_when_the_value_fits) {
 
 TEST(gguf_round_trip_preserves_every_tensor_type_and_aligns_its_data) {
     static const int types[] = {GW_F32, GW_F16, GW_BF16, GW_Q4_0, GW_Q4_1, GW_Q8_0, GW_Q4_K, GW_Q5_K, GW_Q6_K,
-                                GW_Q5_0};
+                                GW_Q5_0, GW_Q5_1, GW_Q2_K, GW_Q3_K};
     /* the worst absolute error each reference quantizer may make, per unit of max|x|
      * (Q4_0, Q5_0: one step d = max/8, max/16 where -max clamps to the last level) */
     static const double tol[] = {0, 1e-3, 8e-3, 1.0 / 8, 1.0 / 10, 1.0 / 200, 1.0 / 5, 1.0 / 10, 1.0 / 10,
-                                 1.0 / 15};
+                                 1.0 / 15, 1.0 / 25,   /* Q5_1: half a step of range / 31 <= max / 31 */
+                                 1.0 / 2,              /* Q2_K: half a step of range / 3, and the min's rounding */
+                                 1.0 / 4};             /* Q3_K: half a step of max / 4, and the scale's rounding */
     test_rng r = {11};
     enum { NT = sizeof types / sizeof types[0] };
     int64_t dims[NT][4];
@@ -531,9 +533,9 @@ TEST(gguf_unknown_and_unsupported_tensor_types_are_refused) {
     CHECK_REFUSED(buf, n, "tensor 'odd': unknown type 99");
     free(buf);
     w = gw_new();
-    gw_add_tensor(w, "q5", 7, 1, (int64_t[]){32}, raw, 24);
+    gw_add_tensor(w, "iq2", 16, 1, (int64_t[]){256}, raw, 64);
     buf = finish(w, &n);
-    CHECK_REFUSED(buf, n, "unsupported type 7 (Q5_1)");
+    CHECK_REFUSED(buf, n, "unsupported type 16 (IQ2_XXS)");
     free(buf);
 }
 

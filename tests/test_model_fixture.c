@@ -52,14 +52,15 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
             i += 32, p += type == GW_Q4_1 ? 20 : 18;
             break;
         }
-        case GW_Q5_0: { /* as Q4_0, fifth bit j of the u32 at p + 2 for element j */
-            double d = half(p);
-            uint32_t qh = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+        case GW_Q5_0: case GW_Q5_1: { /* as Q4_0 / Q4_1, fifth bit j of the u32 after d (and m) */
+            const int o = type == GW_Q5_1 ? 4 : 2;
+            double d = half(p), mn = type == GW_Q5_1 ? half(p + 2) : -16 * d;
+            uint32_t qh = (uint32_t)p[o] | (uint32_t)p[o + 1] << 8 | (uint32_t)p[o + 2] << 16 | (uint32_t)p[o + 3] << 24;
             for (int j = 0; j < 32; j++) {
-                int q = (j < 16 ? p[6 + j] & 15 : p[6 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
-                out[i + j] = d * (q - 16);
+                int q = (j < 16 ? p[o + 4 + j] & 15 : p[o + 4 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+                out[i + j] = d * q + mn;
             }
-            i += 32, p += 22;
+            i += 32, p += o + 20;
             break;
         }
         case GW_Q8_0: {
@@ -83,6 +84,27 @@ static void decode(int type, const uint8_t *p, int64_t n, double *out) {
                     }
                 }
             i += 256, p += five ? 176 : 144;
+            break;
+        }
+        case GW_Q2_K: { /* sub-block s of 16: d (sc & 15) q - dmin (sc >> 4), q 2 bits of byte 32h + l */
+            double d = half(p + 80), dmin = half(p + 82);
+            for (int e = 0; e < 256; e++) {
+                int q = (p[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3, sc = p[e / 16];
+                out[i + e] = d * (sc & 15) * q - dmin * (sc >> 4);
+            }
+            i += 256, p += 84;
+            break;
+        }
+        case GW_Q3_K: { /* sub-block s of 16: d (sc - 32) q, sc 6 bits split over two bytes; q in -4..3 */
+            const uint8_t *sc = p + 96;
+            double d = half(p + 108);
+            for (int e = 0; e < 256; e++) {
+                int s = e / 16, h = e / 128, j = e % 128 / 32, l = e % 32;
+                int six = (s < 8 ? sc[s] & 15 : sc[s - 8] >> 4) | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+                int q = ((p[32 + 32 * h + l] >> (2 * j)) & 3) - ((p[l] >> (4 * h + j)) & 1 ? 0 : 4);
+                out[i + e] = d * (six - 32) * q;
+            }
+            i += 256, p += 110;
             break;
         }
         case GW_Q6_K: { /* two halves of 128: quarters from ql nibbles and qh bit pairs */
@@ -156,17 +178,37 @@ static double *add_matrix(builder *b, const char *name, int64_t rows, int64_t co
     return dec;
 }
 
-/* A norm vector: 1 + 0.1 N(0, 1), written as F32 (as real files do). */
-static double *add_norm(builder *b, const char *name, int64_t n) {
-    float *v = malloc(sizeof(float) * (size_t)n);
-    double *d = malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(1.0 + 0.1 * normal(b));
+/* A copy of rows [r0, r0 + n) of the [..][cols] matrix w. */
+static double *rows_of(const double *w, int64_t r0, int64_t n, int64_t cols) {
+    double *r = malloc(sizeof(double) * (size_t)(n * cols));
+    memcpy(r, w + r0 * cols, sizeof(double) * (size_t)(n * cols));
+    return r;
+}
+
+/* A vector of mean + sd N(0, 1) values, written as F32 (as real files do
+ * for norms and biases); returns them decoded. */
+static double *add_vector(builder *b, const char *name, int64_t n, double mean, double sd) {
+    float *v = malloc(sizeof(float) * (size_t)(n + 1));
+    double *d = malloc(sizeof(double) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) d[i] = v[i] = (float)(mean + sd * normal(b));
+    d[n] = v[n] = (float)mean; /* only written for bad_tensor */
     if (b->s->nan_norm && !strcmp(b->s->nan_norm, name)) d[0] = v[0] = NAN;
-    int64_t dims[1] = {n};
+    int64_t dims[1] = {b->s->bad_tensor && !strcmp(b->s->bad_tensor, name) ? n + 1 : n};
     if (!b->s->skip_tensor || strcmp(b->s->skip_tensor, name)) gw_add_tensor_f32(b->w, name, GW_F32, 1, dims, v);
     free(v);
     return d;
 }
+
+/* A bias: 0.5 N(0, 1); NULL (none in the forward) when the spec leaves it
+ * out of the file, which llama files may do. */
+static double *add_bias(builder *b, const char *name, int64_t n) {
+    double *v = add_vector(b, name, n, 0.0, 0.5);
+    if (b->s->skip_tensor && !strcmp(b->s->skip_tensor, name)) free(v), v = NULL;
+    return v;
+}
+
+/* A norm vector: 1 + 0.1 N(0, 1). */
+static double *add_norm(builder *b, const char *name, int64_t n) { return add_vector(b, name, n, 1.0, 0.1); }
 
 enum { TOKEN_CAP = 64 }; /* bytes of one token text, "<extra_2147483647>" included */
 
@@ -238,6 +280,8 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     if (!s.ffn) s.ffn = 512;
     if (!s.arch) s.arch = "llama";
     m->gemma = strcmp(s.arch, "gemma3") == 0;
+    m->qwen = !strcmp(s.arch, "qwen2") ? 2 : !strcmp(s.arch, "qwen3") ? 3 : 0;
+    m->phi = !strcmp(s.arch, "phi3");
     if (!s.kv_heads) s.kv_heads = m->gemma ? 1 : 2;
     if (m->gemma) {
         if (!spec->layers) s.layers = 6;
@@ -266,6 +310,11 @@ int fx_build(const fx_spec *spec, fx_model *m) {
     snprintf(key, sizeof key, "%s.rope.freq_base", s.arch), gw_add_f32(b.w, key, (float)s.theta);
     if (!m->gemma)
         snprintf(key, sizeof key, "%s.rope.dimension_count", s.arch), gw_add_u32(b.w, key, (uint32_t)m->s.rot_dim);
+    if (!m->gemma && s.window) {  /* llama: Mistral's sliding window; phi3: its converter's key, not applied */
+        snprintf(key, sizeof key, "%s.attention.sliding_window", s.arch);
+        gw_add_u32(b.w, key, s.window > 0 ? (uint32_t)s.window : 0);
+        if (s.window < 0) m->s.window = 0;
+    }
     snprintf(key, sizeof key, "%s.context_length", s.arch), gw_add_u32(b.w, key, 1024);
     if (s.head_dim) {
         snprintf(key, sizeof key, "%s.attention.key_length", s.arch), gw_add_u32(b.w, key, (uint32_t)d);
@@ -286,22 +335,47 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         char n[64];
         fx_layer *L = &m->L[l];
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d." x ".weight", (int)l), n)
+#define NAME2(x, kind) (snprintf(n, sizeof n, "blk.%d." x "." kind, (int)l), n)
         L->attn_norm = add_norm(&b, NAME("attn_norm"), D);
-        L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
-        L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
-        L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        if (m->phi) { /* one matrix of the rows of Wq, Wk, Wv */
+            double *qkv = add_matrix(&b, NAME("attn_qkv"), (int64_t)(H + 2 * Hkv) * d, D, sd);
+            L->wq = rows_of(qkv, 0, (int64_t)H * d, D);
+            L->wk = rows_of(qkv, (int64_t)H * d, (int64_t)Hkv * d, D);
+            L->wv = rows_of(qkv, (int64_t)(H + Hkv) * d, (int64_t)Hkv * d, D);
+            free(qkv);
+        } else {
+            L->wq = add_matrix(&b, NAME("attn_q"), (int64_t)H * d, D, sd);
+            L->wk = add_matrix(&b, NAME("attn_k"), (int64_t)Hkv * d, D, sd);
+            L->wv = add_matrix(&b, NAME("attn_v"), (int64_t)Hkv * d, D, sd);
+        }
+        if (m->qwen == 2 || s.qkv_bias) {
+            /* biases of the size of the projections' outputs, so that losing one shows */
+            L->bq = add_bias(&b, NAME2("attn_q", "bias"), (int64_t)H * d);
+            L->bk = add_bias(&b, NAME2("attn_k", "bias"), (int64_t)Hkv * d);
+            L->bv = add_bias(&b, NAME2("attn_v", "bias"), (int64_t)Hkv * d);
+        }
         L->wo = add_matrix(&b, NAME("attn_output"), D, (int64_t)H * d, 1.0 / sqrt((double)H * d));
-        if (m->gemma) {
+        if (m->gemma || m->qwen == 3) {
             L->q_norm = add_norm(&b, NAME("attn_q_norm"), d);
             L->k_norm = add_norm(&b, NAME("attn_k_norm"), d);
+        }
+        if (m->gemma) {
             L->post_attn_norm = add_norm(&b, NAME("post_attention_norm"), D);
         }
         L->ffn_norm = add_norm(&b, NAME("ffn_norm"), D);
-        L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
-        L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
+        if (m->phi) { /* one matrix of the rows of Wgate, then Wup */
+            double *gu = add_matrix(&b, NAME("ffn_up"), 2 * (int64_t)F, D, sd);
+            L->wg = rows_of(gu, 0, F, D);
+            L->wu = rows_of(gu, F, F, D);
+            free(gu);
+        } else {
+            L->wg = add_matrix(&b, NAME("ffn_gate"), F, D, sd);
+            L->wu = add_matrix(&b, NAME("ffn_up"), F, D, sd);
+        }
         L->wd = add_matrix(&b, NAME("ffn_down"), D, F, sf);
         if (m->gemma) L->post_ffn_norm = add_norm(&b, NAME("post_ffw_norm"), D);
 #undef NAME
+#undef NAME2
     }
     m->out_norm = add_norm(&b, "output_norm.weight", D);
     m->out = s.tied ? m->embd : add_matrix(&b, "output.weight", V, D, sd * 4);
@@ -334,6 +408,7 @@ void fx_free(fx_model *m) {
         free(L->attn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
         free(L->ffn_norm), free(L->wg), free(L->wu), free(L->wd);
         free(L->q_norm), free(L->k_norm), free(L->post_attn_norm), free(L->post_ffn_norm);
+        free(L->bq), free(L->bk), free(L->bv);
     }
     if (m->out != m->embd) free(m->out);
     free(m->embd), free(m->out_norm), free(m->inv_freq), free(m->inv_freq_local), free(m->L);
@@ -359,13 +434,15 @@ static void matvec(const double *W, const double *x, double *y, int64_t rows, in
 }
 
 /* RoPE over each head's first rot dims at pos: GGUF llama turns adjacent
- * pairs (2i, 2i+1), Gemma the halves' pairs (i, i + d/2), by pos * inv_freq[i]. */
+ * pairs (2i, 2i+1), Gemma and Qwen the halves' pairs (i, i + d/2), by pos *
+ * inv_freq[i]. */
 static void rope(const fx_model *m, const double *inv_freq, double *v, int32_t heads, int32_t pos) {
     const int32_t half = m->s.rot_dim / 2;
     for (int32_t h = 0; h < heads; h++)
         for (int32_t i = 0; i < half; i++) {
-            double *x0 = v + (size_t)h * m->head_dim + (m->gemma ? i : 2 * i);
-            double *x1 = m->gemma ? x0 + half : x0 + 1;
+            const int neox = m->gemma || m->qwen || m->phi;
+            double *x0 = v + (size_t)h * m->head_dim + (neox ? i : 2 * i);
+            double *x1 = neox ? x0 + half : x0 + 1;
             double a = pos * inv_freq[i], c0 = *x0, c1 = *x1;
             *x0 = c0 * cos(a) - c1 * sin(a);
             *x1 = c0 * sin(a) + c1 * cos(a);
@@ -410,7 +487,8 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
     for (int32_t l = 0; l < m->s.layers; l++) {
         const fx_layer *L = &m->L[l];
         const int local = m->gemma && l % 6 < 5;
-        const int32_t window = local ? m->s.window : 0;
+        const int32_t window = local || (!m->gemma && !m->qwen && !m->phi) ? m->s.window : 0; /* llama: Mistral's, or 0 */
+        const int qk_norm = m->gemma || m->qwen == 3;
         const double *inv_freq = local ? m->inv_freq_local : m->inv_freq;
         /* every position's K and V first: position t attends to keys 0..t */
         for (int32_t t = 0; t < n; t++) {
@@ -418,14 +496,17 @@ void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *l
             rmsnorm(x + (size_t)t * D, L->attn_norm, h, D, eps);
             matvec(L->wk, h, kt, kvd, D);
             matvec(L->wv, h, Vv + (size_t)t * kvd, kvd, D);
-            for (int32_t kh = 0; m->gemma && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
+            for (int32_t i = 0; L->bk && i < kvd; i++) kt[i] += L->bk[i];
+            for (int32_t i = 0; L->bv && i < kvd; i++) Vv[(size_t)t * kvd + i] += L->bv[i];
+            for (int32_t kh = 0; qk_norm && kh < Hkv; kh++) rmsnorm(kt + kh * d, L->k_norm, kt + kh * d, d, eps);
             rope(m, inv_freq, kt, Hkv, t);
         }
         for (int32_t t = 0; t < n; t++) {
             double *xt = x + (size_t)t * D;
             rmsnorm(xt, L->attn_norm, h, D, eps);
             matvec(L->wq, h, q, qd, D);
-            for (int32_t qh = 0; m->gemma && qh < H; qh++) rmsnorm(q + qh * d, L->q_norm, q + qh * d, d, eps);
+            for (int32_t i = 0; L->bq && i < qd; i++) q[i] += L->bq[i];
+            for (int32_t qh = 0; qk_norm && qh < H; qh++) rmsnorm(q + qh * d, L->q_norm, q + qh * d, d, eps);
             rope(m, inv_freq, q, H, t);
             attend(m, q, K, Vv, t, window, p, att);
             matvec(L->wo, att, o, D, qd);
@@ -461,6 +542,46 @@ double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax) {
     }
     if (bmax) *bmax = mx;
     return d;
+}
+
+void fx_check_prefill(const fx_model *fx, const llm_model *m, const llm_context_params *p, const int32_t *tokens,
+                      int32_t n, const int32_t *batches, int nb, double tol, const char *what) {
+    const int64_t nv = (int64_t)n * fx->vocab;
+    double *ref = malloc(sizeof(double) * (size_t)nv);
+    float *got = malloc(sizeof(float) * (size_t)nv);
+    fx_reference(fx, tokens, n, ref);
+    for (int b = 0; b < nb; b++) {
+        llm_context_params pb = *p;
+        pb.n_batch = batches[b];
+        llm_context *c = fx_context(m, &pb);
+        int32_t seq;
+        if (!c) break;
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_eval(c, seq, tokens, n, 1, got, NULL, NULL), LLM_OK);
+        double bmax, r = fx_max_diff(got, ref, nv, &bmax) / bmax;
+        printf("     %-16s n_batch %2d: relative diff to f64 %.2e\n", what, (int)batches[b], r);
+        if (!(r <= tol)) test_fail(__FILE__, __LINE__, "%s, batch %d: logits off by %g", what, (int)batches[b], r);
+        llm_context_free(c);
+    }
+    free(ref), free(got);
+}
+
+void fx_check_threads(const llm_model *m, const llm_context_params *p, const int32_t *tokens, int32_t n) {
+    const int32_t V = llm_model_n_vocab(m);
+    float *base = malloc(sizeof(float) * (size_t)V), *other = malloc(sizeof(float) * (size_t)V);
+    for (int32_t t = 1; t <= 3; t++) {
+        llm_context_params pt = *p;
+        pt.n_threads = t;
+        llm_context *c = fx_context(m, &pt);
+        int32_t seq;
+        if (!c) break;
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_eval(c, seq, tokens, n, 0, t == 1 ? base : other, NULL, NULL), LLM_OK);
+        if (t > 1 && memcmp(base, other, sizeof(float) * (size_t)V))
+            test_fail(__FILE__, __LINE__, "%s: %d threads changed the logits", llm_model_arch(m), (int)t);
+        llm_context_free(c);
+    }
+    free(base), free(other);
 }
 
 void fx_check_load_error(const fx_spec *spec, const char *expect) {

@@ -25,7 +25,18 @@
  *         x += rmsnorm((gelu_tanh(h Wgate) * (h Wup)) Wdown) * post_ffw_norm
  *     logits = (rmsnorm(x) * output_norm) token_embd^T
  *
- * norm weights used as stored (the GGUF converter has added Gemma's +1). */
+ * norm weights used as stored (the GGUF converter has added Gemma's +1).
+ *
+ * Qwen2 (arch "qwen2") is the Llama forward with q, k, v = h Wq + bq, h Wk +
+ * bk, h Wv + bv; Qwen3 ("qwen3") the Llama forward with q and k normed per
+ * head (rmsnorm * attn_q_norm / attn_k_norm, weights [d]) before RoPE, and d
+ * = key_length free of D / H. Both rotate split-half (pairs i, i + d/2), as
+ * Gemma does, where GGUF llama rotates adjacent pairs. A llama file with
+ * `window` set (Mistral) attends within it on every layer.
+ *
+ * Phi-3 (arch "phi3") is the Llama forward with split-half RoPE, written
+ * with q, k, v fused into attn_qkv (their rows in that order) and gate, up
+ * into ffn_up (2F rows, gate first); a window key it carries is not applied. */
 #ifndef TEST_MODEL_FIXTURE_H
 #define TEST_MODEL_FIXTURE_H
 
@@ -49,12 +60,15 @@ typedef struct {
     /* gemma3 (arch "gemma3": theta defaults to 1e6 for the global layers, layers to 6,
      * tied to 1 unless untied is set) */
     int32_t head_dim;         /* d written as attention.key_length (default D / H; gemma3 2D / H) */
-    int32_t window;           /* attention.sliding_window (default 8) */
+    int32_t window;           /* attention.sliding_window (gemma3: default 8; llama: written
+                               * when set, every layer's window, as Mistral's; -1 writes 0,
+                               * "no window") */
     int untied;               /* write output.weight after all */
+    int qkv_bias;             /* llama: 1 writes attn_q/k/v.bias (qwen2 always has them) */
     /* for the loader's error tests */
     const char *arch;         /* general.architecture (default "llama") */
     const char *skip_tensor;  /* leave this tensor out */
-    const char *bad_tensor;   /* write this tensor with one more row than it should have */
+    const char *bad_tensor;   /* write this tensor with one more row (a vector: element) than it should have */
     int extra_tokens;         /* tokens in the vocabulary beyond token_embd's rows */
     const char *nan_norm;     /* write this norm vector with a NaN as its first element */
 } fx_spec;
@@ -70,11 +84,15 @@ typedef struct {
     double *wg;               /* [F][D] */
     double *wu;               /* [F][D] */
     double *wd;               /* [D][F] */
-    /* gemma3 only (NULL otherwise) */
+    /* gemma3 and qwen3 (NULL otherwise) */
     double *q_norm;           /* [d] */
     double *k_norm;           /* [d] */
     double *post_attn_norm;   /* [D] */
     double *post_ffn_norm;    /* [D] */
+    /* qwen2 only (NULL otherwise) */
+    double *bq;               /* [H*d] */
+    double *bk;               /* [Hkv*d] */
+    double *bv;               /* [Hkv*d] */
 } fx_layer;
 
 typedef struct {
@@ -82,6 +100,8 @@ typedef struct {
     int32_t vocab;            /* V */
     int32_t head_dim;         /* d = D / H, or the spec's head_dim */
     int gemma;                /* 1: arch "gemma3" (forward above) */
+    int qwen;                 /* 2: arch "qwen2", 3: "qwen3" (below); 0: neither */
+    int phi;                  /* 1: arch "phi3" (below) */
     double eps;               /* RMSNorm epsilon written in the file */
     double *embd;             /* [V][D] */
     double *out;              /* [V][D] (= embd when tied) */
@@ -127,6 +147,17 @@ typedef struct {
  * key rotated at its current position. */
 void fx_reference_shifted(const fx_model *m, const int32_t *tokens, int32_t n, const fx_shift *shifts,
                           int32_t n_shifts, double *logits);
+
+/* Every position's logits of tokens [n], from one new sequence of a context
+ * of params p for each n_batch of batches [nb], against fx_reference: the
+ * test fails where the largest difference passes tol of the largest logit.
+ * Prints each relative difference after `what`. */
+void fx_check_prefill(const fx_model *fx, const llm_model *m, const llm_context_params *p, const int32_t *tokens,
+                      int32_t n, const int32_t *batches, int nb, double tol, const char *what);
+
+/* The last position's logits of tokens [n] in contexts of params p with 1,
+ * 2 and 3 threads: the test fails unless they are bit-identical. */
+void fx_check_threads(const llm_model *m, const llm_context_params *p, const int32_t *tokens, int32_t n);
 
 /* max |a - b| over n, and max |b| into *bmax */
 double fx_max_diff(const float *a, const double *b, int64_t n, double *bmax);

@@ -75,6 +75,9 @@ TEST(model_tiny_q8_0_matches_f64_reference) { check_against_reference(&(fx_spec)
 TEST(model_tiny_q4_0_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_0, .seed = 5}, "Q4_0"); }
 TEST(model_tiny_q4_1_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_1, .seed = 6, .tied = 1}, "Q4_1"); }
 TEST(model_tiny_q5_0_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q5_0, .seed = 12}, "Q5_0"); }
+TEST(model_tiny_q2_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q2_K, .seed = 27}, "Q2_K"); }
+TEST(model_tiny_q3_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q3_K, .seed = 28}, "Q3_K"); }
+TEST(model_tiny_q5_1_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q5_1, .seed = 26}, "Q5_1"); }
 TEST(model_tiny_q4_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q4_K, .seed = 7}, "Q4_K"); }
 TEST(model_tiny_q5_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q5_K, .seed = 8, .tied = 1}, "Q5_K"); }
 TEST(model_tiny_q6_k_matches_f64_reference) { check_against_reference(&(fx_spec){.type = GW_Q6_K, .seed = 9}, "Q6_K"); }

@@ -24,7 +24,8 @@ static int64_t test_len(int type) {
 TEST(quant_type_table_matches_ggml_numbering_and_block_sizes) {
     struct { int type; const char *name; int elems, bytes; } want[] = {
         {0, "F32", 1, 4}, {1, "F16", 1, 2}, {30, "BF16", 1, 2}, {2, "Q4_0", 32, 18},
-        {3, "Q4_1", 32, 20}, {6, "Q5_0", 32, 22}, {8, "Q8_0", 32, 34}, {12, "Q4_K", 256, 144},
+        {3, "Q4_1", 32, 20}, {6, "Q5_0", 32, 22}, {7, "Q5_1", 32, 24}, {8, "Q8_0", 32, 34}, {10, "Q2_K", 256, 84}, {11, "Q3_K", 256, 110},
+        {12, "Q4_K", 256, 144},
         {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -38,8 +39,8 @@ TEST(quant_type_table_matches_ggml_numbering_and_block_sizes) {
     CHECK_EQ_INT(llm_row_bytes(LLM_TYPE_Q6_K, 576), -1);
     CHECK_EQ_INT(llm_row_bytes(LLM_TYPE_F32, -1), -1);
     CHECK_EQ_INT(llm_row_bytes(99, 32), -1);
-    CHECK(!llm_type_supported(7));                      /* Q5_1: known name, not decoded */
-    CHECK(strcmp(llm_type_name(7), "Q5_1") == 0);
+    CHECK(!llm_type_supported(16));                     /* IQ2_XXS: known name, not decoded */
+    CHECK(strcmp(llm_type_name(16), "IQ2_XXS") == 0);
     CHECK(llm_type_name(4) == NULL && llm_type_name(-1) == NULL && llm_type_name(1000) == NULL);
 }
 
@@ -198,7 +199,7 @@ TEST(quant_dequant_rejects_partial_blocks_and_unknown_types) {
     uint8_t b[64] = {0};
     CHECK(llm_dequant_row(LLM_TYPE_Q4_0, b, y, 31) != 0);
     CHECK(llm_dequant_row(LLM_TYPE_Q6_K, b, y, 32) != 0);
-    CHECK(llm_dequant_row(7, b, y, 32) != 0);
+    CHECK(llm_dequant_row(16, b, y, 256) != 0);         /* IQ2_XXS */
     CHECK(isnan(llm_vec_dot(LLM_TYPE_Q8_0, b, y, 33)));
 }
 
