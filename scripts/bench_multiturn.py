@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Multi-turn chats through a load balancer: C clients, each a chat of T turns
 that resends its whole history over one long system prompt shared by all, as
-chat front ends do. Reports time to first token by turn (p50, p90) and, from
-the replicas' /metrics, the prefix-cache hit rate (hit tokens / queried tokens)
-over the run.
+chat front ends do. Every client finishes its first turn before any sends its
+second. Reports time to first token by turn (p50, p90), generated tokens per
+second over the run and, from the replicas' /metrics, the prefix-cache hit rate
+(hit tokens / queried tokens) of the first turns and of the later ones apart.
 
     scripts/bench_multiturn.py http://127.0.0.1:8080 --replicas URL,URL,... [--clients 12 --turns 4]
 
@@ -25,7 +26,8 @@ QUESTIONS = ["Which bin holds hinges?", "How many boxes is that?", "And the bin 
 
 
 def ttft(url, messages, max_tokens):
-    """(seconds to the first content chunk, the reply's text) of one streamed chat."""
+    """(seconds to the first content chunk, the reply's text, content chunks) of
+    one streamed chat."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
@@ -34,7 +36,7 @@ def ttft(url, messages, max_tokens):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    first, text = None, []
+    first, text, chunks = None, [], 0
     for line in resp:
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
             continue
@@ -42,8 +44,9 @@ def ttft(url, messages, max_tokens):
         if delta:
             first = first or time.perf_counter() - t0
             text.append(delta)
+            chunks += 1
     conn.close()
-    return first or time.perf_counter() - t0, "".join(text)
+    return first or time.perf_counter() - t0, "".join(text), chunks
 
 
 def prefix_counters(urls):
@@ -66,18 +69,25 @@ def main():
     a = ap.parse_args()
     replicas = [u for u in a.replicas.split(",") if u]
     by_turn = [[] for _ in range(a.turns)]
-    errors = []
+    errors, generated = [], []
+    first_turns_done = threading.Barrier(a.clients, action=lambda: marks.append(
+        prefix_counters(replicas) if replicas else (0, 0)))
+    marks = []
 
     def client(c):
         msgs = [{"role": "system", "content": SYSTEM}]
         try:
             for t in range(a.turns):
                 msgs.append({"role": "user", "content": f"(customer {c}) {QUESTIONS[t % len(QUESTIONS)]}"})
-                s, reply = ttft(a.url, msgs, a.max_tokens)
+                s, reply, n = ttft(a.url, msgs, a.max_tokens)
                 by_turn[t].append(s)
+                generated.append(n)
                 msgs.append({"role": "assistant", "content": reply})
+                if t == 0:
+                    first_turns_done.wait()
         except Exception as e:   # reported, not raised: the other clients go on
             errors.append(repr(e))
+            first_turns_done.abort()
 
     q0, h0 = prefix_counters(replicas) if replicas else (0, 0)
     t0 = time.perf_counter()
@@ -92,10 +102,13 @@ def main():
             xs.sort()
             print(f"turn {t}: TTFT p50 {statistics.median(xs) * 1000:.0f} ms  p90 {xs[int(0.9 * (len(xs) - 1))] * 1000:.0f} ms"
                   f"  ({len(xs)} requests)")
-    if replicas:
-        q, h = prefix_counters(replicas)
-        print(f"prefix cache: {h - h0:.0f} of {q - q0:.0f} prompt tokens hit ({(h - h0) / max(q - q0, 1):.1%})")
-    print(f"wall {wall:.1f} s, errors {len(errors)}" + (f": {errors[0]}" if errors else ""))
+    if replicas and marks:
+        (q1, h1), (q, h) = marks[0], prefix_counters(replicas)
+        print(f"prefix cache, first turns: {h1 - h0:.0f} of {q1 - q0:.0f} prompt tokens hit "
+              f"({(h1 - h0) / max(q1 - q0, 1):.1%}); later turns: {h - h1:.0f} of {q - q1:.0f} "
+              f"({(h - h1) / max(q - q1, 1):.1%})")
+    print(f"wall {wall:.1f} s, {sum(generated)} content chunks generated ({sum(generated) / wall:.1f}/s), "
+          f"errors {len(errors)}" + (f": {errors[0]}" if errors else ""))
 
 
 if __name__ == "__main__":
