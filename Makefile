@@ -167,10 +167,11 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
 
 # The sanitizer and scalar-kernel runs leave out the slowest real-model tests
 # (perplexity over the text file, Gemma's long window run, the attention bench,
-# the greedy runs on 1, 2 and 3 threads, Gemma's decode floor at depth 600):
+# the greedy runs on 1, 2 and 3 threads, Gemma's decode floor at depth 600,
+# the CLI's penalty runs, whose sampler step the C sampler tests cover):
 # the plain run keeps them, and the same code paths run under the sanitizers
 # through the tiny models and the shorter real-model tests.
-SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor
+SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor,penalties_and_stop_strings
 
 test-asan: deps
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
