@@ -1,8 +1,8 @@
-/* src/cache.c - the page pool, sequences and their block tables, reserve
+/* src/cache.c - sequences and their block tables over the pages of
+ * src/pages.c, reserve
  * (all or nothing), fork with copy-on-write, truncate, window eviction, and
  * writing K/V in place. */
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -29,29 +29,6 @@ static int params_check(const kv_cache_params *p) {
     if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
     if (p->window < 0 || (p->no_evict != 0 && p->no_evict != 1)) return KV_ERR_WINDOW;
     return KV_OK;
-}
-
-/* The pool, on 2 MiB pages where the kernel allows: decode streams it, and a
- * stream over 4 KiB pages makes the hardware prefetcher start over at every
- * page boundary (and fills the TLB). A large pool is mapped directly, since
- * huge pages need a 2 MiB-aligned range the allocator may not hand out;
- * *mapped receives its length (0 when it came from malloc). */
-static unsigned char *pool_alloc(size_t bytes, size_t *mapped) {
-    const size_t huge = (size_t)2 << 20;
-    *mapped = 0;
-    if (bytes < huge) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    size_t len = ((bytes + huge - 1) & ~(huge - 1)) + huge; /* room to align the start */
-    unsigned char *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) return NULL;
-    unsigned char *p = (unsigned char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
-    if (p > map) munmap(map, (size_t)(p - map)); /* keep [p, p + len - huge) */
-    size_t keep = len - huge, tail = (size_t)(map + len - (p + keep));
-    if (tail) munmap(p + keep, tail);
-#ifdef MADV_HUGEPAGE
-    madvise(p, keep, MADV_HUGEPAGE);
-#endif
-    *mapped = keep;
-    return p;
 }
 
 int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
@@ -98,40 +75,6 @@ void kv_cache_free(kv_cache *c) {
     free(c);
 }
 
-/* The layout of a page, then the pool and the free stack. KV_ERR_SHAPE when
- * the pool's size does not fit in memory's address range. */
-int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
-    *pg = (kv_pages){0};
-    pg->elem = kv_dtype_size(p->dtype);
-    pg->head_bytes = (size_t)p->page_size * (size_t)p->head_dim * pg->elem;
-    pg->layer_bytes = 2 * (size_t)p->n_kv_heads * pg->head_bytes;
-    if (p->dtype == KV_Q8) pg->layer_bytes += 2 * (size_t)p->n_kv_heads * (size_t)p->page_size * sizeof(float);
-    pg->page_bytes = ((size_t)p->n_layers * pg->layer_bytes + 63) & ~(size_t)63;
-    if (pg->page_bytes / (size_t)p->n_layers < pg->layer_bytes || (size_t)p->n_pages > SIZE_MAX / pg->page_bytes)
-        return KV_ERR_SHAPE;
-    pg->pool = pool_alloc((size_t)p->n_pages * pg->page_bytes, &pg->pool_mapped);
-    pg->refcount = calloc((size_t)p->n_pages, sizeof *pg->refcount);
-    pg->free_pages = malloc((size_t)p->n_pages * sizeof *pg->free_pages);
-    if (!pg->pool || !pg->refcount || !pg->free_pages) {
-        kv_pages_free(pg);
-        return KV_ERR_NOMEM;
-    }
-    /* pop order 0, 1, 2, ...: the stack holds the highest id at the bottom */
-    for (int32_t i = 0; i < p->n_pages; i++) pg->free_pages[i] = p->n_pages - 1 - i;
-    pg->n_free = p->n_pages;
-    return KV_OK;
-}
-
-void kv_pages_free(kv_pages *pg) {
-    if (pg->pool_mapped)
-        munmap(pg->pool, pg->pool_mapped);
-    else
-        free(pg->pool);
-    free(pg->refcount);
-    free(pg->free_pages);
-    *pg = (kv_pages){0};
-}
-
 void kv_cache_set_pool(kv_cache *c, kv_pool *pool) {
     if (c) kv_attend_work_set_pool(c->work, pool);
 }
@@ -157,29 +100,6 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
     s.bytes_in_use = (uint64_t)s.pages_used * c->pages.page_bytes;
     s.bytes_total = (uint64_t)c->p.n_pages * c->pages.page_bytes;
     return s;
-}
-
-/* ------------------------------------------------------------------ pages */
-
-int32_t kv_page_take(kv_cache *c) {
-    int32_t page;
-    if (c->pages.n_free > 0) {
-        page = c->pages.free_pages[--c->pages.n_free];
-    } else { /* reclaim the least recently used cached page */
-        page = c->prefix.lru_head;
-        kv_lru_remove(c, page);
-        kv_prefix_unname(c, page);
-    }
-    c->pages.refcount[page] = 1;
-    return page;
-}
-
-void kv_page_release(kv_cache *c, int32_t page) {
-    if (--c->pages.refcount[page] > 0) return;
-    if (c->prefix.page_named[page])
-        kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
-    else
-        c->pages.free_pages[c->pages.n_free++] = page;
 }
 
 /* ------------------------------------------------------------------ sequences */

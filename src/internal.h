@@ -38,7 +38,7 @@ typedef struct {
  * Page states: free (refcount 0, on the free stack), used (refcount > 0), or
  * cached (refcount 0, named, on the LRU list: its K/V kept for the prefix
  * cache until the pool needs the page). */
-/* The pages: the pool of K/V and each page's reference count (src/cache.c). */
+/* The pages: the pool of K/V and each page's reference count (src/pages.c). */
 typedef struct {
     size_t elem;          /* bytes per K/V element */
     size_t head_bytes;    /* P * d * elem: one head's K (or V) in one page slice */
@@ -116,12 +116,19 @@ static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t lay
     return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
 }
 
-/* Pages (src/cache.c, src/prefix.c). */
+/* Pages (src/pages.c). */
 int32_t kv_page_take(kv_cache *c);                 /* a free page, else the LRU cached one */
 void kv_page_release(kv_cache *c, int32_t page);   /* drop one reference */
 void kv_prefix_unname(kv_cache *c, int32_t page);  /* forget a page's name */
 void kv_lru_remove(kv_cache *c, int32_t page);
 void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
+
+/* Home slot of name hash h in the prefix index's open-addressing table. */
+static inline uint32_t kv_name_slot(const kv_cache *c, uint64_t h) {
+    return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
+}
+
+/* Prefix index (src/prefix.c). */
 /* Names the full, written blocks of seq below `upto` that are not yet named;
  * a block whose twin (same tokens after the same parent) is named already is
  * swapped for that twin in the block table. */

@@ -64,17 +64,13 @@ static uint64_t chain_hash(const kv_cache *c, uint64_t prev, const int32_t *toke
     return h & c->prefix.hash_mask;
 }
 
-static uint32_t home_slot(const kv_cache *c, uint64_t h) {
-    return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
-}
-
 static const int32_t *tokens_of(const kv_cache *c, int32_t page) {
     return c->prefix.page_tokens + (size_t)page * (size_t)c->p.page_size;
 }
 
 /* The named page with this hash, parent and tokens, or KV_NO_PAGE. */
 static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t *tokens) {
-    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
+    for (uint32_t i = kv_name_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
         int32_t p = c->prefix.hash_slots[i];
         if (p == KV_NO_PAGE) return KV_NO_PAGE;
         if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] == parent &&
@@ -90,52 +86,13 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
     c->prefix.parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_gen[parent];
     c->prefix.page_gen[page]++;
     c->prefix.page_named[page] = true;
-    uint32_t i = home_slot(c, h);
+    uint32_t i = kv_name_slot(c, h);
     while (c->prefix.hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->prefix.hash_cap - 1);
     c->prefix.hash_slots[i] = page;
     if (c->prefix.listener)   /* once per full page, never per token */
         c->prefix.listener(c->prefix.listener_user,
                            &(kv_prefix_event){KV_PREFIX_STORED, h, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent],
                                               parent != KV_NO_PAGE, tokens_of(c, page), c->p.page_size});
-}
-
-void kv_prefix_unname(kv_cache *c, int32_t page) {
-    if (!c->prefix.page_named[page]) return;
-    const uint32_t mask = c->prefix.hash_cap - 1;
-    uint32_t i = home_slot(c, c->prefix.page_hash[page]);
-    while (c->prefix.hash_slots[i] != page) i = (i + 1) & mask;
-    /* backward-shift deletion: pull later entries of the run into the hole
-     * unless their home slot lies cyclically in (hole, entry] */
-    for (uint32_t j = (i + 1) & mask; c->prefix.hash_slots[j] != KV_NO_PAGE; j = (j + 1) & mask) {
-        uint32_t home = home_slot(c, c->prefix.page_hash[c->prefix.hash_slots[j]]);
-        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-        if (!stays) {
-            c->prefix.hash_slots[i] = c->prefix.hash_slots[j];
-            i = j;
-        }
-    }
-    c->prefix.hash_slots[i] = KV_NO_PAGE;
-    c->prefix.page_named[page] = false;
-    if (c->prefix.listener)
-        c->prefix.listener(c->prefix.listener_user,
-                           &(kv_prefix_event){.kind = KV_PREFIX_REMOVED, .hash = c->prefix.page_hash[page]});
-}
-
-/* ------------------------------------------------------------------ LRU */
-
-void kv_lru_remove(kv_cache *c, int32_t page) {
-    int32_t prev = c->prefix.lru_prev[page], next = c->prefix.lru_next[page];
-    if (prev != KV_NO_PAGE) c->prefix.lru_next[prev] = next; else c->prefix.lru_head = next;
-    if (next != KV_NO_PAGE) c->prefix.lru_prev[next] = prev; else c->prefix.lru_tail = prev;
-    c->prefix.n_cached--;
-}
-
-void kv_lru_push(kv_cache *c, int32_t page) {
-    c->prefix.lru_prev[page] = c->prefix.lru_tail;
-    c->prefix.lru_next[page] = KV_NO_PAGE;
-    if (c->prefix.lru_tail != KV_NO_PAGE) c->prefix.lru_next[c->prefix.lru_tail] = page; else c->prefix.lru_head = page;
-    c->prefix.lru_tail = page;
-    c->prefix.n_cached++;
 }
 
 /* ------------------------------------------------------------------ naming */
