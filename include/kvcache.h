@@ -17,6 +17,22 @@
  * positions [i*P, (i+1)*P)). Only the n_kv_heads heads are stored (GQA/MQA);
  * attention indexes the group of a query head instead of repeating KV heads.
  *
+ * Page accounting. Each page is used (held by one or more sequences; shared
+ * when by two or more), cached (held by none but named, so the prefix cache
+ * can find it; reclaimable) or free. A page whose last reference is dropped
+ * becomes cached if it is named, else free. Only these calls move pages:
+ *     kv_seq_reserve, kv_batch_reserve  see there (kv_seq_reserve_cost predicts them)
+ *     kv_seq_prefix_match   holds the matched pages: cached ones become used, used ones shared
+ *     kv_seq_fork           every page of the parent gains a reference
+ *     kv_seq_truncate       drops the references to pages wholly past the new length
+ *     kv_seq_remove         names as a reserve's step 1 does, then drops every reference
+ *     kv_seq_rerotate, kv_seq_shift   take a page for each shared one they rewrite
+ *     kv_seq_restore        takes one page per block the file holds
+ *     kv_prefix_clear       cached pages become free
+ * Pages are taken only by reserve, rerotate, shift and restore: a free page
+ * first, else the least recently used cached page (its name dropped). Every
+ * other call (append, attend, read, save, stats) leaves every page as it is.
+ *
  * A step:
  *     kv_seq_reserve(c, seq, t, tokens)         room for t new positions (all or nothing)
  *     for each layer l:
@@ -255,16 +271,39 @@ KV_API kv_cache_stats kv_cache_get_stats(const kv_cache *cache);
 
 /* Takes a free sequence slot; *seq receives its id (0 <= id < max_seqs). */
 KV_API int kv_seq_new(kv_cache *cache, int32_t *seq);
-/* Releases the sequence and its pages. */
+/* Releases the sequence and its pages: first names its full pages as step 1
+ * of kv_seq_reserve does (twins swapped in), then drops every reference it
+ * holds. Takes no page. */
 KV_API int kv_seq_remove(kv_cache *cache, int32_t seq);
 /* Length S of the sequence (positions reserved so far), or a negative status. */
 KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
-/* Makes room for n_new positions after the current length: allocates pages
- * (reclaiming least-recently-used cached pages when no free one is left),
- * copies a shared page about to be written, evicts pages a window no longer
- * needs, and advances the length. tokens [n_new] are the ids of the new
- * positions, which name full pages for the prefix cache; NULL when unknown.
- * All or nothing: KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing.
+/* Makes room for n_new positions after the current length and advances the
+ * length. tokens [n_new] are the ids of the new positions, which name full
+ * pages for the prefix cache; NULL when unknown. All or nothing:
+ * KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing.
+ *
+ * Pages, in three steps (kv_batch_reserve: each step for every sequence of
+ * the batch, in batch order, before the next step):
+ *  1. Naming. Each full page below the current length S that is not yet
+ *     named is named when all its token ids are known and the page before it
+ *     is named. Such a page whose twin (the same tokens after the same page)
+ *     is named already is swapped for the twin: the sequence drops its page
+ *     (which becomes free if no other sequence holds it) and holds the twin
+ *     (a cached twin becomes used, a used one shared); except that a cached
+ *     twin is not taken for a page another sequence still holds (the page
+ *     then stays unnamed, and so do the pages after it). Takes no page and
+ *     never adds a used one: pages_used falls by the pages swapped away that
+ *     no other sequence held.
+ *  2. Eviction (window caches): pages wholly before the window of a query at
+ *     S are dropped.
+ *  3. Growth. A partly filled last page that another sequence shares is
+ *     copied (one page taken; the shared page loses this reference); then one
+ *     page is taken for each new block, ceil((S + n_new) / P) - ceil(S / P).
+ * Only step 3 takes pages: free ones first, then the least recently used
+ * cached pages, reclaimed (their names dropped). So pages_used grows by at
+ * most ceil((S + n_new) / P) - ceil(S / P), plus 1 when S % P != 0, and it
+ * may fall (steps 1 and 2). kv_seq_reserve_cost tells beforehand exactly what
+ * these steps will do.
  *
  * Contract: the K/V of the new positions must then be written (kv_append_*
  * or kv_step_*) in every layer before they are attended, and before the next
@@ -272,10 +311,12 @@ KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
  * visible to kv_seq_prefix_match. */
 KV_API int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
 /* Creates *child sharing every page of parent (copy-on-write: the first write
- * into a shared page copies that page only). */
+ * into a shared page copies that page only). Takes no page; every page of the
+ * parent gains a reference (and is then shared). */
 KV_API int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
 /* Drops every position >= new_len (rollback for speculative decoding or
- * editing); pages no longer needed return to the pool. In a window cache,
+ * editing). Takes no page; drops the sequence's reference to each page
+ * wholly at or past new_len (see "Page accounting"). In a window cache,
  * KV_ERR_WINDOW when the keys the next query would see were evicted. */
 KV_API int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
 
@@ -379,6 +420,29 @@ typedef struct {
  * KV_ERR_OUT_OF_PAGES no sequence changed, so a caller can preempt one and
  * retry. */
 KV_API int kv_batch_reserve(kv_cache *cache, const kv_batch *batch, const int32_t *tokens);
+
+/* What a reserve will do to the pages, asked before calling it: the same
+ * steps worked out without changing the cache (token ids do not change the
+ * pages, so none are asked for). KV_OK with *cost filled, fits 0 when the
+ * reserve would return KV_ERR_OUT_OF_PAGES; otherwise the status the reserve
+ * would return (KV_ERR_CAPACITY, KV_ERR_SEQ, ...). Changes nothing, but must
+ * be serialized with the calls that change the cache (it uses a scratch area
+ * of the cache). Exact: a kv_batch_reserve of the same batch right after
+ * changes the stats by exactly these deltas. */
+typedef struct {
+    int32_t fits;             /* 1: the reserve succeeds */
+    int32_t pages_taken;      /* step 3: copies and new blocks */
+    int32_t pages_reclaimed;  /* of those, cached pages reclaimed when the free ones run out */
+    int32_t pages_adopted;    /* step 1: cached twins that become used */
+    int32_t pages_given_back; /* steps 1-3: used pages no sequence holds afterwards */
+    int32_t used_delta;       /* change of pages_used: taken + adopted - given_back */
+    int32_t shared_delta;     /* change of pages_shared */
+    int32_t free_delta;       /* change of pages_free */
+    int32_t cached_delta;     /* change of pages_cached */
+} kv_reserve_cost;
+
+KV_API int kv_batch_reserve_cost(kv_cache *cache, const kv_batch *batch, kv_reserve_cost *cost);
+KV_API int kv_seq_reserve_cost(kv_cache *cache, int32_t seq, int32_t n_new, kv_reserve_cost *cost);
 
 /* Writes the K and V of the T_b newest positions of every sequence of the
  * batch into `layer`: k and v are [rows, Hkv, d] (rows = row_start[n_seqs]),

@@ -127,7 +127,7 @@ int kv_seq_new(kv_cache *c, int32_t *seq) {
 int kv_seq_remove(kv_cache *c, int32_t seq) {
     if (!c) return KV_ERR_NULL;
     if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-    kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size);
+    kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, false);
     int32_t *t = kv_table(c, seq);
     for (int32_t i = 0; i < blocks_for(c, c->seqs[seq].len); i++) {
         if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
@@ -169,65 +169,6 @@ static int32_t window_first_block(const kv_cache *c, int32_t pos) {
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
 }
 
-/* What reserving n_new positions of one sequence takes, decided before
- * anything changes. */
-typedef struct {
-    int32_t first_block; /* the window's first needed block after the reserve */
-    int32_t evict_end;   /* blocks [old first_block, evict_end) go back to the pool */
-    bool cow;            /* the partly filled last page is shared: copy it first */
-    int32_t needed;      /* pages to take */
-    int32_t freed;       /* pages the eviction frees (referenced by this sequence only) */
-} reserve_plan;
-
-static reserve_plan plan_reserve(const kv_cache *c, int32_t seq, int32_t n_new) {
-    const kv_seq_state *s = &c->seqs[seq];
-    const int32_t *t = kv_table(c, seq);
-    reserve_plan pl = {0};
-    int32_t old_blocks = blocks_for(c, s->len), new_blocks = blocks_for(c, s->len + n_new);
-    pl.first_block = window_first_block(c, s->len);
-    if (pl.first_block < s->first_block) pl.first_block = s->first_block;
-    pl.evict_end = pl.first_block < old_blocks ? pl.first_block : old_blocks;
-    for (int32_t i = s->first_block; i < pl.evict_end; i++)
-        if (t[i] != KV_NO_PAGE && c->pages.refcount[t[i]] == 1) pl.freed++;
-    pl.cow = s->len % c->p.page_size != 0 && old_blocks - 1 >= pl.evict_end &&
-             c->pages.refcount[t[old_blocks - 1]] > 1;
-    pl.needed = new_blocks - old_blocks + (pl.cow ? 1 : 0);
-    return pl;
-}
-
-static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens,
-                          const reserve_plan *pl) {
-    kv_seq_state *s = &c->seqs[seq];
-    int32_t *t = kv_table(c, seq);
-    const int32_t P = c->p.page_size, old_len = s->len;
-    const int32_t old_blocks = blocks_for(c, old_len), new_blocks = blocks_for(c, old_len + n_new);
-    for (int32_t i = s->first_block; i < pl->evict_end; i++) {
-        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
-        t[i] = KV_NO_PAGE;
-    }
-    s->first_block = pl->first_block;
-    if (old_len % P != 0) { /* the last page is about to change */
-        int32_t last = t[old_blocks - 1];
-        if (c->pages.refcount[last] > 1) {
-            int32_t copy = kv_page_take(c);
-            memcpy(c->pages.pool + (size_t)copy * c->pages.page_bytes, c->pages.pool + (size_t)last * c->pages.page_bytes,
-                   c->pages.page_bytes);
-            memcpy(c->prefix.page_tokens + (size_t)copy * P, c->prefix.page_tokens + (size_t)last * P,
-                   sizeof(int32_t) * (size_t)P);
-            c->pages.refcount[last]--; /* still > 0: another sequence holds it */
-            t[old_blocks - 1] = copy;
-        } else if (c->prefix.page_named[last]) {
-            kv_prefix_unname(c, last); /* its content will no longer match its name */
-        }
-    }
-    for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = kv_page_take(c);
-    for (int32_t r = 0; r < n_new; r++) {
-        int32_t pos = old_len + r;
-        c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
-    }
-    s->len += n_new;
-}
-
 /* What every call taking a batch checks first: the arrays are there,
  * row_start starts at 0 and never decreases, and each id names a live
  * sequence that appears once. */
@@ -247,33 +188,113 @@ static int batch_form(const kv_cache *c, const kv_batch *b) {
     return KV_OK;
 }
 
-int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+/* A reserve of n_new positions of seq, on the view: the window's eviction. */
+static void reserve_evict(kv_cache *c, int32_t seq, bool dry) {
+    kv_seq_state *s = &c->seqs[seq];
+    int32_t *t = kv_table(c, seq);
+    int32_t first = window_first_block(c, s->len), old_blocks = blocks_for(c, s->len);
+    if (first < s->first_block) first = s->first_block;
+    int32_t end = first < old_blocks ? first : old_blocks;
+    for (int32_t i = s->first_block; i < end; i++) {
+        if (t[i] != KV_NO_PAGE) kv_view_release(c, dry, t[i]);
+        if (!dry) t[i] = KV_NO_PAGE;
+    }
+    if (!dry) s->first_block = first;
+}
+
+/* Then the copy of a shared partial last page and the new blocks. */
+static void reserve_grow(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens, bool dry) {
+    kv_seq_state *s = &c->seqs[seq];
+    int32_t *t = kv_table(c, seq);
+    const int32_t P = c->p.page_size, old_len = s->len;
+    const int32_t old_blocks = blocks_for(c, old_len), new_blocks = blocks_for(c, old_len + n_new);
+    if (old_len % P != 0) { /* the last page is about to change */
+        int32_t last = t[old_blocks - 1];
+        if (kv_view_refs(c, dry, last) > 1) {
+            int32_t copy = kv_view_take(c, dry);
+            kv_view_release(c, dry, last); /* still held: another sequence has it */
+            if (!dry) {
+                memcpy(c->pages.pool + (size_t)copy * c->pages.page_bytes,
+                       c->pages.pool + (size_t)last * c->pages.page_bytes, c->pages.page_bytes);
+                memcpy(c->prefix.page_tokens + (size_t)copy * P, c->prefix.page_tokens + (size_t)last * P,
+                       sizeof(int32_t) * (size_t)P);
+                t[old_blocks - 1] = copy;
+            }
+        } else if (!dry && c->prefix.page_named[last]) {
+            kv_prefix_unname(c, last); /* its content will no longer match its name */
+        }
+    }
+    for (int32_t i = old_blocks; i < new_blocks; i++) {
+        int32_t page = kv_view_take(c, dry);
+        if (!dry) t[i] = page;
+    }
+    if (dry) return;
+    for (int32_t r = 0; r < n_new; r++) {
+        int32_t pos = old_len + r;
+        c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
+    }
+    s->len += n_new;
+}
+
+/* A batch reserve on the view, in three passes over its sequences: name
+ * the pages written before it (swapping duplicates for named twins), evict
+ * what the windows no longer need, then copy and take. The dry run and the
+ * real one walk the same steps, so what the first counts is what the second
+ * does. */
+static void reserve_walk(kv_cache *c, const kv_batch *b, const int32_t *tokens, bool dry) {
+    for (int pass = 0; pass < 3; pass++)
+        for (int32_t i = 0; i < b->n_seqs; i++) {
+            int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
+            if (n_new == 0) continue;
+            if (pass == 0) kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, dry);
+            else if (pass == 1) reserve_evict(c, seq, dry);
+            else reserve_grow(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, dry);
+        }
+}
+
+int kv_batch_reserve_cost(kv_cache *c, const kv_batch *b, kv_reserve_cost *cost) {
     int rc = batch_form(c, b);
-    if (rc || b->n_seqs == 0) return rc;
-    int64_t needed = 0, available = (int64_t)c->pages.n_free + c->prefix.n_cached;
+    if (rc) return rc;
+    if (!cost) return KV_ERR_NULL;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
         if (n_new > c->p.max_seq_len - c->seqs[seq].len) return KV_ERR_CAPACITY;
-        if (n_new == 0) continue;
-        reserve_plan pl = plan_reserve(c, seq, n_new);
-        needed += pl.needed;
-        available += pl.freed;
     }
-    if (needed > available) return KV_ERR_OUT_OF_PAGES;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
-        if (n_new == 0) continue;
-        /* planned again: an earlier sequence's copy may have unshared a page */
-        reserve_plan pl = plan_reserve(c, seq, n_new);
-        apply_reserve(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, &pl);
+    kv_sim_begin(c);
+    reserve_walk(c, b, NULL, true);
+    kv_reserve_cost k = {.pages_taken = c->pages.sim_taken};
+    int32_t to_free = 0;
+    for (int32_t i = 0; i < c->pages.n_touched; i++) {
+        int32_t page = c->pages.sim_touched[i], before = c->pages.refcount[page], after = c->pages.sim[page].rc;
+        bool named = kv_view_named(c, true, page);
+        if (before == 0 && after > 0) k.pages_adopted++;
+        if (before > 0 && after == 0) k.pages_given_back++, to_free += !named;
+        k.shared_delta += (after > 1) - (before > 1);
     }
-    /* By contract everything before this reserve has been written. Named
-     * after every plan was carried out: naming may swap a page for its twin,
-     * which changes refcounts the plans read. */
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
-        if (T > 0) kv_prefix_publish(c, seq, (c->seqs[seq].len - T) / c->p.page_size);
-    }
+    /* the takes come last: from the free pages, then the cached ones */
+    int32_t free_then = c->pages.n_free + to_free;
+    int32_t cached_then = c->prefix.n_cached - k.pages_adopted + (k.pages_given_back - to_free);
+    k.fits = k.pages_taken <= free_then + cached_then;
+    k.pages_reclaimed = k.pages_taken > free_then ? k.pages_taken - free_then : 0;
+    k.used_delta = k.pages_taken + k.pages_adopted - k.pages_given_back;
+    k.free_delta = to_free - (k.pages_taken - k.pages_reclaimed);
+    k.cached_delta = -k.used_delta - k.free_delta;
+    *cost = k;
+    return KV_OK;
+}
+
+int kv_seq_reserve_cost(kv_cache *c, int32_t seq, int32_t n_new, kv_reserve_cost *cost) {
+    int32_t rows[2] = {0, n_new};
+    kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
+    return kv_batch_reserve_cost(c, &b, cost);
+}
+
+int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+    kv_reserve_cost k;
+    int rc = kv_batch_reserve_cost(c, b, &k);
+    if (rc || b->n_seqs == 0) return rc;
+    if (!k.fits) return KV_ERR_OUT_OF_PAGES;
+    reserve_walk(c, b, tokens, false);
     return KV_OK;
 }
 

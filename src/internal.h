@@ -49,7 +49,26 @@ typedef struct {
     int32_t *refcount;    /* [n_pages] sequences referencing the page */
     int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
     int32_t n_free;
+    struct kv_page_sim *sim; /* [n_pages] a dry run's view (below) */
+    int32_t *sim_touched; /* [n_pages] pages whose sim entry the dry run set */
+    int32_t n_touched;
+    uint32_t sim_call;    /* the dry run under way: entries stamped otherwise are stale */
+    int32_t sim_roots;    /* first page the dry run named without a parent */
+    int32_t sim_taken;    /* pages the dry run took */
 } kv_pages;
+
+/* A reserve is worked out by one code path twice: as a dry run, which reads
+ * the pages and writes only these entries (refcounts and names as they would
+ * become), then for real. An entry is live when its stamp is sim_call. */
+typedef struct kv_page_sim {
+    uint32_t stamp;
+    int32_t rc;           /* refcount the dry run reached */
+    bool named;           /* named by the dry run */
+    uint64_t hash;        /* its name, when named by the dry run */
+    int32_t parent;
+    int32_t next;         /* next page the dry run named after the same parent */
+    int32_t children;     /* first page the dry run named after this one */
+} kv_page_sim;
 
 int kv_pages_init(kv_pages *pg, const kv_cache_params *p);
 void kv_pages_free(kv_pages *pg);
@@ -123,6 +142,16 @@ void kv_prefix_unname(kv_cache *c, int32_t page);  /* forget a page's name */
 void kv_lru_remove(kv_cache *c, int32_t page);
 void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
 
+/* The same moves on a view of the pages: the real ones when dry is false,
+ * else the dry run's entries (kv_sim_begin starts a dry run). */
+void kv_sim_begin(kv_cache *c);
+kv_page_sim *kv_sim_of(kv_cache *c, int32_t page); /* its entry, made live */
+int32_t kv_view_refs(kv_cache *c, bool dry, int32_t page);
+void kv_view_hold(kv_cache *c, bool dry, int32_t page);    /* one more reference (a cached page becomes used) */
+void kv_view_release(kv_cache *c, bool dry, int32_t page);
+/* kv_page_take, or in a dry run a count of it (KV_NO_PAGE). */
+int32_t kv_view_take(kv_cache *c, bool dry);
+
 /* Home slot of name hash h in the prefix index's open-addressing table. */
 static inline uint32_t kv_name_slot(const kv_cache *c, uint64_t h) {
     return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
@@ -132,7 +161,9 @@ static inline uint32_t kv_name_slot(const kv_cache *c, uint64_t h) {
 /* Names the full, written blocks of seq below `upto` that are not yet named;
  * a block whose twin (same tokens after the same parent) is named already is
  * swapped for that twin in the block table. */
-void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto);
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry);
+/* Whether the page is named, in the view. */
+bool kv_view_named(kv_cache *c, bool dry, int32_t page);
 
 /* Validates a batch against the cache: ids live and distinct, rows well formed,
  * T_b <= S_b, and the window's keys still present. *rows receives the total. */

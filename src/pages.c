@@ -44,7 +44,9 @@ int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
     pg->pool = pool_alloc((size_t)p->n_pages * pg->page_bytes, &pg->pool_mapped);
     pg->refcount = calloc((size_t)p->n_pages, sizeof *pg->refcount);
     pg->free_pages = malloc((size_t)p->n_pages * sizeof *pg->free_pages);
-    if (!pg->pool || !pg->refcount || !pg->free_pages) {
+    pg->sim = calloc((size_t)p->n_pages, sizeof *pg->sim);
+    pg->sim_touched = malloc((size_t)p->n_pages * sizeof *pg->sim_touched);
+    if (!pg->pool || !pg->refcount || !pg->free_pages || !pg->sim || !pg->sim_touched) {
         kv_pages_free(pg);
         return KV_ERR_NOMEM;
     }
@@ -61,6 +63,8 @@ void kv_pages_free(kv_pages *pg) {
         free(pg->pool);
     free(pg->refcount);
     free(pg->free_pages);
+    free(pg->sim);
+    free(pg->sim_touched);
     *pg = (kv_pages){0};
 }
 
@@ -85,6 +89,55 @@ void kv_page_release(kv_cache *c, int32_t page) {
         kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
     else
         c->pages.free_pages[c->pages.n_free++] = page;
+}
+
+/* ------------------------------------------------------------------ dry runs */
+
+void kv_sim_begin(kv_cache *c) {
+    kv_pages *pg = &c->pages;
+    if (++pg->sim_call == 0) { /* the stamps wrapped: make every entry stale */
+        memset(pg->sim, 0, (size_t)c->p.n_pages * sizeof *pg->sim);
+        pg->sim_call = 1;
+    }
+    pg->n_touched = 0, pg->sim_taken = 0, pg->sim_roots = KV_NO_PAGE;
+}
+
+kv_page_sim *kv_sim_of(kv_cache *c, int32_t page) {
+    kv_page_sim *e = &c->pages.sim[page];
+    if (e->stamp != c->pages.sim_call) {
+        *e = (kv_page_sim){.stamp = c->pages.sim_call, .rc = c->pages.refcount[page], .parent = KV_NO_PAGE,
+                           .next = KV_NO_PAGE, .children = KV_NO_PAGE};
+        c->pages.sim_touched[c->pages.n_touched++] = page;
+    }
+    return e;
+}
+
+int32_t kv_view_refs(kv_cache *c, bool dry, int32_t page) {
+    if (!dry) return c->pages.refcount[page];
+    const kv_page_sim *e = &c->pages.sim[page];
+    return e->stamp == c->pages.sim_call ? e->rc : c->pages.refcount[page];
+}
+
+void kv_view_hold(kv_cache *c, bool dry, int32_t page) {
+    if (dry) {
+        kv_sim_of(c, page)->rc++;
+        return;
+    }
+    if (c->pages.refcount[page] == 0) kv_lru_remove(c, page);
+    c->pages.refcount[page]++;
+}
+
+void kv_view_release(kv_cache *c, bool dry, int32_t page) {
+    if (dry)
+        kv_sim_of(c, page)->rc--;
+    else
+        kv_page_release(c, page);
+}
+
+int32_t kv_view_take(kv_cache *c, bool dry) {
+    if (!dry) return kv_page_take(c);
+    c->pages.sim_taken++;
+    return KV_NO_PAGE;
 }
 
 /* ------------------------------------------------------------------ names */

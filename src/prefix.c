@@ -97,34 +97,75 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
 
 /* ------------------------------------------------------------------ naming */
 
-void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
+bool kv_view_named(kv_cache *c, bool dry, int32_t page) {
+    if (c->prefix.page_named[page]) return true;
+    const kv_page_sim *e = &c->pages.sim[page];
+    return dry && e->stamp == c->pages.sim_call && e->named;
+}
+
+/* The name of a named page in the view. */
+static uint64_t view_hash(kv_cache *c, bool dry, int32_t page) {
+    return c->prefix.page_named[page] || !dry ? c->prefix.page_hash[page] : c->pages.sim[page].hash;
+}
+
+/* find() in the view: a dry run also sees the names it gave. */
+static int32_t view_find(kv_cache *c, bool dry, uint64_t h, int32_t parent, const int32_t *tokens) {
+    int32_t p = find(c, h, parent, tokens);
+    if (p != KV_NO_PAGE || !dry) return p;
+    if (parent != KV_NO_PAGE && c->pages.sim[parent].stamp != c->pages.sim_call) return KV_NO_PAGE;
+    for (p = parent == KV_NO_PAGE ? c->pages.sim_roots : c->pages.sim[parent].children; p != KV_NO_PAGE;
+         p = c->pages.sim[p].next)
+        if (c->pages.sim[p].hash == h && memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
+            return p;
+    return KV_NO_PAGE;
+}
+
+static void view_name(kv_cache *c, bool dry, int32_t page, uint64_t h, int32_t parent) {
+    if (!dry) {
+        name_page(c, page, h, parent);
+        return;
+    }
+    kv_page_sim *e = kv_sim_of(c, page);
+    e->named = true, e->hash = h, e->parent = parent;
+    int32_t *head = parent == KV_NO_PAGE ? &c->pages.sim_roots : &kv_sim_of(c, parent)->children;
+    e->next = *head, *head = page;
+}
+
+/* Names one full block (page, after parent) in the view, or finds its named
+ * twin and holds that instead. Returns the page the block holds then. */
+static int32_t publish_block(kv_cache *c, bool dry, int32_t page, int32_t parent) {
+    if (kv_view_named(c, dry, page)) return page; /* shared from a fork or a prefix hit */
+    if (parent != KV_NO_PAGE && !kv_view_named(c, dry, parent)) return page; /* the chain is broken */
+    const int32_t *tok = tokens_of(c, page);
+    for (int32_t j = 0; j < c->p.page_size; j++)
+        if (tok[j] < 0) return page;
+    uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : view_hash(c, dry, parent), tok);
+    int32_t twin = view_find(c, dry, h, parent, tok);
+    if (twin == KV_NO_PAGE) {
+        view_name(c, dry, page, h, parent);
+        return page;
+    }
+    /* The same tokens after the same parent are named already (the sequence
+     * prefilled without a lookup): hold the named twin instead, so the chain
+     * goes on through it and this block's successors can be named and found.
+     * Not when that would add a used page (a cached twin for a duplicate
+     * another sequence keeps): naming never makes pages_used grow. */
+    if (kv_view_refs(c, dry, twin) == 0 && kv_view_refs(c, dry, page) > 1) return page;
+    kv_view_hold(c, dry, twin);
+    kv_view_release(c, dry, page);
+    return twin;
+}
+
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry) {
     kv_seq_state *s = &c->seqs[seq];
     if (c->p.window > 0 || upto <= s->named_blocks) return; /* windows evict: no prefixes */
     int32_t *t = kv_table(c, seq);
+    int32_t parent = s->named_blocks > 0 ? t[s->named_blocks - 1] : KV_NO_PAGE;
     for (int32_t i = s->named_blocks; i < upto; i++) {
-        int32_t page = t[i], parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
-        if (c->prefix.page_named[page]) continue; /* shared from a fork or a prefix hit */
-        if (parent != KV_NO_PAGE && !c->prefix.page_named[parent]) continue; /* the chain is broken */
-        const int32_t *tok = tokens_of(c, page);
-        bool known = true;
-        for (int32_t j = 0; j < c->p.page_size; j++) known &= tok[j] >= 0;
-        if (!known) continue;
-        uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok);
-        int32_t twin = find(c, h, parent, tok);
-        if (twin != KV_NO_PAGE) {
-            /* The same tokens after the same parent are named already (the
-             * sequence prefilled without a lookup): hold the named twin
-             * instead, so the chain goes on through it and this block's
-             * successors can be named and found. */
-            if (c->pages.refcount[twin] == 0) kv_lru_remove(c, twin);
-            c->pages.refcount[twin]++;
-            t[i] = twin;
-            kv_page_release(c, page);
-            continue;
-        }
-        name_page(c, page, h, parent);
+        parent = publish_block(c, dry, t[i], parent);
+        if (!dry) t[i] = parent;
     }
-    s->named_blocks = upto;
+    if (!dry) s->named_blocks = upto;
 }
 
 int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
@@ -144,8 +185,7 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
         const int32_t *tok = tokens + (size_t)i * P;
         int32_t page = find(c, chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok), parent, tok);
         if (page == KV_NO_PAGE) break;
-        if (c->pages.refcount[page] == 0) kv_lru_remove(c, page);
-        c->pages.refcount[page]++;
+        kv_view_hold(c, false, page);
         t[i] = page;
     }
     s->len = i * P;
