@@ -6,6 +6,7 @@
  * scheduler_impl.h. */
 #include "scheduler_impl.h"
 #include "policy.h"
+#include "tier.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -299,7 +300,10 @@ int llm_sched_place(llm_sched *s, sched_seq *ch) {
         return -1;
     }
     int32_t matched = 0;
-    if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+    if (s->prefix && ch->n_tokens > 1) {
+        kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+        if (s->p.tier) matched += llm_tier_extend(s->p.tier, ch->seq, ch->tokens, ch->n_tokens - 1);
+    }
     ch->n_cached = matched;
     return 0;
 }

@@ -28,8 +28,9 @@
  *     kv_seq_remove         names as a reserve's step 1 does, then drops every reference
  *     kv_seq_rerotate, kv_seq_shift   take a page for each shared one they rewrite
  *     kv_seq_restore        takes one page per block the file holds
+ *     kv_seq_prefix_load    takes one page (or holds its named twin)
  *     kv_prefix_clear       cached pages become free
- * Pages are taken only by reserve, rerotate, shift and restore: a free page
+ * Pages are taken only by reserve, rerotate, shift, restore and prefix_load: a free page
  * first, else the least recently used cached page (its name dropped). Every
  * other call (append, attend, read, save, stats) leaves every page as it is.
  *
@@ -380,6 +381,46 @@ typedef void (*kv_prefix_listener)(void *user, const kv_prefix_event *ev);
 /* Sets (fn NULL: removes) the cache's one listener. Not thread-safe against
  * calls that change the cache: set it before they start. */
 KV_API void kv_cache_set_prefix_listener(kv_cache *cache, kv_prefix_listener fn, void *user);
+
+/* A tier below the pool (a disk, another host): named pages leave the pool
+ * through a spill listener and come back through kv_seq_prefix_load. A page
+ * image is a named page's name (hash, chained from parent_hash; has_parent 0
+ * for a sequence's first page), its tokens [n_tokens = page_size] and its
+ * K/V exactly as stored, data [bytes = bytes_per_page], valid during the
+ * call. The listener runs on the thread that changed the cache, inside the
+ * call, and must not call back into this cache. */
+typedef struct {
+    uint64_t hash, parent_hash;
+    int has_parent;
+    const int32_t *tokens;
+    int32_t n_tokens;
+    const void *data;
+    size_t bytes;
+} kv_page_image;
+typedef void (*kv_spill_fn)(void *user, const kv_page_image *img);
+/* Sets (fn NULL: removes) the listener called with each named cached page
+ * the pool reclaims, just before its content is dropped (inside a call that
+ * takes pages). Not thread-safe against calls that change the cache. */
+KV_API void kv_cache_set_spill(kv_cache *cache, kv_spill_fn fn, void *user);
+/* Calls the spill listener with every named page, used or cached, and
+ * changes nothing (before a shutdown). KV_ERR_NULL without a cache. */
+KV_API int kv_prefix_spill_all(kv_cache *cache);
+/* The name the next page of seq would get if it held tokens [page_size]:
+ * *hash, and the name it chains from (*has_parent 0: none). KV_ERR_LENGTH
+ * unless seq's length is a multiple of page_size and every page of it is
+ * named; KV_ERR_WINDOW in a window cache (which names no prefixes). */
+KV_API int kv_seq_prefix_next(const kv_cache *cache, int32_t seq, const int32_t *tokens, uint64_t *hash,
+                              uint64_t *parent_hash, int *has_parent);
+/* Appends one full page to seq from a page image's tokens [page_size] and
+ * data [bytes_per_page], named as kv_seq_prefix_next tells, and held by seq
+ * (as if kv_seq_prefix_match had found it). Takes one page, as a reserve's
+ * growth does (none when the same page is named in the pool already: that
+ * one is held). The caller vouches that data is what this cache would have
+ * computed for these tokens after this prefix. KV_ERR_LENGTH and
+ * KV_ERR_WINDOW as kv_seq_prefix_next, KV_ERR_SHAPE when bytes is not
+ * bytes_per_page, KV_ERR_CAPACITY past max_seq_len, KV_ERR_OUT_OF_PAGES;
+ * nothing changes on failure. */
+KV_API int kv_seq_prefix_load(kv_cache *cache, int32_t seq, const int32_t *tokens, const void *data, size_t bytes);
 
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
  * stored, for every layer), under a header naming the cache configuration and

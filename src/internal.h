@@ -55,6 +55,8 @@ typedef struct {
     uint32_t sim_call;    /* the dry run under way: entries stamped otherwise are stale */
     int32_t sim_roots;    /* first page the dry run named without a parent */
     int32_t sim_taken;    /* pages the dry run took */
+    kv_spill_fn spill;    /* NULL unless a tier below keeps reclaimed pages */
+    void *spill_user;
 } kv_pages;
 
 /* A reserve is worked out by one code path twice: as a dry run, which reads
@@ -78,6 +80,7 @@ void kv_pages_free(kv_pages *pg);
 typedef struct {
     int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
     uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
+    uint64_t *parent_hash; /* [n_pages] page_hash of its parent when it was named (0: none) */
     int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
     uint32_t *page_gen;   /* [n_pages] bumped each time the page is named: a reused page is new */
     uint32_t *parent_gen; /* [n_pages] page_gen of the parent when this page was named */
@@ -156,6 +159,9 @@ int32_t kv_view_take(kv_cache *c, bool dry);
 static inline uint32_t kv_name_slot(const kv_cache *c, uint64_t h) {
     return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
 }
+
+/* Calls the spill listener with the image of a named page. */
+void kv_page_spill(kv_cache *c, int32_t page);
 
 /* Prefix index (src/prefix.c). */
 /* Names the full, written blocks of seq below `upto` that are not yet named;

@@ -77,6 +77,7 @@ int32_t kv_page_take(kv_cache *c) {
     } else { /* reclaim the least recently used cached page */
         page = c->prefix.lru_head;
         kv_lru_remove(c, page);
+        if (c->pages.spill) kv_page_spill(c, page);
         kv_prefix_unname(c, page);
     }
     c->pages.refcount[page] = 1;
@@ -89,6 +90,16 @@ void kv_page_release(kv_cache *c, int32_t page) {
         kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
     else
         c->pages.free_pages[c->pages.n_free++] = page;
+}
+
+void kv_page_spill(kv_cache *c, int32_t page) {
+    const kv_prefix_index *px = &c->prefix;
+    kv_page_image img = {.hash = px->page_hash[page], .parent_hash = px->parent_hash[page],
+                         .has_parent = px->page_parent[page] != KV_NO_PAGE,
+                         .tokens = px->page_tokens + (size_t)page * (size_t)c->p.page_size,
+                         .n_tokens = c->p.page_size, .data = c->pages.pool + (size_t)page * c->pages.page_bytes,
+                         .bytes = c->pages.page_bytes};
+    c->pages.spill(c->pages.spill_user, &img);
 }
 
 /* ------------------------------------------------------------------ dry runs */

@@ -18,6 +18,7 @@ int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
     while (px->hash_cap < 2 * (uint32_t)n_pages) px->hash_cap *= 2;
     px->page_tokens = malloc((size_t)n_pages * (size_t)page_size * sizeof *px->page_tokens);
     px->page_hash = calloc((size_t)n_pages, sizeof *px->page_hash);
+    px->parent_hash = calloc((size_t)n_pages, sizeof *px->parent_hash);
     px->page_parent = calloc((size_t)n_pages, sizeof *px->page_parent);
     px->page_gen = calloc((size_t)n_pages, sizeof *px->page_gen);
     px->parent_gen = calloc((size_t)n_pages, sizeof *px->parent_gen);
@@ -25,7 +26,7 @@ int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
     px->lru_prev = malloc((size_t)n_pages * sizeof *px->lru_prev);
     px->lru_next = malloc((size_t)n_pages * sizeof *px->lru_next);
     px->hash_slots = malloc(px->hash_cap * sizeof *px->hash_slots);
-    if (!px->page_tokens || !px->page_hash || !px->page_parent || !px->page_gen || !px->parent_gen ||
+    if (!px->page_tokens || !px->page_hash || !px->parent_hash || !px->page_parent || !px->page_gen || !px->parent_gen ||
         !px->page_named || !px->lru_prev || !px->lru_next || !px->hash_slots) {
         kv_prefix_free(px);
         return KV_ERR_NOMEM;
@@ -40,6 +41,7 @@ int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
 void kv_prefix_free(kv_prefix_index *px) {
     free(px->page_tokens);
     free(px->page_hash);
+    free(px->parent_hash);
     free(px->page_parent);
     free(px->page_gen);
     free(px->parent_gen);
@@ -84,6 +86,7 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
     c->prefix.page_hash[page] = h;
     c->prefix.page_parent[page] = parent;
     c->prefix.parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_gen[parent];
+    c->prefix.parent_hash[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
     c->prefix.page_gen[page]++;
     c->prefix.page_named[page] = true;
     uint32_t i = kv_name_slot(c, h);
@@ -213,5 +216,73 @@ int kv_prefix_clear(kv_cache *c) {
     for (int32_t i = 0; i < c->p.max_seqs; i++) c->seqs[i].named_blocks = 0;
     c->prefix.listener = fn;
     if (fn) fn(c->prefix.listener_user, &(kv_prefix_event){.kind = KV_PREFIX_CLEARED});
+    return KV_OK;
+}
+
+/* ------------------------------------------------------------------ a tier below */
+
+void kv_cache_set_spill(kv_cache *c, kv_spill_fn fn, void *user) {
+    if (!c) return;
+    c->pages.spill = fn, c->pages.spill_user = user;
+}
+
+int kv_prefix_spill_all(kv_cache *c) {
+    if (!c) return KV_ERR_NULL;
+    if (!c->pages.spill) return KV_OK;
+    for (int32_t page = 0; page < c->p.n_pages; page++)
+        if (c->prefix.page_named[page]) kv_page_spill(c, page);
+    return KV_OK;
+}
+
+/* Where seq's next page would chain from: KV_OK when seq ends on a named
+ * page boundary, with *parent its last page (KV_NO_PAGE: none). */
+static int next_parent(const kv_cache *c, int32_t seq, int32_t *parent) {
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    if (c->p.window > 0) return KV_ERR_WINDOW;
+    const kv_seq_state *s = &c->seqs[seq];
+    const int32_t P = c->p.page_size, n = s->len / P;
+    if (s->len % P != 0 || s->named_blocks != n) return KV_ERR_LENGTH;
+    *parent = n > 0 ? kv_table(c, seq)[n - 1] : KV_NO_PAGE;
+    if (*parent != KV_NO_PAGE && !c->prefix.page_named[*parent]) return KV_ERR_LENGTH;
+    return KV_OK;
+}
+
+int kv_seq_prefix_next(const kv_cache *c, int32_t seq, const int32_t *tokens, uint64_t *hash, uint64_t *parent_hash,
+                       int *has_parent) {
+    if (!c || !tokens || !hash || !parent_hash || !has_parent) return KV_ERR_NULL;
+    int32_t parent;
+    int rc = next_parent(c, seq, &parent);
+    if (rc) return rc;
+    *parent_hash = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
+    *has_parent = parent != KV_NO_PAGE;
+    *hash = chain_hash(c, *parent_hash, tokens);
+    return KV_OK;
+}
+
+int kv_seq_prefix_load(kv_cache *c, int32_t seq, const int32_t *tokens, const void *data, size_t bytes) {
+    if (!c || !tokens || !data) return KV_ERR_NULL;
+    int32_t parent;
+    int rc = next_parent(c, seq, &parent);
+    if (rc) return rc;
+    if (bytes != c->pages.page_bytes) return KV_ERR_SHAPE;
+    const int32_t P = c->p.page_size;
+    kv_seq_state *s = &c->seqs[seq];
+    if (s->len > c->p.max_seq_len - P) return KV_ERR_CAPACITY;
+    for (int32_t j = 0; j < P; j++)
+        if (tokens[j] < 0) return KV_ERR_SHAPE;
+    uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tokens);
+    int32_t page = find(c, h, parent, tokens);
+    if (page != KV_NO_PAGE) {
+        kv_view_hold(c, false, page);
+    } else {
+        if (c->pages.n_free + c->prefix.n_cached == 0) return KV_ERR_OUT_OF_PAGES;
+        page = kv_page_take(c);
+        memcpy(c->pages.pool + (size_t)page * c->pages.page_bytes, data, bytes);
+        memcpy(c->prefix.page_tokens + (size_t)page * P, tokens, sizeof(int32_t) * (size_t)P);
+        name_page(c, page, h, parent);
+    }
+    kv_table(c, seq)[s->len / P] = page;
+    s->len += P;
+    s->named_blocks++;
     return KV_OK;
 }
