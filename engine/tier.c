@@ -59,7 +59,7 @@ struct llm_tier {
 
 /* ---------------------------------------------------------------- the format */
 
-static uint64_t checksum(const unsigned char *p, size_t n) {
+uint64_t llm_tier_checksum(const unsigned char *p, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -85,6 +85,7 @@ int llm_tier_parse(const unsigned char *buf, size_t len, uint32_t group, uint64_
                    uint64_t parent_hash, int has_parent, const int32_t *tokens, int32_t n_tokens, size_t data_bytes,
                    const unsigned char **data) {
     if (!buf || n_tokens < 0 || len < HEADER + sizeof(uint64_t)) return -1;
+    if ((size_t)n_tokens > len / sizeof(int32_t) || data_bytes > len) return -1; /* file_size cannot wrap */
     uint32_t version, g, hp, nt;
     uint64_t fp, h, ph, db, sum;
     const unsigned char *p = buf + sizeof MAGIC;
@@ -96,7 +97,7 @@ int llm_tier_parse(const unsigned char *buf, size_t len, uint32_t group, uint64_
         return -1;
     if (len != file_size(n_tokens, data_bytes)) return -1;
     memcpy(&sum, buf + len - sizeof sum, sizeof sum);
-    if (sum != checksum(buf, len - sizeof sum)) return -1;
+    if (sum != llm_tier_checksum(buf, len - sizeof sum)) return -1;
     if (n_tokens && memcmp(buf + HEADER, tokens, sizeof(int32_t) * (size_t)n_tokens)) return -1;
     *data = buf + HEADER + sizeof(int32_t) * (size_t)n_tokens;
     return 0;
@@ -183,7 +184,7 @@ static void *writer_main(void *arg) {
         int ok = 1;
         char path[PATH_MAX_LEN + 64], tmp[PATH_MAX_LEN + 64];
         if (!have) {
-            uint64_t sum = checksum(j->buf, j->size - sizeof sum);
+            uint64_t sum = llm_tier_checksum(j->buf, j->size - sizeof sum);
             memcpy(j->buf + j->size - sizeof sum, &sum, sizeof sum);
             path_of(t, j->group, j->hash, "", path, sizeof path);
             path_of(t, j->group, j->hash, ".tmp", tmp, sizeof tmp);

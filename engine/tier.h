@@ -63,4 +63,7 @@ int llm_tier_parse(const unsigned char *buf, size_t len, uint32_t group, uint64_
                    uint64_t parent_hash, int has_parent, const int32_t *tokens, int32_t n_tokens, size_t data_bytes,
                    const unsigned char **data);
 
+/* The checksum a file ends with, of its bytes p [n] before it. */
+uint64_t llm_tier_checksum(const unsigned char *p, size_t n);
+
 #endif

@@ -203,6 +203,11 @@ PROTOTYPES = {
     "kv_seq_prefix_match": (c_int, [P_cache, c_int32, P_int32, c_int32, P_int32]),
     "kv_prefix_clear": (c_int, [P_cache]),
     "kv_cache_set_prefix_listener": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers
+    "kv_cache_set_spill": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers
+    "kv_prefix_spill_all": (c_int, [P_cache]),
+    "kv_seq_prefix_next": (c_int, [P_cache, c_int32, P_int32, ctypes.POINTER(c_uint64), ctypes.POINTER(c_uint64),
+                                   ctypes.POINTER(c_int)]),
+    "kv_seq_prefix_load": (c_int, [P_cache, c_int32, P_int32, c_void_p, ctypes.c_size_t]),
     "kv_seq_save": (c_int, [P_cache, c_int32, c_char_p]),
     "kv_seq_restore": (c_int, [P_cache, c_char_p, P_int32]),
     "kv_seq_save_file": (c_int, [P_cache, c_int32, c_void_p]),     # FILE *: for C callers
