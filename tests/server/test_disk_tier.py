@@ -7,8 +7,10 @@ shared `server` fixture) answering the same request cold, through the
 official openai client, and our strict Prometheus parser for the counters."""
 import glob
 import os
+import shutil
 
 import openai
+import pytest
 
 from conftest import Server
 
@@ -33,15 +35,24 @@ def counter(server, name):
     return server.metrics()[name]["samples"][0][2]
 
 
-def test_a_restart_serves_the_prefix_from_disk_with_the_text_of_a_cold_run(server, tmp_path):
+@pytest.fixture(scope="module")
+def filled(server, tmp_path_factory):
+    """(the cold answer and usage, a tier folder a server filled with the prompt and was stopped)."""
     cold, cold_usage = answer(server)
     assert cold_usage.prompt_tokens > 600
-    d = str(tmp_path / "tier")
+    d = str(tmp_path_factory.mktemp("tier") / "dir")
     first = Server(*ARGS, "--cache-dir", d)
-    text, usage = answer(first)
+    text, _ = answer(first)
     assert text == cold
     assert counter(first, "kvcache_prefix_disk_hits_total") == 0
     first.stop()   # writes every named page
+    return cold, cold_usage, d
+
+
+def test_a_restart_serves_the_prefix_from_disk_with_the_text_of_a_cold_run(filled, tmp_path):
+    cold, cold_usage, filled_dir = filled
+    d = str(tmp_path / "tier")
+    shutil.copytree(filled_dir, d)
     files = glob.glob(os.path.join(d, "*.kvp"))
     assert len(files) >= cold_usage.prompt_tokens // 16 - 1
     again = Server(*ARGS, "--cache-dir", d)
@@ -58,12 +69,10 @@ def test_a_restart_serves_the_prefix_from_disk_with_the_text_of_a_cold_run(serve
         again.stop()
 
 
-def test_a_damaged_tier_file_is_a_miss_and_the_text_is_that_of_a_cold_run(server, tmp_path):
-    cold, _ = answer(server)
+def test_a_damaged_tier_file_is_a_miss_and_the_text_is_that_of_a_cold_run(filled, tmp_path):
+    cold, _, filled_dir = filled
     d = str(tmp_path / "tier")
-    first = Server(*ARGS, "--cache-dir", d)
-    answer(first)
-    first.stop()
+    shutil.copytree(filled_dir, d)
     files = sorted(glob.glob(os.path.join(d, "*.kvp")), key=os.path.getsize)
     assert files
     # flip one byte in the K/V of every file: each one fails its checksum
