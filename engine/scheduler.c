@@ -206,7 +206,8 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
     release(s, ch);
     llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
                           .n_cached = r->n_cached_first, .n_restored = r->n_restored,
-                          .n_generated = ch->c.n_generated, .error = error};
+                          .n_generated = ch->c.n_generated, .error = error,
+                          .status = why != LLM_STOP_ERROR ? LLM_OK : ch->c.status ? ch->c.status : LLM_ERR_PARAM};
     if (why != LLM_STOP_STRING && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
         llm_textstream_flush(ch->c.ts, &ev.text, &ev.text_len);
     r->cb(r->user, &ev);
@@ -486,6 +487,7 @@ static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const 
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
     if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
+            ch->c.status = LLM_ERR_WINDOW;
             finish_choice(s, r, i, LLM_STOP_ERROR, "rolling back rejected drafts failed");
             return;
         }
@@ -513,6 +515,7 @@ static void deliver(llm_sched *s, int32_t nb) {
                 if (cj->stop != LLM_STOP_NONE) continue;
                 if (llm_seq_fork(s->c, ch->seq, &cj->seq) != LLM_OK) {
                     cj->seq = -1;
+                    cj->c.status = LLM_ERR_SEQ;
                     finish_choice(s, r, j, LLM_STOP_ERROR, "could not fork the sequence");
                     continue;
                 }
@@ -546,6 +549,7 @@ static void shift_full(llm_sched *s) {
                 continue;
             }
             if (llm_context_shift(s->c, ch->seq, keep, drop) != LLM_OK) {
+                ch->c.status = LLM_ERR_OUT_OF_PAGES;
                 finish_choice(s, r, i, LLM_STOP_ERROR, "the context shift failed (out of KV pages for copies)");
                 continue;
             }
@@ -638,7 +642,9 @@ int llm_sched_step(llm_sched *s) {
         for (int32_t k = 0; k < nb; k++)
             for (int32_t q = 0; q < s->n_running; q++) {
                 sched_req *r = s->running[q];
-                if (s->b_ch[k] >= r->ch && s->b_ch[k] < r->ch + r->n_choices) end_request(s, r, LLM_STOP_ERROR, msg);
+                if (s->b_ch[k] < r->ch || s->b_ch[k] >= r->ch + r->n_choices) continue;
+                for (int32_t i = 0; i < r->n_choices; i++) r->ch[i].c.status = rc;
+                end_request(s, r, LLM_STOP_ERROR, msg);
             }
     }
     reap(s);

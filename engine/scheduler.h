@@ -91,6 +91,7 @@ typedef struct {
     int32_t n_restored;         /* of n_cached, read from the session file (0: none) */
     int32_t n_generated;        /* this choice's tokens (done event: all choices') */
     const char *error;          /* with LLM_STOP_ERROR: what failed */
+    int status;                 /* with LLM_STOP_ERROR: the llm_status behind it */
 } llm_sched_event;
 
 typedef void (*llm_sched_cb)(void *user, const llm_sched_event *ev);
