@@ -16,7 +16,8 @@
 #   make install PREFIX=/usr/local, make uninstall
 #   make test-install   install into a temp prefix, build readme_decode.c (kvcache) and
 #                   readme_generate.c (kvengine) against it via pkg-config
-#   make install-python pip install ./python (the ctypes binding, shipping build/libkvcache.so)
+#   make install-python pip install ./python (the ctypes binding, shipping portable builds of
+#                   libkvcache.so and libkvengine.so from build-portable/)
 #
 # Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build),
 # PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
@@ -332,9 +333,10 @@ test-install: all $(BUILD)/libkvengine.so $(MODEL)
 	if [ -n "$$left" ]; then echo "test-install: uninstall left $$left"; exit 1; fi; \
 	echo "test-install: install, SONAME and links, pkg-config, shared and static builds, uninstall: ok"
 
-# The Python package into the current environment (see python/README.md).
-install-python: lib
-	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so $(PYTHON) -m pip install ./python
+# The Python package into the current environment (see python/README.md), with
+# the portable libraries (generic code for any x86-64, SIMD kernels chosen at run time).
+install-python:
+	$(PYTHON) -m pip install ./python
 
 # ---------------------------------------------------------------- fuzzing
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from

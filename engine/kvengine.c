@@ -61,6 +61,7 @@ struct kve_request {
 const char *kve_status_str(int status) {
     if (status == KVE_ERR_TEMPLATE) return "the model has no chat template this engine knows";
     if (status == KVE_ERR_TIMEOUT) return "nothing new within the time given";
+    if (status == KVE_ERR_SPACE) return "the output buffer is too small (the size needed was given)";
     return llm_status_str(status);
 }
 
@@ -94,17 +95,30 @@ int32_t kve_model_n_ctx_train(const kve_model *m) { return m ? llm_model_hparams
 const char *kve_model_name(const kve_model *m) { return m ? llm_model_name(m->m) : ""; }
 int kve_model_has_chat_template(const kve_model *m) { return m && llm_model_chat(m->m)->kind != LLM_CHAT_UNKNOWN; }
 
-int32_t kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
-                     int32_t *out, int32_t cap) {
-    if (!m || (!text && len) || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
-    int32_t n = llm_tokenize(llm_model_tokenizer(m->m), text ? text : "", len, add_special, parse_special, out, cap);
-    return n == LLM_TOK_ERR ? KVE_ERR_NOMEM : n;
+int kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special, int32_t *out,
+                 int32_t cap, int32_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!m || !n_out || (!text && len) || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
+    const llm_tokenizer *tok = llm_model_tokenizer(m->m);
+    int32_t n = llm_tokenize(tok, text ? text : "", len, add_special, parse_special, out, cap);
+    if (n == LLM_TOK_ERR) return KVE_ERR_NOMEM;
+    *n_out = n < 0 ? -n : n;
+    return n < 0 || (n > 0 && !out) ? KVE_ERR_SPACE : KVE_OK;
 }
 
-int32_t kve_detokenize(const kve_model *m, const int32_t *ids, int32_t n, int render_special, char *out, int32_t cap) {
-    if (!m || (!ids && n) || n < 0 || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
-    int32_t r = llm_detokenize(llm_model_tokenizer(m->m), ids, n, render_special ? LLM_DETOK_SPECIAL : 0, out, cap);
-    return r == LLM_TOK_ERR ? KVE_ERR_TOKEN : r;
+int kve_detokenize(const kve_model *m, const int32_t *ids, int32_t n, int render_special, char *out, size_t cap,
+                   size_t *len) {
+    if (len) *len = 0;
+    if (!m || !len || (!ids && n) || n < 0 || (!out && cap > 0)) return KVE_ERR_NULL;
+    const llm_tokenizer *tok = llm_model_tokenizer(m->m);
+    const int32_t V = llm_tokenizer_n_vocab(tok);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return KVE_ERR_TOKEN;
+    int32_t c = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
+    int32_t r = llm_detokenize(tok, ids, n, render_special ? LLM_DETOK_SPECIAL : 0, c ? out : NULL, c);
+    if (r == LLM_TOK_ERR) return KVE_ERR_TOKEN;
+    *len = (size_t)(r < 0 ? -(int64_t)r - 1 : r);
+    return r < 0 ? KVE_ERR_SPACE : KVE_OK;
 }
 
 static int messages_ok(const kve_chat_message *msgs, int32_t n) {
@@ -114,15 +128,19 @@ static int messages_ok(const kve_chat_message *msgs, int32_t n) {
     return 1;
 }
 
-int32_t kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
-                       int32_t cap) {
-    if (!m || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
+int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
+                   size_t cap, size_t *len) {
+    if (len) *len = 0;
+    if (!m || !len || (!out && cap > 0)) return KVE_ERR_NULL;
     if (!messages_ok(msgs, n)) return KVE_ERR_PARAM;
     if (!kve_model_has_chat_template(m)) return KVE_ERR_TEMPLATE;
     /* the two message structs are the same two pointers */
     _Static_assert(sizeof(kve_chat_message) == sizeof(llm_chat_msg), "chat message layout");
-    int32_t r = llm_chat_render(llm_model_chat(m->m), (const llm_chat_msg *)msgs, n, add_assistant, out, cap);
-    return r == LLM_CHAT_ERR ? KVE_ERR_NOMEM : r;
+    int32_t c = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
+    int32_t r = llm_chat_render(llm_model_chat(m->m), (const llm_chat_msg *)msgs, n, add_assistant, c ? out : NULL, c);
+    if (r == LLM_CHAT_ERR) return KVE_ERR_NOMEM;
+    *len = (size_t)(r < 0 ? -(int64_t)r - 1 : r);
+    return r < 0 ? KVE_ERR_SPACE : KVE_OK;
 }
 
 /* ---------------------------------------------------------------- context */

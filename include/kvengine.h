@@ -96,6 +96,8 @@ typedef enum {
     KVE_ERR_TEMPLATE = -301,   /* chat messages for a model without a chat template this
                                 * engine knows; nothing changed */
     KVE_ERR_TIMEOUT = -302,    /* kve_request_poll: nothing new within the time given; retry */
+    KVE_ERR_SPACE = -303,      /* the output buffer is too small: nothing written, the size
+                                * needed is given; call again with that much room */
 } kve_status;
 
 /* One sentence for any kve_status or kv_status code (never NULL). */
@@ -130,19 +132,23 @@ KVE_API int32_t kve_model_n_ctx_train(const kve_model *m);    /* the context it 
 KVE_API const char *kve_model_name(const kve_model *m);        /* general.name, or the file name */
 KVE_API int kve_model_has_chat_template(const kve_model *m);   /* 1: chat messages are accepted */
 
-/* Token ids of text[0..len) into out[0..cap): add_special adds BOS as the
- * model asks; parse_special reads control tokens written in the text
- * ("<|im_end|>") as such, else they are plain text. Returns the number of
- * ids; when cap is too small nothing is written and -(ids needed) is
- * returned (with out NULL and cap 0: a count); KVE_ERR_NOMEM. Never fails
- * otherwise: any bytes tokenize. */
-KVE_API int32_t kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
-                             int32_t *out, int32_t cap);
+/* The "out of room" rule of the three calls below: *n_out (or *len) is always
+ * set to the size of the whole result; when it does not fit in cap, nothing
+ * is written and KVE_ERR_SPACE is returned (call again with that much room;
+ * out may be NULL with cap 0 to ask for the size). */
+
+/* Token ids of text[0..len) into out[0..cap), *n_out of them: add_special
+ * adds BOS as the model asks; parse_special reads control tokens written in
+ * the text ("<|im_end|>") as such, else they are plain text. KVE_OK,
+ * KVE_ERR_SPACE, KVE_ERR_NULL, KVE_ERR_NOMEM. Any bytes tokenize. */
+KVE_API int kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
+                         int32_t *out, int32_t cap, int32_t *n_out);
 /* The text of ids[0..n) (control tokens as their text when render_special),
- * NUL-terminated into out[0..cap). Returns its length; -(length + 1) when cap
- * is too small (nothing written); KVE_ERR_TOKEN for an id outside the vocabulary. */
-KVE_API int32_t kve_detokenize(const kve_model *m, const int32_t *ids, int32_t n, int render_special, char *out,
-                               int32_t cap);
+ * NUL-terminated into out[0..cap), *len bytes before the NUL. KVE_OK,
+ * KVE_ERR_SPACE, KVE_ERR_TOKEN (an id outside the vocabulary; *len 0),
+ * KVE_ERR_NULL. */
+KVE_API int kve_detokenize(const kve_model *m, const int32_t *ids, int32_t n, int render_special, char *out,
+                           size_t cap, size_t *len);
 
 /* One chat message. */
 typedef struct {
@@ -152,11 +158,11 @@ typedef struct {
 
 /* The model's chat template applied to msgs[0..n) (add_assistant: ending
  * with the header that opens the assistant's turn), NUL-terminated into
- * out[0..cap). Returns its length; -(length + 1) when cap is too small;
- * KVE_ERR_TEMPLATE when the model has none this engine knows; KVE_ERR_PARAM
- * for a message without role or content. */
-KVE_API int32_t kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant,
-                               char *out, int32_t cap);
+ * out[0..cap), *len bytes before the NUL. KVE_OK, KVE_ERR_SPACE,
+ * KVE_ERR_TEMPLATE (the model has none this engine knows), KVE_ERR_PARAM (no
+ * message, or one without role or content), KVE_ERR_NULL. */
+KVE_API int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
+                           size_t cap, size_t *len);
 
 /* ---------------------------------------------------------------- context */
 
