@@ -16,15 +16,8 @@ import ctypes.util
 import os
 import threading
 
-c_int32 = ctypes.c_int32
-c_int = ctypes.c_int
-c_float = ctypes.c_float
-c_size_t = ctypes.c_size_t
-c_uint64 = ctypes.c_uint64
-c_char_p = ctypes.c_char_p
-c_void_p = ctypes.c_void_p
-P_int32 = ctypes.POINTER(c_int32)
-P_float = ctypes.POINTER(c_float)
+from ._ffi import P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
+
 LIB_NAME = "libkvengine.so"
 
 

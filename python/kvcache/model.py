@@ -16,6 +16,7 @@ import time
 import uuid
 
 from . import _engine
+from ._ffi import Closing
 from .errors import KVCacheError
 
 _KV_TYPES = {"f32": 1, "f16": 2, "bf16": 3, "q8": 4}
@@ -49,7 +50,7 @@ class Completion:
         return _FINISH.get(self.stop, self.stop)
 
 
-class Model:
+class Model(Closing):
     """A GGUF model and a context to run it (see the module's docstring).
 
     path: the GGUF file; ctx: positions one request may hold (0: the model's
@@ -90,18 +91,6 @@ class Model:
         if getattr(self, "_model", None):
             self._lib.kve_model_free(self._model)
             self._model = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ------------------------------------------------------------ text
     @property
