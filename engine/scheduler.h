@@ -19,9 +19,10 @@
  *                or more pages than the whole pool) is refused at submit.
  *   n choices    one prefill; when the prompt is in, the sequence is forked
  *                (kv_seq_fork) into n, each sampling with its own seed.
- *   text         each choice runs an llm_textstream (engine/session.h): the
- *                stop strings, max tokens, end of generation and UTF-8 rules
- *                are those of every other command.
+ *   text         each choice runs an llm_choice (engine/choice.h): the
+ *                non-finite check, sampler, stop strings, max tokens, end of
+ *                generation, UTF-8 and draft rules are those of every other
+ *                command.
  *   sessions     a request may name a session file (engine/policy.h): at its
  *                first admission the file's longest common prefix with the
  *                prompt is restored when it reaches further than the prefix
