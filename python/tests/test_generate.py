@@ -89,6 +89,27 @@ def test_bad_input_raises_with_the_reason(model):
     assert model.generate(PROMPT, max_tokens=3, temperature=0)   # still usable
 
 
+def test_closing_a_stream_early_cancels_and_the_model_goes_on(model):
+    import ctypes
+    from kvcache import _engine
+    it = model.generate(PROMPT, max_tokens=200, temperature=0, stream=True)
+    first = next(it)
+    assert first
+    it.close()   # frees the request: cancelled in the scheduler
+    # the C calls directly: a cancelled request ends with KVE_STOP_CANCEL; a poll that
+    # times out says so and gives nothing
+    lib = _engine.lib()
+    r = model._submit(prompt=PROMPT, max_tokens=500, temperature=0)
+    out = _engine.Output()
+    lib.kve_request_cancel(r)
+    while lib.kve_request_poll(r, 1000, ctypes.byref(out)) == 0 and out.stop == 0:
+        pass
+    assert _engine.STOP_NAMES[out.stop] == "cancel" and out.n_generated < 500
+    assert lib.kve_request_poll(r, 0, ctypes.byref(out)) == 0 and out.n_tokens == 0 and out.text_len == 0
+    lib.kve_request_free(r)
+    assert model.generate(PROMPT, max_tokens=N, temperature=0) == cli_generate(PROMPT, N)
+
+
 def _steps(r):
     c = r["choices"][0]["logprobs"]["content"]
     return [(t["id"], [a["logprob"] for a in t["top_logprobs"]]) for t in c]
