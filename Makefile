@@ -232,10 +232,16 @@ test-threads: deps $(PY_DEPS)
 
 
 # A portable build still runs the SIMD kernels (chosen by CPUID); the second
-# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
-test-portable: deps
+# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD;
+# then kvcache.Model on the portable libkvengine.so (what `pip install ./python`
+# ships) generates with the AVX2 and the scalar kernels forced.
+test-portable: deps $(MODEL) $(PY_DEPS)
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
+	$(MAKE) --no-print-directory BUILD=build-portable MARCH= build-portable/libkvcache.so build-portable/libkvengine.so
+	KVCACHE_LIB=$(abspath build-portable)/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath build-portable)/libkvengine.so \
+	    KVCACHE_MODEL=$(abspath $(MODEL)) PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider \
+	    python/tests/test_generate.py -k forced_kernels
 
 # ---------------------------------------------------------------- examples
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))

@@ -16,8 +16,7 @@ from conftest import ROOT
 
 BIN = os.environ.get("KVCACHE_BIN", os.path.join(ROOT, "build", "kvcache"))
 MODEL = os.environ.get("KVCACHE_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-pytestmark = pytest.mark.skipif(not (os.access(BIN, os.X_OK) and os.access(MODEL, os.R_OK)),
-                                reason="needs build/kvcache and the model (make all model)")
+pytestmark = pytest.mark.skipif(not os.access(MODEL, os.R_OK), reason="needs the model (make model)")
 PROMPT = "The three primary colors are"
 N = 24
 # the gap below which two greedy candidates may swap between batch shapes (docs/SERVER.md)
@@ -32,6 +31,7 @@ def model():
 
 
 def cli_generate(prompt, n):
+    assert os.access(BIN, os.X_OK), f"{BIN} is missing: make"
     r = subprocess.run([BIN, "generate", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "2",
                         "--ctx", "512"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
