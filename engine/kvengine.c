@@ -354,6 +354,8 @@ int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, c
     if (!c || !p) return llm_errf(err, errlen, KVE_ERR_NULL, "missing argument");
     if (p->top_logprobs > KVE_MAX_TOP)
         return llm_errf(err, errlen, KVE_ERR_PARAM, "top_logprobs must be at most %d", KVE_MAX_TOP);
+    if (p->max_tokens == 0)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "max_tokens must be >= 1 (or < 0: until the context is full)");
     int32_t *ids, n;
     int rc = prompt_ids(c, p, &ids, &n, err, errlen);
     if (rc != KVE_OK) return rc;

@@ -219,8 +219,8 @@ typedef struct {
                                           * assistant's turn opened */
     int32_t n_messages;
     /* generation */
-    int32_t max_tokens;        /* tokens to generate at most (default 128); < 0: until the context
-                                * is full */
+    int32_t max_tokens;        /* tokens to generate at most, >= 1 (default 128); < 0: until the
+                                * context is full */
     float temperature;         /* <= 0: greedy (default 0.8) */
     int32_t top_k;             /* 0: all (default 40) */
     float top_p;               /* (0, 1], 1: all (default 0.95) */

@@ -50,6 +50,19 @@ class Completion:
         return _FINISH.get(self.stop, self.stop)
 
 
+class _Request(Closing):
+    """A submitted kve_request, freed (cancelled if it runs) by close(): at the
+    end of its iterator, or when a stream that was never started is dropped."""
+
+    def __init__(self, lib, handle):
+        self._lib, self.handle = lib, handle
+
+    def close(self):
+        h, self.handle = self.handle, None
+        if h:
+            self._lib.kve_request_free(h)
+
+
 class Model(Closing):
     """A GGUF model and a context to run it (see the module's docstring).
 
@@ -184,11 +197,11 @@ class Model(Closing):
             raise EngineError(rc, _err(err) or self._lib.kve_status_str(rc).decode(), "kve_submit")
         return r
 
-    def _pieces(self, r, done):
-        """Yields (text, tokens, logprobs, tops) as request r makes them; fills
-        done (a Completion) with the totals; frees r at the end or on close."""
+    def _pieces(self, req, done):
+        """Yields (text, tokens, logprobs, tops) as request req makes them;
+        fills done (a Completion) with the totals; frees it at the end or on close."""
         out = _engine.Output()
-        lib = self._lib
+        lib, r = self._lib, req.handle
         try:
             while True:
                 rc = lib.kve_request_poll(r, 250, ctypes.byref(out))
@@ -215,12 +228,12 @@ class Model(Closing):
                     done.stop = stop
                     return
         finally:
-            lib.kve_request_free(r)
+            req.close()
 
     def _run(self, stream, **kw):
-        r = self._submit(**kw)
+        req = _Request(self._lib, self._submit(**kw))
         done = Completion()
-        it = self._pieces(r, done)
+        it = self._pieces(req, done)
         if stream:
             return it, done
         for _ in it:

@@ -84,6 +84,8 @@ def test_bad_input_raises_with_the_reason(model):
         model.generate(PROMPT, top_p=0.0)
     with pytest.raises(ValueError):
         model.chat([{"role": "user"}])
+    with pytest.raises(kvcache.EngineError, match="max_tokens"):
+        model.generate(PROMPT, max_tokens=0)
     with pytest.raises(kvcache.EngineError):
         kvcache.Model(os.path.join(ROOT, "README.md"))
     assert model.generate(PROMPT, max_tokens=3, temperature=0)   # still usable
