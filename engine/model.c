@@ -136,8 +136,8 @@ int llm_read_common_hparams(const llm_gguf *g, const char *prefix, llm_hparams *
         snprintf(key, sizeof key, "%s.rope.scaling.factor", prefix);
         float factor = llm_gguf_f32_or(g, key, 1.0f);
         if (factor != 1.0f)
-            return llm_errf(err, errlen, LLM_ERR_MODEL, "rope scaling '%s' (factor %g) is not supported",
-                            llm_gguf_str_copy(st, s, sizeof s), factor);
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "%s.rope.scaling.type '%s' (factor %g) is not supported",
+                            prefix, llm_gguf_str_copy(st, s, sizeof s), factor);
     }
     kv_rope r;
     if (kv_rope_init(&r, &hp->rope) != KV_OK)
