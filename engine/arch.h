@@ -99,6 +99,9 @@ struct llm_model {
     float *norms;                /* every decoded norm vector, one allocation (the arch's layout) */
     void *packed;                /* every llm_matrix.packed, one allocation; NULL if none */
     uint64_t packed_bytes;       /* its size */
+    const struct llm_tensor_desc *table; /* the per-layer tensor table llm_load_layers read */
+    int n_table;
+    int rope_freqs_used;         /* 1 when llm_load_rope applied rope_freqs.weight */
     llm_tokenizer *tok;          /* from tokenizer.ggml.* */
     llm_chat_format chat;        /* kind LLM_CHAT_UNKNOWN when no format was recognised */
     uint64_t weight_bytes;       /* bytes of every tensor in the file */
@@ -221,7 +224,7 @@ typedef enum {
  * is mapped into the llm_matrix at `field`; a vector is decoded to f32 into
  * m->norms and the const float * at `field` points at it. An optional tensor
  * the file lacks leaves its field NULL / zero. */
-typedef struct {
+typedef struct llm_tensor_desc {
     const char *suffix;      /* e.g. "attn_q.weight", "attn_q.bias" */
     size_t field;            /* offsetof(llm_layer_weights, ...) */
     llm_size rows;           /* matrix rows (outputs), or the vector's length */
@@ -252,5 +255,13 @@ void llm_matrix_split(llm_matrix *whole, int64_t at, llm_matrix *rest);
  * output_norm.weight [D] into m->output_norm. A missing required tensor or
  * a misshapen one is refused with its name (and both shapes). OK, MODEL or NOMEM. */
 int llm_load_layers(llm_model *m, const llm_tensor_desc *table, int n, char *err, size_t errlen);
+
+/* After an architecture's load: every tensor of the file is one it read
+ * (token_embd, output, output_norm, rope_freqs where applied, blk.<l>.<a
+ * suffix of its table> for l < L), or one known to carry nothing the
+ * forward needs (blk.<l>.attn_rot_embd.weight: RoPE frequencies older
+ * converters stored, which the RoPE table recomputes). Anything else
+ * would be weights silently left out: refused, naming the tensor. */
+int llm_check_tensors(const llm_model *m, char *err, size_t errlen);
 
 #endif

@@ -136,8 +136,8 @@ int llm_read_common_hparams(const llm_gguf *g, const char *prefix, llm_hparams *
         snprintf(key, sizeof key, "%s.rope.scaling.factor", prefix);
         float factor = llm_gguf_f32_or(g, key, 1.0f);
         if (factor != 1.0f)
-            return llm_errf(err, errlen, LLM_ERR_MODEL, "rope scaling '%s' (factor %g) is not supported",
-                            llm_gguf_str_copy(st, s, sizeof s), factor);
+            return llm_errf(err, errlen, LLM_ERR_MODEL, "%s.rope.scaling.type '%s' (factor %g) is not supported",
+                            prefix, llm_gguf_str_copy(st, s, sizeof s), factor);
     }
     kv_rope r;
     if (kv_rope_init(&r, &hp->rope) != KV_OK)
@@ -218,6 +218,7 @@ int llm_load_rope(llm_model *m, int32_t i, const kv_rope_params *params, int use
             return llm_errf(err, errlen, LLM_ERR_MODEL, "rope_freqs.weight[%d] = %g is not positive", (int)k, f[k]);
         r->inv_freq[k] /= f[k];
     }
+    m->rope_freqs_used = 1;
     return LLM_OK;
 }
 
@@ -276,6 +277,7 @@ static int load_layer(llm_model *m, int32_t l, const llm_tensor_desc *table, int
 
 int llm_load_layers(llm_model *m, const llm_tensor_desc *table, int n, char *err, size_t errlen) {
     const llm_hparams *hp = &m->hp;
+    m->table = table, m->n_table = n;
     uint64_t per_layer = 0;   /* floats of the layer's vectors, optional ones included */
     for (int i = 0; i < n; i++)
         if (table[i].cols == LLM_SZ_NONE) per_layer += (uint64_t)size_of(hp, table[i].rows);
@@ -294,6 +296,41 @@ int llm_load_layers(llm_model *m, const llm_tensor_desc *table, int n, char *err
     if (llm_load_vector(m->gguf, "output_norm.weight", hp->dim, onorm, err, errlen)) return LLM_ERR_MODEL;
     m->output_norm = onorm;
     return LLM_OK;
+}
+
+/* 1 if `name` is a tensor m's architecture reads (or may ignore) */
+static int tensor_known(const llm_model *m, const char *name) {
+    static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight"};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (!strcmp(name, top[i])) return 1;
+    if (!strcmp(name, "rope_freqs.weight")) return m->rope_freqs_used;
+    if (strncmp(name, "blk.", 4) != 0) return 0;
+    const char *p = name + 4;
+    int64_t l = 0;
+    if (!(*p >= '0' && *p <= '9') || (*p == '0' && p[1] != '.')) return 0;   /* as load_layer names them */
+    while (*p >= '0' && *p <= '9' && l < INT32_MAX) l = l * 10 + (*p++ - '0');
+    if (*p != '.' || l >= m->hp.n_layers) return 0;
+    const char *suffix = p + 1;
+    if (!strcmp(suffix, "attn_rot_embd.weight")) return 1;
+    for (int i = 0; i < m->n_table; i++)
+        if (!strcmp(suffix, m->table[i].suffix)) return 1;
+    return 0;
+}
+
+int llm_check_tensors(const llm_model *m, char *err, size_t errlen) {
+    const int64_t n = llm_gguf_n_tensors(m->gguf);
+    int64_t unknown = 0;
+    const char *first = NULL;
+    for (int64_t i = 0; i < n; i++) {
+        const char *name = llm_gguf_tensor_at(m->gguf, i)->name;
+        if (!tensor_known(m, name) && !unknown++) first = name;
+    }
+    if (!unknown) return LLM_OK;
+    if (unknown == 1)
+        return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s is not one the %s architecture reads", first,
+                        m->arch->name);
+    return llm_errf(err, errlen, LLM_ERR_MODEL, "tensor %s and %lld more are not ones the %s architecture reads",
+                    first, (long long)(unknown - 1), m->arch->name);
 }
 
 /* ---------------------------------------------------------------- tokenizer */
@@ -407,6 +444,8 @@ int llm_model_from_gguf(llm_gguf *g, const char *name, llm_model **out, char *er
         m->tied_output = 1;
     }
     if ((rc = m->arch->load(m, err, errlen)) != LLM_OK) goto fail;
+    rc = LLM_ERR_MODEL;
+    if (llm_check_tensors(m, err, errlen)) goto fail;
     pack_weights(m);
     rc = LLM_ERR_MODEL;
     if (load_tokenizer(m, err, errlen)) goto fail;

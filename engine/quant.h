@@ -160,7 +160,7 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
                      const float *X, int64_t m, float *Y, int64_t ldy);
 
 /* ---- integer activations ----
- * For the block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) a product
+ * For the block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K) a product
  * can take its X rows quantized once, in blocks of 32 with an f32 scale each,
  * and shared by every matrix that reads the same input (Q, K, V; gate, up):
  *   bits 8:  d = max|x| / 127,   q = round(x / d) in int8
@@ -173,8 +173,11 @@ void llm_matmul_rows(int type, const void *W, int64_t n_in, int64_t row0, int64_
  * memory order):
  *     lane[b % 8] += d_b * ((float)S_b * wa_b + (float)B_b * wb_b)
  * and finally (l0+l4 + l2+l6) + (l1+l5 + l3+l7),
- * where wa_b, wb_b are the weight block's scale and offset (Q4_1: d, m;
- * K-quants: d*sc, -dmin*mn of the sub-block; symmetric formats: d, 0). Every
+ * where wa_b, wb_b are the weight block's scale and offset (Q4_1, Q5_1: d, m;
+ * Q4_K, Q5_K: d*sc, -dmin*mn of the sub-block; symmetric formats: d, 0; Q6_K
+ * and Q3_K: d, 0 with the sub-block scales in the integers). Q2_K's blocks of
+ * 32 span two sub-blocks of 16 with mins of their own: S_b takes the scales
+ * (w = sc q), wa_b = d, wb_b = -dmin and B_b is the sum of mn(k) q_k. Every
  * kernel (scalar, AVX2) follows this arithmetic exactly, so results are
  * bit-identical across kernels, thread counts and row splits. F32, F16 and
  * BF16 weights stay in f32 against the f32 rows (their 11-bit or 8-bit
@@ -212,7 +215,7 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy);
 /* 1 if llm_matmul_act takes integer products for this type; the others
- * (F32, F16, BF16, Q5_1, Q2_K, Q3_K) run llm_matmul_rows on f32 activations. */
+ * (F32, F16, BF16) run llm_matmul_rows on f32 activations. */
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----

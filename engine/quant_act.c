@@ -89,6 +89,7 @@ int llm_type_int8(int type) {
     switch (type) {
     case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: case LLM_TYPE_Q5_0: case LLM_TYPE_Q8_0:
     case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: case LLM_TYPE_Q6_K:
+    case LLM_TYPE_Q5_1: case LLM_TYPE_Q2_K: case LLM_TYPE_Q3_K:
         return 1;
     default:
         return 0;
@@ -100,11 +101,53 @@ int llm_type_int8(int type) {
 static float half_at(const uint8_t *p) { return kv_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* Block b (32 elements) of a weight row as integers w[32], with its scale wa
- * and offset wb: the weight values are wa * w[k] + wb (Q6_K: wa * w[k], the
- * sub-block scales folded into w). */
-static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB], float *wa, float *wb) {
+ * and offset wb: the weight values are wa * w[k] + wb (Q6_K, Q3_K: wa * w[k],
+ * the sub-block scales folded into w). Q2_K's two sub-blocks of 16 have mins
+ * of their own: its values are wa * w[k] + wb * mn[k], so its term takes
+ * sum_k mn[k] q[k] where the others take the block's quant sum; the return
+ * is 1 when mins[] holds those mn[k] (Q2_K), 0 otherwise. */
+static int weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB], int32_t mins[QB], float *wa,
+                        float *wb) {
     *wb = 0.0f;
     switch (type) {
+    case LLM_TYPE_Q5_1: {
+        const uint8_t *p = row + b * sizeof(llm_block_q5_1), *qh = p + offsetof(llm_block_q5_1, qh);
+        const uint8_t *qs = p + offsetof(llm_block_q5_1, qs);
+        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        for (int j = 0; j < 16; j++) {
+            w[j] = (qs[j] & 15) | (int)((h >> j) & 1) << 4;
+            w[j + 16] = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
+        }
+        *wa = half_at(p);
+        *wb = half_at(p + offsetof(llm_block_q5_1, m));
+        return 0;
+    }
+    case LLM_TYPE_Q2_K: {   /* elements 32i .. 32i+31 of the super-block: bits 2j of qs[32h + l] */
+        const uint8_t *p = row + (b / 8) * sizeof(llm_block_q2_k), *sc = p + offsetof(llm_block_q2_k, scales);
+        const int i = (int)(b % 8), h = i / 4, j = i % 4;
+        const uint8_t *qs = p + offsetof(llm_block_q2_k, qs) + 32 * h;
+        for (int l = 0; l < QB; l++) {
+            const int s = sc[2 * i + l / 16];
+            w[l] = ((qs[l] >> (2 * j)) & 3) * (s & 15);
+            mins[l] = s >> 4;
+        }
+        *wa = half_at(p + offsetof(llm_block_q2_k, d));
+        *wb = -half_at(p + offsetof(llm_block_q2_k, dmin));
+        return 1;
+    }
+    case LLM_TYPE_Q3_K: {   /* quants as Q2_K's, less 4 where the hmask bit is clear, times scale - 32 */
+        const uint8_t *p = row + (b / 8) * sizeof(llm_block_q3_k), *sc = p + offsetof(llm_block_q3_k, scales);
+        const int i = (int)(b % 8), h = i / 4, j = i % 4;
+        const uint8_t *qs = p + offsetof(llm_block_q3_k, qs) + 32 * h, *hm = p + offsetof(llm_block_q3_k, hmask);
+        for (int l = 0; l < QB; l++) {
+            const int s = 2 * i + l / 16;
+            const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            const int q = ((qs[l] >> (2 * j)) & 3) - ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
+            w[l] = q * ((lo | hi << 4) - 32);
+        }
+        *wa = half_at(p + offsetof(llm_block_q3_k, d));
+        return 0;
+    }
     case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: {
         const uint8_t *p = row + b * (type == LLM_TYPE_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q4_1));
         const uint8_t *qs = p + (type == LLM_TYPE_Q4_0 ? offsetof(llm_block_q4_0, qs) : offsetof(llm_block_q4_1, qs));
@@ -112,7 +155,7 @@ static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB],
         for (int j = 0; j < 16; j++) { w[j] = (qs[j] & 15) - off; w[j + 16] = (qs[j] >> 4) - off; }
         *wa = half_at(p);
         if (type == LLM_TYPE_Q4_1) *wb = half_at(p + offsetof(llm_block_q4_1, m));
-        return;
+        return 0;
     }
     case LLM_TYPE_Q5_0: {
         const uint8_t *p = row + b * sizeof(llm_block_q5_0), *qh = p + offsetof(llm_block_q5_0, qh);
@@ -123,13 +166,13 @@ static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB],
             w[j + 16] = ((qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4) - 16;
         }
         *wa = half_at(p);
-        return;
+        return 0;
     }
     case LLM_TYPE_Q8_0: {
         const uint8_t *p = row + b * sizeof(llm_block_q8_0);
         for (int j = 0; j < QB; j++) w[j] = (int8_t)p[offsetof(llm_block_q8_0, qs) + j];
         *wa = half_at(p);
-        return;
+        return 0;
     }
     case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
         int five = type == LLM_TYPE_Q5_K;
@@ -146,7 +189,7 @@ static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB],
         llm_k_scale_min(p + offsetof(llm_block_q4_k, scales), sub, &sc, &mn);
         *wa = half_at(p + offsetof(llm_block_q4_k, d)) * (float)sc;        /* exact: 11 x 6 bits */
         *wb = -(half_at(p + offsetof(llm_block_q4_k, dmin)) * (float)mn);
-        return;
+        return 0;
     }
     case LLM_TYPE_Q6_K: {
         const uint8_t *p = row + (b / 8) * sizeof(llm_block_q6_k);
@@ -159,12 +202,12 @@ static void weight_block(int type, const uint8_t *row, int64_t b, int32_t w[QB],
             w[l] = (q - 32) * sc[(e0 + l) / 16];
         }
         *wa = half_at(p + offsetof(llm_block_q6_k, d));
-        return;
+        return 0;
     }
     default:
         memset(w, 0, QB * sizeof *w);
         *wa = 0.0f;
-        return;
+        return 0;
     }
 }
 
@@ -179,19 +222,23 @@ float llm_act_lanes_sum(const float l[8]) {
     return g0 + g1;
 }
 
-/* Block b's term for one activation row: the exact block sum S, then the
- * float part one operation per statement, so that no compiler may fuse them */
-static float act_term(const int32_t wi[QB], float wa, float wb, const llm_act_row *x, int64_t b) {
-    int32_t S = 0;
+/* Block b's term for one activation row: the exact block sum S (and B, the
+ * quant sum, or with mn its sum weighted by the mins), then the float part
+ * one operation per statement, so that no compiler may fuse them */
+static float act_term(const int32_t wi[QB], const int32_t *mn, float wa, float wb, const llm_act_row *x, int64_t b) {
+    int32_t S = 0, B = 0;
     if (x->bits == LLM_ACT_Q8) {
         const int8_t *q = (const int8_t *)x->q + b * QB;
         for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+        if (mn) for (int k = 0; k < QB; k++) B += mn[k] * q[k];
     } else {   /* |wi| <= 32 * 128 (Q6_K), |q| <= 16383: 32 products fit in int32 */
         const int16_t *q = (const int16_t *)x->q + b * QB;
         for (int k = 0; k < QB; k++) S += wi[k] * q[k];
+        if (mn) for (int k = 0; k < QB; k++) B += mn[k] * q[k];
     }
+    if (!mn) B = x->s[b];
     float t1 = (float)S * wa;
-    float t2 = (float)x->s[b] * wb;
+    float t2 = (float)B * wb;
     float u = t1 + t2;
     return x->d[b] * u;
 }
@@ -204,10 +251,11 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
             int n = nt - t0 < 8 ? nt - t0 : 8;
             float lane[8][8] = {{0}};   /* [X row][b % 8] */
             for (int64_t b = 0; b < nb; b++) {
-                int32_t wi[QB];
+                int32_t wi[QB], mn[QB];
                 float wa, wb;
-                weight_block(type, w[r], b, wi, &wa, &wb);   /* once for every X row */
-                for (int t = 0; t < n; t++) lane[t][b % 8] = lane[t][b % 8] + act_term(wi, wa, wb, &x[t0 + t], b);
+                const int with_mn = weight_block(type, w[r], b, wi, mn, &wa, &wb);   /* once for every X row */
+                for (int t = 0; t < n; t++)
+                    lane[t][b % 8] = lane[t][b % 8] + act_term(wi, with_mn ? mn : NULL, wa, wb, &x[t0 + t], b);
             }
             for (int t = 0; t < n; t++) out[r * nt + t0 + t] = llm_act_lanes_sum(lane[t]);
         }
@@ -304,10 +352,10 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t blk[sizeof(llm_block_q8_0)];
                 unpack_block(type, group + b * 8 * bb, r, blk);
-                int32_t wi[QB];
+                int32_t wi[QB], mn[QB];
                 float wa, wb;
-                weight_block(type, blk, 0, wi, &wa, &wb);
-                lane[b % 8] = lane[b % 8] + act_term(wi, wa, wb, x, b);
+                weight_block(type, blk, 0, wi, mn, &wa, &wb);   /* the packed types have no mins */
+                lane[b % 8] = lane[b % 8] + act_term(wi, NULL, wa, wb, x, b);
             }
             out[r] = llm_act_lanes_sum(lane);
         }

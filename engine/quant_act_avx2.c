@@ -410,9 +410,13 @@ ACT_W(LLM_TYPE_Q4_K) ACT_W(LLM_TYPE_Q5_K) ACT_W(LLM_TYPE_Q6_K)
 
 static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                      float *out);
+static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                      float *out);
 
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
                                    int64_t nb, float *out) {
+    if (type == LLM_TYPE_Q5_1 || type == LLM_TYPE_Q2_K || type == LLM_TYPE_Q3_K)
+        return nt < 1 ? -1 : more_types(type, w, nr, x, nt, nb, out);
     if (nt > 4) return many_rows(type, w, nr, x, nt, nb, out);
     if (nt < 1) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
     const int w16 = x[0].bits == LLM_ACT_Q16;
@@ -860,6 +864,156 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
     default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
+    }
+}
+
+/* ---- Q5_1, Q2_K and Q3_K ----
+ * Each block of 32 decoded once per chunk of 8 into int16 weights (Q3_K:
+ * times the sub-block scale - 32, Q2_K: times the 4-bit scale, with its
+ * 4-bit mins beside them), then every X row's exact block sums by
+ * vpmaddwd (8-bit quants widened), 8 blocks' sums in the lanes of one
+ * vector, and the reference's float part on them (quant_act.c). */
+
+/* Block b of a row: weights w[0] (elements 0..15), w[1] (16..31); Q2_K's
+ * mins likewise in mn */
+static inline __attribute__((always_inline)) void
+more_block(const int type, const uint8_t *row, int64_t b, __m256i w[2], __m256i mn[2]) {
+    if (type == LLM_TYPE_Q5_1) {
+        const uint8_t *p = row + b * sizeof(llm_block_q5_1);
+        __m128i lo, hi;
+        q5_0_bits(p + offsetof(llm_block_q5_1, qh), p + offsetof(llm_block_q5_1, qs), &lo, &hi);
+        w[0] = _mm256_cvtepu8_epi16(lo);
+        w[1] = _mm256_cvtepu8_epi16(hi);
+        return;
+    }
+    const int i = (int)(b % 8), h = i / 4, j = i % 4;
+    const int k2 = type == LLM_TYPE_Q2_K;
+    const uint8_t *p = row + (b / 8) * (k2 ? sizeof(llm_block_q2_k) : sizeof(llm_block_q3_k));
+    const uint8_t *qs = p + (k2 ? offsetof(llm_block_q2_k, qs) : offsetof(llm_block_q3_k, qs)) + 32 * h;
+    /* bits 2j, 2j+1 of each byte (a 16-bit shift; the mask drops the strays) */
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 2 * j),
+                                 _mm256_set1_epi8(3));
+    int s0, s1;
+    if (k2) {
+        const uint8_t *sc = p + offsetof(llm_block_q2_k, scales) + 2 * i;
+        s0 = sc[0] & 15, s1 = sc[1] & 15;
+        mn[0] = _mm256_set1_epi16((short)(sc[0] >> 4));
+        mn[1] = _mm256_set1_epi16((short)(sc[1] >> 4));
+    } else {   /* less 4 where the hmask bit 4h + j is clear */
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q3_k, hmask)));
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+        q = _mm256_sub_epi8(q, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
+        const uint8_t *sc = p + offsetof(llm_block_q3_k, scales);
+        int sv[2];
+        for (int k = 0; k < 2; k++) {
+            const int s = 2 * i + k;
+            const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            sv[k] = (lo | hi << 4) - 32;
+        }
+        s0 = sv[0], s1 = sv[1];
+    }
+    w[0] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16((short)s0));
+    w[1] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16((short)s1));
+}
+
+/* The weight scales of blocks b0 .. b0+nv-1 in lanes (0 above), as the
+ * reference's weight_block gives them */
+static inline void more_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
+    if (type == LLM_TYPE_Q5_1) {
+        _Alignas(32) float a[8] = {0}, o[8] = {0};
+        for (int i = 0; i < nv; i++) {
+            const uint8_t *p = row + (b0 + i) * sizeof(llm_block_q5_1);
+            a[i] = half_at(p + offsetof(llm_block_q5_1, d));
+            o[i] = half_at(p + offsetof(llm_block_q5_1, m));
+        }
+        *wa = _mm256_load_ps(a), *wb = _mm256_load_ps(o);
+        return;
+    }
+    if (type == LLM_TYPE_Q2_K) {
+        const uint8_t *p = row + (b0 / 8) * sizeof(llm_block_q2_k);
+        *wa = _mm256_set1_ps(half_at(p + offsetof(llm_block_q2_k, d)));
+        *wb = _mm256_set1_ps(-half_at(p + offsetof(llm_block_q2_k, dmin)));
+        return;
+    }
+    *wa = _mm256_set1_ps(half_at(row + (b0 / 8) * sizeof(llm_block_q3_k) + offsetof(llm_block_q3_k, d)));
+    *wb = _mm256_setzero_ps();
+}
+
+/* Activation block b of x as int16: elements 0..15 in x2[0], 16..31 in x2[1] */
+static inline __attribute__((always_inline)) void more_x(const llm_act_row *x, int64_t b, __m256i x2[2]) {
+    if (x->bits == LLM_ACT_Q16) {
+        const int16_t *q = (const int16_t *)x->q + 32 * b;
+        x2[0] = _mm256_loadu_si256((const __m256i *)q);
+        x2[1] = _mm256_loadu_si256((const __m256i *)(q + 16));
+    } else {
+        const int8_t *q = (const int8_t *)x->q + 32 * b;
+        x2[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q));
+        x2[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
+    }
+}
+
+enum { MORE_NT = 64 };   /* X rows per call: llm_matmul_act's blocks (JB) */
+
+static inline __attribute__((always_inline)) int act_dot_more(const int type, const uint8_t *const *w, int nr,
+                                                               const llm_act_row *x, int nt, int64_t nb, float *out) {
+    if (nt > MORE_NT) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    const int k2 = type == LLM_TYPE_Q2_K;
+    for (int r = 0; r < nr; r++) {
+        __m256 acc[MORE_NT];
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+            const int nv = nb - b0 < 8 ? (int)(nb - b0) : 8;
+            __m256i wv[8][2], mv[8][2];
+            for (int i = 0; i < nv; i++) more_block(type, w[r], b0 + i, wv[i], mv[i]);
+            __m256 wa, wb;
+            more_scales(type, w[r], b0, nv, &wa, &wb);
+            const __m256i valid = lanes_below(nv);
+            for (int t = 0; t < nt; t++) {
+                __m256i S[8], T[8];
+                for (int i = 0; i < 8; i++) {
+                    S[i] = T[i] = _mm256_setzero_si256();
+                    if (i >= nv) continue;
+                    __m256i x2[2];
+                    more_x(&x[t], b0 + i, x2);
+                    S[i] = dp_pairs(_mm256_madd_epi16(wv[i][0], x2[0]), wv[i][1], x2[1]);
+                    if (k2) T[i] = dp_pairs(_mm256_madd_epi16(mv[i][0], x2[0]), mv[i][1], x2[1]);
+                }
+                const __m256 dxv = _mm256_maskload_ps(x[t].d + b0, valid);
+                const __m256i Bv = k2 ? hsum8_epi32(T) : _mm256_maskload_epi32((const int *)(x[t].s + b0), valid);
+                __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8_epi32(S)), wa);
+                __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+                __m256 sum = _mm256_add_ps(acc[t], _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2)));
+                /* a lane past the row keeps its sum as the reference leaves it (even -0) */
+                acc[t] = _mm256_blendv_ps(acc[t], sum, _mm256_castsi256_ps(valid));
+            }
+        }
+        for (int t = 0; t < nt; t++) out[r * nt + t] = lanes_sum(acc[t]);
+    }
+    return 0;
+}
+
+/* one out-of-line copy per type */
+static __attribute__((noinline)) int act_dot_q5_1(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q5_1, w, nr, x, nt, nb, out);
+}
+static __attribute__((noinline)) int act_dot_q2_k(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q2_K, w, nr, x, nt, nb, out);
+}
+static __attribute__((noinline)) int act_dot_q3_k(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q3_K, w, nr, x, nt, nb, out);
+}
+
+static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                      float *out) {
+    switch (type) {
+    case LLM_TYPE_Q5_1: return act_dot_q5_1(w, nr, x, nt, nb, out);
+    case LLM_TYPE_Q2_K: return act_dot_q2_k(w, nr, x, nt, nb, out);
+    case LLM_TYPE_Q3_K: return act_dot_q3_k(w, nr, x, nt, nb, out);
+    default: return -1;
     }
 }
 

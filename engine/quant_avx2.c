@@ -149,6 +149,65 @@ static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
+static void deq_q5_1(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q5_1), y += LLM_QK) {
+        __m256 d = _mm256_set1_ps(half_at(b + offsetof(llm_block_q5_1, d)));
+        __m256 m = _mm256_set1_ps(half_at(b + offsetof(llm_block_q5_1, m)));
+        __m128i lo, hi;
+        q5_0_bits(b + offsetof(llm_block_q5_1, qh), b + offsetof(llm_block_q5_1, qs), &lo, &hi);
+        put16_u8(y, lo, d, m);
+        put16_u8(y + 16, hi, d, m);
+    }
+}
+
+/* Q2_K and Q3_K: element 128h + 32j + l is bits 2j, 2j+1 of qs[32h + l]
+ * (Q3_K: less 4 where bit 4h + j of hmask[l] is clear); sub-block 8h + 2j
+ * for l < 16, the next one above */
+static inline __m256i crumbs(const uint8_t *qs, int j) {
+    return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 2 * j), _mm256_set1_epi8(3));
+}
+
+static void deq_q2_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q2_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q2_k, d)), dmin = half_at(b + offsetof(llm_block_q2_k, dmin));
+        const uint8_t *sc = b + offsetof(llm_block_q2_k, scales);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++) {
+                __m256i v = crumbs(b + offsetof(llm_block_q2_k, qs) + 32 * h, j);
+                const int s = 8 * h + 2 * j;
+                float *ys = y + 128 * h + 32 * j;
+                put16_u8(ys, _mm256_castsi256_si128(v), _mm256_set1_ps(d * (float)(sc[s] & 15)),
+                         _mm256_set1_ps(-(dmin * (float)(sc[s] >> 4))));
+                put16_u8(ys + 16, _mm256_extracti128_si256(v, 1), _mm256_set1_ps(d * (float)(sc[s + 1] & 15)),
+                         _mm256_set1_ps(-(dmin * (float)(sc[s + 1] >> 4))));
+            }
+    }
+}
+
+static void deq_q3_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += sizeof(llm_block_q3_k), y += LLM_QK_K) {
+        const float d = half_at(b + offsetof(llm_block_q3_k, d));
+        const uint8_t *sc = b + offsetof(llm_block_q3_k, scales);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)(b + offsetof(llm_block_q3_k, hmask)));
+        float dl[16];
+        for (int s = 0; s < 16; s++) {
+            int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            dl[s] = d * (float)((lo | hi << 4) - 32);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++) {
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+                const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+                __m256i v = _mm256_sub_epi8(crumbs(b + offsetof(llm_block_q3_k, qs) + 32 * h, j),
+                                            _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
+                const int s = 8 * h + 2 * j;
+                float *ys = y + 128 * h + 32 * j;
+                put16_i8(ys, _mm256_castsi256_si128(v), _mm256_set1_ps(dl[s]));
+                put16_i8(ys + 16, _mm256_extracti128_si256(v, 1), _mm256_set1_ps(dl[s + 1]));
+            }
+    }
+}
+
 static void deq_f16(const uint8_t *src, float *y, int64_t n) {
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
@@ -180,6 +239,9 @@ static int simd_dequant(int type, const void *src, float *dst, int64_t n) {
     case LLM_TYPE_Q4_K: deq_k45(b, dst, n / LLM_QK_K, 0); return 0;
     case LLM_TYPE_Q5_K: deq_k45(b, dst, n / LLM_QK_K, 1); return 0;
     case LLM_TYPE_Q6_K: deq_q6_k(b, dst, n / LLM_QK_K); return 0;
+    case LLM_TYPE_Q5_1: deq_q5_1(b, dst, n / LLM_QK); return 0;
+    case LLM_TYPE_Q2_K: deq_q2_k(b, dst, n / LLM_QK_K); return 0;
+    case LLM_TYPE_Q3_K: deq_q3_k(b, dst, n / LLM_QK_K); return 0;
     default: return -1;
     }
 }

@@ -64,6 +64,7 @@ static void check_against_reference(const fx_spec *spec, const char *what) {
 #define QWEN2(...) (&(fx_spec){.arch = "qwen2", __VA_ARGS__})
 #define QWEN3(...) (&(fx_spec){.arch = "qwen3", __VA_ARGS__})
 #define PHI3(...) (&(fx_spec){.arch = "phi3", __VA_ARGS__})
+#define LLAMA(...) (&(fx_spec){.arch = "llama", __VA_ARGS__})
 #define MISTRAL(...) (&(fx_spec){.arch = "llama", .window = 8, __VA_ARGS__})
 
 TEST(qwen2_tiny_matches_f64_reference) {
@@ -251,4 +252,26 @@ TEST(qwen_load_names_what_is_wrong) {
     fx_check_load_error(PHI3(.type = GW_F32, .bad_tensor = "blk.0.ffn_up.weight"),
                         "tensor blk.0.ffn_up.weight has shape [256, 1025], expected [256, 1024]");
     fx_check_load_error(PHI3(.type = GW_F32, .skip_tensor = "blk.0.attn_qkv.weight"), "missing tensor blk.0.attn_qkv.weight");
+}
+
+/* A tensor the architecture does not read would be weights left out: the
+ * load is refused, naming it (and counting the others) */
+TEST(arch_load_refuses_tensors_it_would_not_read) {
+    fx_check_load_error(QWEN2(.type = GW_F32, .rope_freqs = 1),
+                        "tensor rope_freqs.weight is not one the qwen2 architecture reads");
+    fx_check_load_error(QWEN3(.type = GW_F32, .extra_tensor = "blk.0.attn_q.bias"),
+                        "tensor blk.0.attn_q.bias is not one the qwen3 architecture reads");
+    fx_check_load_error(LLAMA(.type = GW_F32, .extra_tensor = "blk.2.attn_norm.weight"),   /* 2 layers */
+                        "tensor blk.2.attn_norm.weight is not one the llama architecture reads");
+    fx_check_load_error(LLAMA(.type = GW_F32, .extra_tensor = "blk.01.attn_norm.weight"),
+                        "tensor blk.01.attn_norm.weight is not one the llama architecture reads");
+    fx_check_load_error(PHI3(.type = GW_F32, .extra_tensor = "blk.1.ffn_gate.weight"),
+                        "tensor blk.1.ffn_gate.weight is not one the phi3 architecture reads");
+    /* known to carry nothing the forward needs: loads */
+    fx_model fx;
+    if (fx_build(LLAMA(.type = GW_F32, .extra_tensor = "blk.1.attn_rot_embd.weight"), &fx)) return;
+    llm_model *m = fx_load(&fx);
+    CHECK(m != NULL);
+    llm_model_free(m);
+    fx_free(&fx);
 }

@@ -394,6 +394,10 @@ int fx_build(const fx_spec *spec, fx_model *m) {
         int64_t dims[1] = {half_rot};
         gw_add_tensor_f32(b.w, "rope_freqs.weight", GW_F32, 1, dims, factors);
     }
+    if (s.extra_tensor) {   /* a vector of 4 the architecture does not read */
+        int64_t dims[1] = {4};
+        gw_add_tensor_f32(b.w, s.extra_tensor, GW_F32, 1, dims, factors);
+    }
     snprintf(m->path, sizeof m->path, "/tmp/kvcache_fixture_%d_%d.gguf", (int)getpid(), counter++);
     int rc = gw_write_file(b.w, m->path);
     if (rc) test_fail(__FILE__, __LINE__, "fixture: %s", gw_error(b.w));

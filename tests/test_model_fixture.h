@@ -71,6 +71,7 @@ typedef struct {
     const char *bad_tensor;   /* write this tensor with one more row (a vector: element) than it should have */
     int extra_tokens;         /* tokens in the vocabulary beyond token_embd's rows */
     const char *nan_norm;     /* write this norm vector with a NaN as its first element */
+    const char *extra_tensor; /* write a vector of 4 floats by this name as well */
 } fx_spec;
 
 /* One layer's decoded weights, row-major [out][in]. */
