@@ -6,6 +6,7 @@
  * scheduler_impl.h. */
 #include "scheduler_impl.h"
 #include "policy.h"
+#include "tier.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -294,7 +295,10 @@ static int place(llm_sched *s, sched_seq *ch) {
         return -1;
     }
     int32_t matched = 0;
-    if (s->prefix && ch->n_tokens > 1) kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+    if (s->prefix && ch->n_tokens > 1) {
+        kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+        if (s->p.tier) matched += llm_tier_extend(s->p.tier, ch->seq, ch->tokens, ch->n_tokens - 1);
+    }
     ch->n_cached = matched;
     return 0;
 }
@@ -306,19 +310,29 @@ static int try_admit(llm_sched *s, sched_req *r) {
     int32_t alive = 0;
     for (int32_t i = 0; i < r->n_choices; i++) alive += r->ch[i].stop == LLM_STOP_NONE;
     if (s->n_running >= s->p.max_running || slots_held(s) + alive > s->n_slots) return 0;
-    int32_t need = 0, queried = 0, hit = 0, n_place = choices_to_place(r);
+    int32_t need = 0, queried = 0, hit = 0, n_place = choices_to_place(r), nb = 0;
+    s->b_rows[0] = 0;
     for (int32_t i = 0, placed = 0; i < r->n_choices && placed < n_place; i++) {
         sched_seq *ch = &r->ch[i];
         if (ch->stop != LLM_STOP_NONE) continue;
         placed++;
         if (place(s, ch)) goto undo;
         queried += ch->n_tokens - 1, hit += ch->n_cached;
-        need += pages_for(ch->n_tokens + 1, s->page_size) - ch->n_cached / s->page_size;
+        /* the rest of its tokens and the first one generated */
+        s->b_seqs[nb] = ch->seq, s->b_rows[nb + 1] = s->b_rows[nb] + ch->n_tokens + 1 - ch->n_cached, nb++;
     }
     if (s->n_running > 0) {
+        /* what reserving all of it would take, as the caches count it (a
+         * matched prefix holds pages the stats already count as used) */
+        kv_reserve_cost k;
+        kv_batch kb = {.n_seqs = nb, .seqs = s->b_seqs, .row_start = s->b_rows};
+        if (llm_context_reserve_cost(s->c, &kb, s->p.batch_tokens, &k)) goto undo;
+        need = k.used_delta;
         kv_cache_stats cs = llm_context_stats(s->c);
         /* a small watermark (vLLM's 1%): growth past it preempts the newest */
-        if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
+        if (!k.fits || cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
+    } else {
+        for (int32_t i = 0; i < nb; i++) need += pages_for(s->b_rows[i + 1] - s->b_rows[i], s->page_size);
     }
     if (!r->admitted && r->session && llm_sched_session_restore(s, r, need) && place(s, &r->ch[0])) goto undo;
     if (!r->admitted) {

@@ -66,6 +66,10 @@ typedef struct {
      * NULL: silent. */
     void (*log)(void *user, const char *line);
     void *log_user;
+    /* A disk tier under the prefix cache (engine/tier.h), borrowed: after a
+     * prefix match, admission reads the pages that continue it from there.
+     * NULL: none. */
+    struct llm_tier *tier;
 } llm_sched_params;
 
 /* batch_tokens 512, max_running 0, max_waiting 256, no shift (n_keep 0), no drafts, no log. */
