@@ -1,0 +1,220 @@
+/* tests/test_kvengine.c - the public engine API (include/kvengine.h) on a
+ * tiny random-weight model: greedy tokens of a request equal a plain decode
+ * loop written here (llm_eval + llm_argmax on a context of its own), the
+ * callback and polling see the same output, several requests at once each
+ * get their own, and every refusal names what is wrong and queues nothing.
+ * Under the sanitizer runs this is the API's memory and thread check. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "test_model_fixture.h"
+#include "gguf_writer.h"
+#include "kvengine.h"
+#include "../engine/model.h"
+#include "../engine/sampler.h"
+#include "../engine/tokenizer.h"
+
+enum { N_GEN = 12 };
+
+/* Greedy tokens after prompt [n], until end of generation or max. */
+static int32_t plain_greedy(const fx_model *fx, const int32_t *prompt, int32_t n, int32_t max, int32_t *out) {
+    llm_model *m = fx_load(fx);
+    if (!m) return -1;
+    llm_context_params p = llm_context_default_params();
+    p.n_ctx = 128, p.kv_type = KV_F16, p.n_threads = 1;
+    llm_context *c = fx_context(m, &p);
+    const int32_t V = llm_model_n_vocab(m);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t seq, k = 0;
+    llm_seq_new(c, &seq);
+    int rc = llm_eval(c, seq, prompt, n, 0, lg, NULL, NULL);
+    while (rc == LLM_OK && k < max) {
+        int32_t t = llm_argmax(lg, V);
+        if (llm_token_is_eog(llm_model_tokenizer(m), t)) break;
+        out[k++] = t;
+        rc = llm_eval(c, seq, &t, 1, 0, lg, NULL, NULL);
+    }
+    free(lg);
+    llm_context_free(c);
+    llm_model_free(m);
+    return k;
+}
+
+typedef struct {
+    int32_t tokens[64];
+    int32_t n, n_stop;
+    kve_stop_reason stop;
+    size_t text_len;
+} seen;
+
+static void on_event(void *user, const kve_event *ev) {
+    seen *s = user;
+    if (ev->token >= 0 && s->n < 64) s->tokens[s->n++] = ev->token;
+    s->text_len += ev->text_len;
+    if (ev->stop != KVE_STOP_NONE) s->stop = ev->stop, s->n_stop++;
+}
+
+/* Polls r to its end: tokens into out, the last output in *o. */
+static int32_t drain(kve_request *r, int32_t *out, int32_t cap, kve_output *o, size_t *text_len) {
+    int32_t n = 0;
+    *text_len = 0;
+    for (;;) {
+        int rc = kve_request_poll(r, 10000, o);
+        if (rc != KVE_OK) {
+            test_fail(__FILE__, __LINE__, "poll: %s", kve_status_str(rc));
+            return n;
+        }
+        for (int32_t i = 0; i < o->n_tokens && n < cap; i++) out[n++] = o->tokens[i];
+        *text_len += o->text_len;
+        if (o->stop != KVE_STOP_NONE) return n;
+    }
+}
+
+static int open_engine(fx_model *fx, kve_model **m, kve_context **c, int32_t n_seqs) {
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 41}, fx)) return -1;
+    char err[256];
+    if (kve_model_load(fx->path, m, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "load: %s", err);
+        fx_free(fx);
+        return -1;
+    }
+    kve_context_params cp = kve_context_default_params();
+    cp.n_ctx = 128, cp.n_seqs = n_seqs, cp.n_threads = 1;
+    if (kve_context_create(*m, &cp, c, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "context: %s", err);
+        kve_model_free(*m);
+        fx_free(fx);
+        return -1;
+    }
+    return 0;
+}
+
+TEST(kvengine_greedy_requests_equal_a_plain_decode_loop_alone_and_together) {
+    fx_model fx;
+    kve_model *m;
+    kve_context *c;
+    if (open_engine(&fx, &m, &c, 4)) return;
+    enum { NR = 4 };
+    int32_t prompts[NR][8], want[NR][N_GEN], n_want[NR];
+    test_rng g = {77};
+    for (int q = 0; q < NR; q++) {
+        prompts[q][0] = 1;
+        for (int i = 1; i < 8; i++) prompts[q][i] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+        n_want[q] = plain_greedy(&fx, prompts[q], 8, N_GEN, want[q]);
+    }
+    kve_request *r[NR];
+    seen cb[NR];
+    memset(cb, 0, sizeof cb);
+    for (int q = 0; q < NR; q++) {   /* all submitted before any is read: they share steps */
+        kve_request_params p = kve_request_default_params();
+        p.tokens = prompts[q], p.n_tokens = 8, p.temperature = 0, p.max_tokens = N_GEN;
+        p.on_event = on_event, p.user = &cb[q], p.top_logprobs = 2;
+        CHECK_EQ_INT(kve_submit(c, &p, &r[q], NULL, 0), KVE_OK);
+    }
+    for (int q = 0; q < NR; q++) {
+        int32_t got[64];
+        kve_output o;
+        size_t text_len;
+        int32_t n = drain(r[q], got, 64, &o, &text_len);
+        CHECK_EQ_INT(n, n_want[q]);
+        for (int32_t i = 0; i < n && i < n_want[q]; i++)
+            if (got[i] != want[q][i]) {
+                test_fail(__FILE__, __LINE__, "request %d token %d: %d, the plain loop %d", q, (int)i, (int)got[i],
+                          (int)want[q][i]);
+                break;
+            }
+        CHECK(o.stop == (n < N_GEN ? KVE_STOP_EOG : KVE_STOP_LENGTH));
+        CHECK_EQ_INT(o.n_generated, n);
+        CHECK_EQ_INT(o.n_prompt, 8);
+        CHECK(!strcmp(o.error, ""));
+        kve_request_free(r[q]);   /* after the last event: the callback saw everything */
+        CHECK_EQ_INT(cb[q].n, n);
+        CHECK(!memcmp(cb[q].tokens, got, sizeof(int32_t) * (size_t)n));
+        CHECK_EQ_INT(cb[q].n_stop, 1);
+        CHECK(cb[q].stop == o.stop);
+        CHECK(cb[q].text_len == text_len);
+    }
+    kve_context_free(c);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+TEST(kvengine_refusals_name_the_problem_and_queue_nothing) {
+    fx_model fx;
+    kve_model *m;
+    kve_context *c;
+    if (open_engine(&fx, &m, &c, 2)) return;
+    char err[256];
+    kve_request *r = (kve_request *)&err;   /* must come back NULL */
+    int32_t toks[3] = {1, 5, 6}, bad[2] = {1, FX_VOCAB + 3};
+    kve_request_params p = kve_request_default_params();
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);   /* no prompt */
+    CHECK(r == NULL && strstr(err, "exactly one") != NULL);
+    p.prompt = "hello", p.tokens = toks, p.n_tokens = 3;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);   /* two prompts */
+    p.prompt = NULL, p.tokens = bad, p.n_tokens = 2;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_TOKEN);
+    CHECK(strstr(err, "outside the vocabulary") != NULL);
+    p.tokens = toks, p.n_tokens = 3, p.max_tokens = 0;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "max_tokens") != NULL);
+    p.max_tokens = 4, p.top_p = 0;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "sampling") != NULL);
+    p.top_p = 1;
+    const char *empty[] = {""};
+    p.stops = empty, p.n_stops = 1;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "stop") != NULL);
+    p.stops = NULL, p.n_stops = 0;
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = FX_BYTE0 + i % 200;
+    p.tokens = longp, p.n_tokens = 200;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_TOO_LARGE);
+    p.tokens = toks, p.n_tokens = 3;
+    if (!kve_model_has_chat_template(m)) {
+        kve_chat_message msg = {"user", "hi"};
+        p.tokens = NULL, p.n_tokens = 0, p.messages = &msg, p.n_messages = 1;
+        CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_TEMPLATE);
+        size_t len;
+        CHECK_EQ_INT(kve_chat_apply(m, &msg, 1, 1, NULL, 0, &len), KVE_ERR_TEMPLATE);
+    }
+    CHECK(r == NULL);
+    /* the room rule: the size always, the text only when it fits */
+    int32_t ids[8], n_ids;
+    CHECK_EQ_INT(kve_tokenize(m, "the", 3, 0, 0, NULL, 0, &n_ids), KVE_ERR_SPACE);
+    CHECK(n_ids >= 1 && n_ids <= 3);
+    CHECK_EQ_INT(kve_tokenize(m, "the", 3, 0, 0, ids, 8, &n_ids), KVE_OK);
+    char text[8] = "xxxxxxx";
+    size_t len;
+    CHECK_EQ_INT(kve_detokenize(m, ids, n_ids, 0, text, 2, &len), KVE_ERR_SPACE);
+    CHECK(len == 3 && text[0] == 'x');
+    CHECK_EQ_INT(kve_detokenize(m, ids, n_ids, 0, text, sizeof text, &len), KVE_OK);
+    CHECK(!strcmp(text, "the"));
+    CHECK_EQ_INT(kve_detokenize(m, bad, 2, 0, text, sizeof text, &len), KVE_ERR_TOKEN);
+    CHECK(strstr(kve_status_str(KVE_ERR_SPACE), "too small") != NULL);
+    /* a cancelled request ends so; a zero-timeout poll then gives nothing new */
+    p = kve_request_default_params();
+    p.tokens = toks, p.n_tokens = 3, p.max_tokens = -1;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_OK);
+    kve_request_cancel(r);
+    kve_output o;
+    int32_t got[64];
+    size_t tl;
+    drain(r, got, 64, &o, &tl);
+    CHECK(o.stop == KVE_STOP_CANCEL || o.stop == KVE_STOP_EOG);
+    CHECK_EQ_INT(kve_request_poll(r, 0, &o), KVE_OK);
+    CHECK(o.n_tokens == 0 && o.text_len == 0);
+    kve_request_free(r);
+    /* freeing the context ends a request still running; it stays readable */
+    p.max_tokens = 100;
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_OK);
+    kve_context_free(c);
+    drain(r, got, 64, &o, &tl);
+    CHECK(o.stop != KVE_STOP_NONE);
+    kve_request_free(r);
+    kve_model_free(m);
+    fx_free(&fx);
+}
