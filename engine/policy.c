@@ -3,6 +3,8 @@
 #include "policy.h"
 #include "arch.h"
 
+#include <time.h>
+
 /* The RoPE table of a cache group's layers (they share one: a group is the
  * layers of one window), or NULL when they differ. */
 static const kv_rope *group_rope(const llm_model *m, int32_t group) {
@@ -66,7 +68,109 @@ int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int3
     return k;
 }
 
-int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted) {
-    if (accepted < proposed) return accepted + 1 < n_max ? accepted + 1 : n_max;
-    return 2 * proposed < n_max ? 2 * proposed : n_max;
+/* Recent passes weigh most: the cost of a pass moves with the depth and the
+ * machine's load, the acceptance with what the text is doing. */
+#define PASS_COST_KEEP 0.75
+#define LOOKUP_KEEP 0.85
+#define LOOKUP_IDLE_KEEP 0.97
+
+double llm_pass_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void llm_pass_cost_add(llm_pass_cost *c, int32_t rows, double seconds) {
+    if (!c || rows < 1 || rows > LLM_PASS_COST_ROWS || !(seconds > 0)) return;
+    double *t = &c->t[rows];
+    *t = *t > 0 ? PASS_COST_KEEP * *t + (1 - PASS_COST_KEEP) * seconds : seconds;
+}
+
+/* The cost of a row beyond r when only a pass of r rows is measured. */
+static double prior_row(const llm_pass_cost *c, int32_t r) {
+    return c->t[r] / (r + 1.5);
+}
+
+/* out [1 .. n]: the expected seconds of passes of 1 .. n rows (llm_pass_cost_at). */
+static void pass_costs(const llm_pass_cost *c, int32_t n, double *out) {
+    int32_t first = 0, last = 0;
+    for (int32_t r = 1; r <= LLM_PASS_COST_ROWS; r++)
+        if (c->t[r] > 0) last = r, first = first ? first : r;
+    double slope = 0; /* per row, beyond the measured row counts */
+    if (first) {
+        slope = last > first ? (c->t[last] - c->t[first]) / (last - first) : prior_row(c, first);
+        double least = 0.25 * prior_row(c, last); /* noise must not make rows look free */
+        slope = slope > least ? slope : least;
+    }
+    int32_t lo = 0;
+    for (int32_t r = 1; r <= n; r++) {
+        double t = 0;
+        if (!first) {
+            t = 0;
+        } else if (c->t[r] > 0) {
+            t = c->t[r], lo = r;
+        } else if (r < first) {
+            t = c->t[first] - slope * (first - r);
+            t = t > 0.1 * c->t[first] ? t : 0.1 * c->t[first];
+        } else if (r > last) {
+            t = c->t[last] + slope * (r - last);
+        } else {
+            int32_t hi = r + 1;
+            while (!(c->t[hi] > 0)) hi++;
+            t = c->t[lo] + (c->t[hi] - c->t[lo]) * (r - lo) / (hi - lo);
+        }
+        out[r] = r > 1 && out[r - 1] > t ? out[r - 1] : t;
+    }
+}
+
+double llm_pass_cost_at(const llm_pass_cost *c, int32_t rows) {
+    if (!c || rows < 1 || rows > LLM_PASS_COST_ROWS) return 0;
+    double t[LLM_PASS_COST_ROWS + 1];
+    pass_costs(c, rows, t);
+    return t[rows];
+}
+
+void llm_lookup_ctl_init(llm_lookup_ctl *c, int32_t n_max) {
+    /* until a pass says otherwise, drafts are taken 2 times in 3: a copy is worth finding early */
+    *c = (llm_lookup_ctl){.n_max = n_max > 0 ? n_max : 0, .hit = 1, .tried = 1.5, .probe_gap = LLM_LOOKUP_PROBE_MIN};
+}
+
+void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted) {
+    if (!c || proposed <= 0) return;
+    accepted = accepted < 0 ? 0 : accepted > proposed ? proposed : accepted;
+    c->hit = LOOKUP_KEEP * c->hit + accepted;
+    c->tried = LOOKUP_KEEP * c->tried + accepted + (accepted < proposed);
+    if (c->idle >= c->probe_gap) /* a probe: if drafts still do not pay, the next comes later */
+        c->probe_gap = 2 * c->probe_gap < LLM_LOOKUP_PROBE_MAX ? 2 * c->probe_gap : LLM_LOOKUP_PROBE_MAX;
+    c->idle = 0;
+}
+
+int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_t rows_other, double tokens_other) {
+    if (!c || c->n_max <= 0 || !cost || rows_other < 0 || rows_other >= LLM_PASS_COST_ROWS) return 0;
+    int32_t n = rows_other + 1 + c->n_max;
+    n = n < LLM_PASS_COST_ROWS ? n : LLM_PASS_COST_ROWS;
+    double t[LLM_PASS_COST_ROWS + 1];
+    pass_costs(cost, n, t);
+    if (!(t[rows_other + 1] > 0)) return 0; /* nothing measured yet: a plain pass first */
+    const double a = c->tried > 0 ? c->hit / c->tried : 0;
+    double e = 1, p = 1, best_v = (tokens_other + 1) / t[rows_other + 1];
+    int32_t best = 0;
+    for (int32_t k = 1; rows_other + 1 + k <= n; k++) {
+        p *= a, e += p;
+        double v = (tokens_other + e) / t[rows_other + 1 + k];
+        if (v > best_v) best_v = v, best = k;
+    }
+    if (best > 0) {
+        c->probe_gap = LLM_LOOKUP_PROBE_MIN;
+        return best;
+    }
+    /* probes cost at most about 1% of the time once drafts have not paid for a while */
+    const double dear = rows_other + 2 <= n ? 100 * (t[rows_other + 2] / t[rows_other + 1] - 1) : LLM_LOOKUP_PROBE_MAX;
+    int32_t gap = dear < LLM_LOOKUP_PROBE_MAX ? (int32_t)dear : LLM_LOOKUP_PROBE_MAX;
+    gap = gap > LLM_LOOKUP_PROBE_MIN ? gap : LLM_LOOKUP_PROBE_MIN;
+    if (c->probe_gap > gap) c->probe_gap = gap;
+    if (c->idle < c->probe_gap) c->idle++;
+    /* what was seen long ago counts less, so that a probe's news weighs */
+    c->hit *= LOOKUP_IDLE_KEEP, c->tried *= LOOKUP_IDLE_KEEP;
+    return c->idle >= c->probe_gap ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "policy.h"
 #include "scheduler.h"
 
 /* ---------------------------------------------------------------- records */
@@ -22,7 +23,7 @@ typedef struct {
     int32_t rows;           /* rows this sequence has in the batch being built */
     int32_t out_row;        /* its (first) logits row in that batch, or -1 */
     int32_t n_draft;        /* of its rows, drafts after the token fed (each row wants logits) */
-    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
+    llm_lookup_ctl lookup;  /* how many drafts to propose next; n_max 0: not greedy */
     int32_t max_tokens;     /* its text stream's limit; < 0: none */
     llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
     int shifted;            /* a context shift moved its cache: never saved to a session */
@@ -68,6 +69,7 @@ struct llm_sched {
     int32_t n_out_max;
     float *lsm;                 /* [V] scratch for log-softmax */
     llm_sched_stats st;         /* counters, written here */
+    llm_pass_cost cost;         /* the steps' measured costs by rows, for the drafts' choice */
 
     /* shared with other threads, under mu */
     pthread_mutex_t mu;

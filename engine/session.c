@@ -20,12 +20,6 @@ struct llm_session {
     float *logits;       /* [V] of the last position fed */
 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 llm_gen_params llm_gen_default_params(void) {
     return (llm_gen_params){.max_tokens = 128, .sampler = llm_sampler_default_params()};
 }
@@ -226,10 +220,10 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     memcpy(s->toks + k, tokens + k, sizeof(int32_t) * (size_t)(n - k));
     s->n = n;
     res->n_reused = k;
-    double t0 = now();
+    double t0 = llm_pass_clock();
     rc = llm_eval(s->c, s->seq, tokens + k, n - k, 0, s->logits, p->progress, p->progress_user);
-    res->t_prefill = now() - t0;
-    t0 = now();
+    res->t_prefill = llm_pass_clock() - t0;
+    t0 = llm_pass_clock();
     if (rc != LLM_OK) {
         s->n = k;
         STOP(LLM_STOP_ERROR, rc, "prefill of %d tokens failed: %s", (int)(n - k), llm_status_str(rc));
@@ -246,7 +240,9 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
      * tokens. */
     float *cur = s->logits;  /* the logits to sample from */
     int32_t vk = 0, vi = 0;  /* drafts in the cache after n_cached, and how many were accepted */
-    int32_t want_draft = n_draft_max; /* drafts to propose next (llm_lookup_next_len) */
+    llm_lookup_ctl ctl;      /* how many drafts pay, judged by the passes' measured costs */
+    llm_pass_cost cost = {0};
+    llm_lookup_ctl_init(&ctl, n_draft_max);
     while (rc == LLM_OK) {
         if (p->max_tokens == 0) {
             STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
@@ -316,7 +312,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             cur = rows + (size_t)++vi * (size_t)V;
             continue;
         }
-        if (vk) want_draft = llm_lookup_next_len(n_draft_max, vk, vi);
+        if (vk) llm_lookup_ctl_seen(&ctl, vk, vi);
         if (vk && vi < vk && (rc = llm_seq_truncate(s->c, s->seq, s->n_cached)) != LLM_OK) { /* drafts from vi on: wrong */
             STOP(LLM_STOP_ERROR, rc, "rolling back rejected drafts failed: %s", llm_status_str(rc));
             break;
@@ -325,7 +321,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         int32_t nd = 0;
         if (n_draft_max) {
             /* room: positions after tok, rows of one pass, tokens still wanted after tok */
-            int64_t lim = want_draft;
+            int64_t lim = llm_lookup_ctl_next(&ctl, &cost, 0, 0);
             lim = lim < (int64_t)n_ctx - p->reserve - s->n_cached - 1 ? lim : (int64_t)n_ctx - p->reserve - s->n_cached - 1;
             lim = lim < (int64_t)llm_context_get_params(s->c).n_batch - 1 ? lim : llm_context_get_params(s->c).n_batch - 1;
             if (p->max_tokens >= 0 && lim > (int64_t)p->max_tokens - res->n_generated - 1)
@@ -333,6 +329,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             if (lim > 0) nd = llm_lookup_draft(s->toks, s->n, (int32_t)lim, draft);
         }
         res->n_passes++;
+        double tp = llm_pass_clock();
         if (nd == 0) {
             rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
             cur = s->logits;
@@ -346,6 +343,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             rc = llm_forward(s->c, &b, rows);
             cur = rows, vk = nd, res->n_drafted += nd;
         }
+        if (n_draft_max) llm_pass_cost_add(&cost, 1 + nd, llm_pass_clock() - tp);
         if (rc != LLM_OK) {
             vk = 0;
             STOP(LLM_STOP_ERROR, rc, "decoding failed after %d tokens: %s", (int)res->n_generated, llm_status_str(rc));
@@ -363,7 +361,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         llm_textstream_flush(ts, &text, &len);
         show(p, text, len);
     }
-    res->t_decode = now() - t0;
+    res->t_decode = llm_pass_clock() - t0;
     llm_textstream_free(ts);
     llm_sampler_free(&smp);
     return res->status;
