@@ -834,12 +834,22 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Past LLM_ACT_FEW_ROWS rows, whole groups of 8 in lanes; the rest (or all
- * of a few) by packed_rows */
+/* Lane-packed groups (Q4_0, Q4_1) with 16-bit quants take any number of
+ * rows LANE_ROWS at a time (packed_rows), on the AVX2 and VNNI kernels: the
+ * nibbles masked once for those rows beat decoding the group into the
+ * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
+ * (docs/PERFORMANCE.md); the AVX-512 kernels without VNNI still run past
+ * LLM_ACT_FEW_ROWS rows whole groups of 8 in lanes, as the other types do.
+ * The rest (or all of a few) by packed_rows. */
+#if defined(QK_VNNI) || LANE_ROWS == 2
+#define LANE_TILES 1
+#else
+#define LANE_TILES 0
+#endif
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
-        if (nt > LLM_ACT_FEW_ROWS && (W_ || !llm_packed_lanes(T_))) {                                \
+        if (nt > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {               \
             t = nt / 8 * 8;                                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
@@ -849,6 +859,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
 #undef PACKED_W
 #undef PACKED
+#undef LANE_TILES
 
 int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
                                           float *out) {
