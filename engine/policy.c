@@ -73,6 +73,8 @@ int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int3
 #define PASS_COST_KEEP 0.75
 #define LOOKUP_KEEP 0.85
 #define LOOKUP_IDLE_KEEP 0.97
+#define LOOKUP_UNSEEN_KEEP 0.9
+#define LOOKUP_PRIOR 0.67
 
 double llm_pass_clock(void) {
     struct timespec ts;
@@ -83,43 +85,40 @@ double llm_pass_clock(void) {
 void llm_pass_cost_add(llm_pass_cost *c, int32_t rows, double seconds) {
     if (!c || rows < 1 || rows > LLM_PASS_COST_ROWS || !(seconds > 0)) return;
     double *t = &c->t[rows];
-    *t = *t > 0 ? PASS_COST_KEEP * *t + (1 - PASS_COST_KEEP) * seconds : seconds;
-}
-
-/* The cost of a row beyond r when only a pass of r rows is measured. */
-static double prior_row(const llm_pass_cost *c, int32_t r) {
-    return c->t[r] / (r + 1.5);
-}
-
-/* out [1 .. n]: the expected seconds of passes of 1 .. n rows (llm_pass_cost_at). */
-static void pass_costs(const llm_pass_cost *c, int32_t n, double *out) {
-    int32_t first = 0, last = 0;
-    for (int32_t r = 1; r <= LLM_PASS_COST_ROWS; r++)
-        if (c->t[r] > 0) last = r, first = first ? first : r;
-    double slope = 0; /* per row, beyond the measured row counts */
-    if (first) {
-        slope = last > first ? (c->t[last] - c->t[first]) / (last - first) : prior_row(c, first);
-        double least = 0.25 * prior_row(c, last); /* noise must not make rows look free */
-        slope = slope > least ? slope : least;
+    if (*t > 0) { /* a pass the machine held up counts as at most twice the usual */
+        seconds = seconds < 2 * *t ? seconds : 2 * *t;
+        seconds = seconds > 0.5 * *t ? seconds : 0.5 * *t;
     }
-    int32_t lo = 0;
+    *t = *t > 0 ? PASS_COST_KEEP * *t + (1 - PASS_COST_KEEP) * seconds : seconds;
+    c->w[rows] = c->w[rows] + 1 < 8 ? c->w[rows] + 1 : 8;
+}
+
+/* out [1 .. n]: the expected seconds of passes of 1 .. n rows (llm_pass_cost_at):
+ * the least-squares line through the row counts measured, each weighed by
+ * how often (up to 8), its slope at least a tenth of the mean cost of a row
+ * (noise must not make rows look free). */
+static void pass_costs(const llm_pass_cost *c, int32_t n, double *out) {
+    double W = 0, R = 0, T = 0, RR = 0, RT = 0;
+    int32_t distinct = 0, only = 0;
+    for (int32_t r = 1; r <= LLM_PASS_COST_ROWS; r++) {
+        if (!(c->t[r] > 0)) continue;
+        double w = c->w[r] > 0 ? c->w[r] : 1;
+        W += w, R += w * r, T += w * c->t[r], RR += w * r * r, RT += w * r * c->t[r];
+        distinct++, only = r;
+    }
+    double m = 0, b = 0;
+    if (distinct == 1) { /* one row count: a row beyond r costs 1 / (r + 1.5) of a pass of r */
+        m = c->t[only] / (only + 1.5);
+        b = c->t[only] - m * only;
+    } else if (distinct > 1) {
+        m = (W * RT - R * T) / (W * RR - R * R);
+        double least = 0.1 * T / R;
+        m = m > least ? m : least;
+        b = (T - m * R) / W;
+    }
     for (int32_t r = 1; r <= n; r++) {
-        double t = 0;
-        if (!first) {
-            t = 0;
-        } else if (c->t[r] > 0) {
-            t = c->t[r], lo = r;
-        } else if (r < first) {
-            t = c->t[first] - slope * (first - r);
-            t = t > 0.1 * c->t[first] ? t : 0.1 * c->t[first];
-        } else if (r > last) {
-            t = c->t[last] + slope * (r - last);
-        } else {
-            int32_t hi = r + 1;
-            while (!(c->t[hi] > 0)) hi++;
-            t = c->t[lo] + (c->t[hi] - c->t[lo]) * (r - lo) / (hi - lo);
-        }
-        out[r] = r > 1 && out[r - 1] > t ? out[r - 1] : t;
+        double t = b + m * r;
+        out[r] = distinct == 0 ? 0 : t > 0.1 * m ? t : 0.1 * m;
     }
 }
 
@@ -131,15 +130,21 @@ double llm_pass_cost_at(const llm_pass_cost *c, int32_t rows) {
 }
 
 void llm_lookup_ctl_init(llm_lookup_ctl *c, int32_t n_max) {
-    /* until a pass says otherwise, drafts are taken 2 times in 3: a copy is worth finding early */
-    *c = (llm_lookup_ctl){.n_max = n_max > 0 ? n_max : 0, .hit = 1, .tried = 1.5, .probe_gap = LLM_LOOKUP_PROBE_MIN};
+    *c = (llm_lookup_ctl){.n_max = n_max > 0 ? n_max : 0, .probe_gap = LLM_LOOKUP_PROBE_MIN};
 }
 
 void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted) {
     if (!c || proposed <= 0) return;
     accepted = accepted < 0 ? 0 : accepted > proposed ? proposed : accepted;
-    c->hit = LOOKUP_KEEP * c->hit + accepted;
-    c->tried = LOOKUP_KEEP * c->tried + accepted + (accepted < proposed);
+    /* positions 1 .. accepted were taken, accepted + 1 (if proposed) was not */
+    for (int32_t i = 1; i <= proposed && i <= accepted + 1; i++) {
+        int32_t k = i < LLM_LOOKUP_POS ? i : LLM_LOOKUP_POS;
+        c->hit[k] = LOOKUP_KEEP * c->hit[k] + (i <= accepted);
+        c->tried[k] = LOOKUP_KEEP * c->tried[k] + 1;
+    }
+    /* the positions not reached fade faster, towards those before them: longer drafts get retried */
+    for (int32_t i = accepted + 2; i <= LLM_LOOKUP_POS; i++)
+        c->hit[i] *= LOOKUP_UNSEEN_KEEP, c->tried[i] *= LOOKUP_UNSEEN_KEEP;
     if (c->idle >= c->probe_gap) /* a probe: if drafts still do not pay, the next comes later */
         c->probe_gap = 2 * c->probe_gap < LLM_LOOKUP_PROBE_MAX ? 2 * c->probe_gap : LLM_LOOKUP_PROBE_MAX;
     c->idle = 0;
@@ -152,10 +157,13 @@ int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_
     double t[LLM_PASS_COST_ROWS + 1];
     pass_costs(cost, n, t);
     if (!(t[rows_other + 1] > 0)) return 0; /* nothing measured yet: a plain pass first */
-    const double a = c->tried > 0 ? c->hit / c->tried : 0;
-    double e = 1, p = 1, best_v = (tokens_other + 1) / t[rows_other + 1];
+    /* draft i is taken, once those before it were, at the rate seen at
+     * position i, pulled towards that of i - 1 where i was seldom tried */
+    double a = LOOKUP_PRIOR, e = 1, p = 1, best_v = (tokens_other + 1) / t[rows_other + 1];
     int32_t best = 0;
     for (int32_t k = 1; rows_other + 1 + k <= n; k++) {
+        int32_t i = k < LLM_LOOKUP_POS ? k : LLM_LOOKUP_POS;
+        a = (c->hit[i] + a) / (c->tried[i] + 1);
         p *= a, e += p;
         double v = (tokens_other + e) / t[rows_other + 1 + k];
         if (v > best_v) best_v = v, best = k;
@@ -171,6 +179,6 @@ int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_
     if (c->probe_gap > gap) c->probe_gap = gap;
     if (c->idle < c->probe_gap) c->idle++;
     /* what was seen long ago counts less, so that a probe's news weighs */
-    c->hit *= LOOKUP_IDLE_KEEP, c->tried *= LOOKUP_IDLE_KEEP;
+    for (int32_t i = 1; i <= LLM_LOOKUP_POS; i++) c->hit[i] *= LOOKUP_IDLE_KEEP, c->tried[i] *= LOOKUP_IDLE_KEEP;
     return c->idle >= c->probe_gap ? 1 : 0;
 }
