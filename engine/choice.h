@@ -13,9 +13,9 @@
  *              the text stream (engine/session.h) turns the token into text
  *              and says whether a stop condition is met.
  *   drafts     llm_choice_propose: prompt-lookup drafts (engine/policy.h) to
- *              verify after the sampled token, as many as the length policy
- *              and the room allow; llm_choice_verified feeds the outcome of a
- *              verify pass back to that policy.
+ *              verify after the sampled token, as many as pay by the passes'
+ *              measured costs (llm_lookup_ctl) and the room allows;
+ *              llm_choice_verified feeds the outcome of a verify pass back.
  *   shift      llm_choice_shift_plan: whether a full context is shifted
  *              (and by how much) or ends the choice.
  *
