@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "../engine/model.h"
@@ -51,7 +52,8 @@ static void usage(void) {
            "  --depth D,..       tokens in the cache before each run (default 0)\n"
            "  -r, --reps N       runs of each test, reported as mean and stdev (default 3)\n"
            "  --json             one JSON object per row on stdout (JSON Lines): prefill_tps or\n"
-           "                     decode_tps, threads, depth, ...\n"
+           "                     decode_tps, threads, depth, ...; decode rows add floor_tps, floor_ratio,\n"
+           "                     llc_bytes (the last-level cache) and weights_fit_llc\n"
            CLI_MODEL_HELP);
 }
 
@@ -156,6 +158,36 @@ static double measure_bandwidth(llm_context *c) {
     return gbs;
 }
 
+/* The size of the last-level cache cpu 0 reads through: the data or unified
+ * cache of the highest level sysfs lists; failing that, glibc's level-3 size
+ * (from cpuid). 0 when neither says. */
+static uint64_t llc_bytes(void) {
+    uint64_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], type[32] = "", unit = 0;
+        int level = 0;
+        unsigned long long size = 0;
+        FILE *f;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        if (!(f = fopen(path, "r"))) continue;
+        int ok = fscanf(f, "%d", &level) == 1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if (ok && (f = fopen(path, "r"))) ok = fscanf(f, "%31s", type) == 1, fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (ok && (f = fopen(path, "r"))) ok = fscanf(f, "%llu%c", &size, &unit) >= 1, fclose(f);
+        if (!ok || !strcmp(type, "Instruction")) continue;
+        size *= unit == 'K' ? 1ull << 10 : unit == 'M' ? 1ull << 20 : unit == 'G' ? 1ull << 30 : 1;
+        if (level > best_level || (level == best_level && size > best)) best = size, best_level = level;
+    }
+    if (!best) {
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        best = l3 > 0 ? (uint64_t)l3 : 0;
+    }
+    return best;
+}
+
 /* One row: reps runs of prefill (n_gen 0) or decode of n tokens at depth,
  * then its line (or JSON object) on stdout. An llm_status. */
 static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
@@ -215,8 +247,12 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
                llm_quant_kernels(), (int)cp.act_bits, (unsigned long long)llm_model_packed_bytes(b->m), k,
                (long long)(n_prompt ? n_prompt : n_gen), k, mean, k, sd);
         if (n_gen) {
-            printf(", \"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"kv_bytes_in_use\": [",
-                   floor_mb * 1e6, b->read_gbs, floor_tps);
+            /* a floor ratio above 1 is possible when the weights stay in the last-level cache */
+            const uint64_t llc = llc_bytes(), weights = packed ? packed : llm_model_weight_bytes(b->m);
+            printf(", \"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"floor_ratio\": %.3f, "
+                   "\"llc_bytes\": %llu, \"weights_fit_llc\": %s, \"kv_bytes_in_use\": [",
+                   floor_mb * 1e6, b->read_gbs, floor_tps, floor_tps > 0 ? mean / floor_tps : 0,
+                   (unsigned long long)llc, !llc ? "null" : weights <= llc ? "true" : "false");
             for (int32_t g = 0; g < n_groups; g++) printf("%s%llu", g ? ", " : "", (unsigned long long)in_use[g]);
             printf("]");
         }
@@ -320,6 +356,10 @@ int cmd_bench_model(int argc, char **argv) {
                "  read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
                (double)(packed ? packed : llm_model_weight_bytes(b.m)) / 1e6, packed ? ", packed" : "",
                b.read_gbs, (int)cp.n_threads);
+        const uint64_t llc = llc_bytes();
+        if (llc)
+            printf("  the last-level cache holds %.1f MiB: the weights %s (a ratio above 1 means they are read from it)\n",
+                   (double)llc / (1 << 20), (packed ? packed : llm_model_weight_bytes(b.m)) <= llc ? "fit in it" : "do not fit");
     }
     llm_session_free(b.s);
     free(toks), free(b.x);

@@ -28,7 +28,8 @@ static void usage(void) {
            CLI_SAMPLE_HELP
            "  --draft-lookup N   prompt-lookup speculative decoding: propose up to N tokens that\n"
            "                     followed the last n-gram earlier in prompt + output, verify them in\n"
-           "                     one pass; the same text as without it (default 0: off)\n"
+           "                     one pass, as many as the measured pass costs pay for (none when\n"
+           "                     drafts are seldom taken); the same text as without it (default 0: off)\n"
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
 

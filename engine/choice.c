@@ -28,7 +28,8 @@ int llm_choice_init(llm_choice *ch, const llm_model *m, const llm_choice_params 
     }
     llm_sampler_accept_prompt(&ch->sampler, p->prompt, p->n_prompt);
     ch->max_tokens = p->max_tokens;
-    ch->draft_max = ch->draft_len = p->draft_max;
+    ch->draft_max = p->draft_max;
+    llm_lookup_ctl_init(&ch->lookup, p->draft_max);
     return LLM_OK;
 }
 
@@ -72,15 +73,18 @@ llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, c
     return why;
 }
 
-int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, int32_t *draft) {
-    int64_t lim = ch->draft_len < room ? ch->draft_len : room;
+int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
+                           int32_t rows_other, double tokens_other, int32_t *draft) {
+    if (ch->draft_max <= 0) return 0;
+    int64_t lim = llm_lookup_ctl_next(&ch->lookup, cost, rows_other, tokens_other);
+    lim = lim < room ? lim : room;
     if (ch->max_tokens >= 0 && lim > (int64_t)ch->max_tokens - ch->n_generated - 1)
         lim = (int64_t)ch->max_tokens - ch->n_generated - 1;
     return lim > 0 ? llm_lookup_draft(hist, n, (int32_t)lim, draft) : 0;
 }
 
 void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted) {
-    ch->draft_len = llm_lookup_next_len(ch->draft_max, proposed, accepted);
+    llm_lookup_ctl_seen(&ch->lookup, proposed, accepted);
 }
 
 int32_t llm_choice_shift_plan(int context_shift, int32_t n_keep, int32_t n_cached, int32_t *keep) {

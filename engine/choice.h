@@ -13,9 +13,9 @@
  *              the text stream (engine/session.h) turns the token into text
  *              and says whether a stop condition is met.
  *   drafts     llm_choice_propose: prompt-lookup drafts (engine/policy.h) to
- *              verify after the sampled token, as many as the length policy
- *              and the room allow; llm_choice_verified feeds the outcome of a
- *              verify pass back to that policy.
+ *              verify after the sampled token, as many as pay by the passes'
+ *              measured costs (llm_lookup_ctl) and the room allows;
+ *              llm_choice_verified feeds the outcome of a verify pass back.
  *   shift      llm_choice_shift_plan: whether a full context is shifted
  *              (and by how much) or ends the choice.
  *
@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "policy.h"
 #include "sampler.h"
 #include "session.h"
 
@@ -39,7 +40,7 @@ typedef struct {
     int32_t max_tokens;     /* the text stream's limit; < 0: none */
     int32_t n_generated;    /* tokens sampled and counted (an end-of-generation token is not) */
     int32_t draft_max;      /* prompt lookup: drafts at most; 0: off */
-    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len) */
+    llm_lookup_ctl lookup;  /* how many drafts to propose next (engine/policy.h) */
     /* Called with the logits [V] after the non-finite check, before
      * sampling, to bias or mask them (-INFINITY bans a token); nonzero
      * cancels (LLM_STOP_CANCEL, nothing sampled). NULL: none. */
@@ -75,10 +76,13 @@ void llm_choice_free(llm_choice *ch);
  * *text / *len: the text now safe to show (valid until the next call). */
 llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, const char **text, size_t *len);
 
-/* Up to what the length policy allows and `room` (positions and batch rows
- * left after the token to feed; tokens left to generate are counted here),
- * the drafts to follow hist [n] (prompt and output) into draft; 0: none. */
-int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, int32_t *draft);
+/* Up to what pays (llm_lookup_ctl_next with the passes' measured costs and
+ * the other sequences' rows_other rows and tokens_other tokens in the same
+ * pass) and `room` (positions and batch rows left after the token to feed;
+ * tokens left to generate are counted here), the drafts to follow hist [n]
+ * (prompt and output) into draft; 0: none. */
+int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
+                           int32_t rows_other, double tokens_other, int32_t *draft);
 /* A verify pass that proposed `proposed` drafts saw `accepted` taken. */
 void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted);
 

@@ -54,13 +54,63 @@ enum { LLM_LOOKUP_NGRAM_MIN = 1, LLM_LOOKUP_CONTEXT_MAX = 3 };
  * draft [max_draft]; returns how many were written (0: no match). */
 int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int32_t *draft);
 
-/* How many drafts to propose after a verify pass that proposed `proposed`
- * and saw `accepted` of them taken, with at most n_max. A pass of T rows
- * costs well over one decode step (the weight products are compute-bound:
- * on SmolLM2 at depth 4k on 2 cores, T = 2 about 1.5 steps, T = 9 about 4),
- * so a long draft pays only while drafts are being taken: all taken, twice
- * as many next (at most n_max); a rejection, one more than were taken. */
-int32_t llm_lookup_next_len(int32_t n_max, int32_t proposed, int32_t accepted);
+/* How long a forward pass of r rows takes (a decode step is 1 row, a verify
+ * pass 1 + its drafts, a scheduler step every sequence's rows), measured by
+ * the loop that runs them: the weight products are compute-bound, so a row
+ * costs well over nothing (on SmolLM2 at depth 4k on 2 cores, T = 2 about
+ * 1.5 steps, T = 9 about 4), and how much depends on the model, the
+ * machine and its load. Per row count up to LLM_PASS_COST_ROWS an average
+ * of the recent passes (a pass over twice or under half of it counts as
+ * that) and how often it was seen. Zero it to start. */
+enum { LLM_PASS_COST_ROWS = 64 };
+typedef struct {
+    double t[LLM_PASS_COST_ROWS + 1]; /* seconds of a pass of r rows (recent average); 0: not measured */
+    double w[LLM_PASS_COST_ROWS + 1]; /* passes of r rows seen, at most 8 */
+} llm_pass_cost;
+
+/* Seconds on a monotonic clock, to time passes with. */
+double llm_pass_clock(void);
+
+/* Records a pass of `rows` rows that took `seconds`; ignores rows outside
+ * 1 .. LLM_PASS_COST_ROWS and times that are not positive. */
+void llm_pass_cost_add(llm_pass_cost *c, int32_t rows, double seconds);
+
+/* The expected seconds of a pass of `rows` rows (1 .. LLM_PASS_COST_ROWS):
+ * the least-squares line through the measured row counts (a row's cost at
+ * least a tenth of their mean), or with one row count r measured, a row
+ * costing 1 / (r + 1.5) of a pass of r. 0 when nothing is measured. */
+double llm_pass_cost_at(const llm_pass_cost *c, int32_t rows);
+
+/* Chooses the drafts of a sequence's next verify pass by what they are
+ * measured to pay. Per draft position i it keeps how often a draft there
+ * was taken once those before it were (recent passes weigh most; a copy
+ * runs on, so a later position is taken more often than the first), a_i,
+ * so that k drafts yield E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens,
+ * and picks the k in 0 .. n_max that maximizes the tokens of the pass per
+ * second: (tokens_other + E(k)) / cost(rows_other + 1 + k), where the other
+ * rows and tokens are those of the other sequences in the same pass (0 for
+ * one sequence). When no drafts pay it proposes none, but every probe_gap
+ * passes it asks for one (the gap doubling while drafts keep not paying,
+ * up to where probes cost about 1% of the time, and LLM_LOOKUP_PROBE_MAX;
+ * what was seen fades meanwhile), so that a copy that begins later is found;
+ * the first pass is plain, to measure its cost. */
+enum { LLM_LOOKUP_PROBE_MIN = 4, LLM_LOOKUP_PROBE_MAX = 128, LLM_LOOKUP_POS = 16 };
+typedef struct {
+    int32_t n_max;     /* drafts at most; 0: never */
+    double hit[LLM_LOOKUP_POS + 1], tried[LLM_LOOKUP_POS + 1]; /* per position 1..: decayed counts
+                                                              * (the last for every later one) */
+    int32_t idle;      /* passes planned without drafts since drafts were last tried */
+    int32_t probe_gap; /* passes without drafts before a probe */
+} llm_lookup_ctl;
+
+void llm_lookup_ctl_init(llm_lookup_ctl *c, int32_t n_max);
+
+/* After a verify pass that proposed `proposed` drafts, `accepted` of them taken. */
+void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted);
+
+/* The drafts to propose for the next pass (0 .. n_max; the loop may find
+ * fewer). Call once per pass planned. */
+int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_t rows_other, double tokens_other);
 
 /* ---------------------------------------------------------------- session files */
 

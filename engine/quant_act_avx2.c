@@ -547,9 +547,11 @@ static inline void lanes_final(const __m256 acc[8], float out[8]) {
 enum { PF_AHEAD = 3072 };
 
 /* NT activation rows (decode, or a few): each row of the group decoded in
- * registers. NT > 1 (up to LANE_ROWS) only for a lane-packed group and
- * 16-bit quants, whose bytes are then read once for all the rows; each row's
- * float part is the same, so the same bits. */
+ * registers. NT > 1 (up to LANE_ROWS) only with 16-bit quants: a
+ * lane-packed group's bytes are then masked once for all the rows, another
+ * group's 8 rows decoded once per block for all of them (Q8_0 at 4-8 rows:
+ * 29 -> 36-41 GMAC/s, one thread of a Sapphire Rapids); each row's float
+ * part is the same, so the same bits. */
 static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
                                                               const llm_act_row *x, const int NT, float *out,
                                                               const int W16) {
@@ -567,7 +569,7 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
             lane_sums16(p + 8 * hd, xp, NT, S);
         } else if (llm_packed_lanes(type)) {
             S[0] = lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
-        } else {
+        } else if (NT == 1) {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
             UNROLL for (int r = 0; r < 8; r++) {
@@ -576,6 +578,18 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
                 v[r] = wdot(type, w0, w1, xa, xb, W16);
             }
             S[0] = hsum8_epi32(v);
+        } else { /* a few rows of 16-bit quants: the 8 rows' quants decoded once for all of them */
+            __m256i w0[8], w1[8];
+            UNROLL for (int r = 0; r < 8; r++) {
+                w1[r] = _mm256_setzero_si256();
+                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0[r], &w1[r]);
+            }
+            UNROLL for (int t = 0; t < NT; t++) {
+                __m256i xa, xb, v[8];
+                x_block(&x[t], b, W16, &xa, &xb);
+                UNROLL for (int r = 0; r < 8; r++) v[r] = wdot(type, w0[r], w1[r], xa, xb, W16);
+                S[t] = hsum8_epi32(v);
+            }
         }
         __m256 wa, wb;
         packed_scales(type, p, &wa, &wb);
@@ -586,11 +600,11 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
 }
 
 /* packed_group on the first rows of x [0 .. n), as many as it takes at
- * once (up to LANE_ROWS for a lane-packed group and 16-bit quants, else 1),
- * each count compiled apart; returns how many it took. */
+ * once (up to LANE_ROWS with 16-bit quants, else 1), each count compiled
+ * apart; returns how many it took. */
 static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
                                                             const llm_act_row *x, int n, float *out, const int W16) {
-    if (!(llm_packed_lanes(type) && W16) || n == 1) {
+    if (!W16 || n == 1) {
         packed_group(type, grp, nb, x, 1, out, W16);
         return 1;
     }
@@ -838,12 +852,22 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Past LLM_ACT_FEW_ROWS rows, whole groups of 8 in lanes; the rest (or all
- * of a few) by packed_rows */
+/* Lane-packed groups (Q4_0, Q4_1) with 16-bit quants take any number of
+ * rows LANE_ROWS at a time (packed_rows), on the AVX2 and VNNI kernels: the
+ * nibbles masked once for those rows beat decoding the group into the
+ * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
+ * (docs/PERFORMANCE.md); the AVX-512 kernels without VNNI still run past
+ * LLM_ACT_FEW_ROWS rows whole groups of 8 in lanes, as the other types do.
+ * The rest (or all of a few) by packed_rows. */
+#if defined(QK_VNNI) || LANE_ROWS == 2
+#define LANE_TILES 1
+#else
+#define LANE_TILES 0
+#endif
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
-        if (nt > LLM_ACT_FEW_ROWS && (W_ || !llm_packed_lanes(T_))) {                                \
+        if (nt > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {               \
             t = nt / 8 * 8;                                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
@@ -853,6 +877,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
 #undef PACKED_W
 #undef PACKED
+#undef LANE_TILES
 
 int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
                                           float *out) {

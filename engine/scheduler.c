@@ -377,15 +377,16 @@ static void preempt_newest(llm_sched *s) {
 
 /* ---------------------------------------------------------------- one step */
 
-/* Drafts for a decoding choice, written after its fed token at rows: what
- * the room allows (positions left in the context, tokens left to generate,
+/* Drafts for a decoding choice, written after its fed token at rows: as many
+ * as pay (llm_lookup_ctl_next) and the room allows (positions left in the context, tokens left to generate,
  * rows and logits rows left once every later decoder has its one row). */
-static int32_t propose(llm_sched *s, sched_seq *ch, int32_t rows, int32_t n_out, int32_t later) {
-    if (ch->c.draft_len <= 0) return 0;
+static int32_t propose(llm_sched *s, sched_seq *ch, int32_t rows, int32_t n_out, int32_t later, int32_t n_dec) {
     int64_t room[] = {s->n_ctx - ch->n_tokens, s->p.batch_tokens - rows - 1 - later, s->n_out_max - n_out - 1 - later};
     int64_t lim = room[0] < room[1] ? room[0] : room[1];
     lim = lim < room[2] ? lim : room[2];
-    return llm_choice_propose(&ch->c, ch->tokens, ch->n_tokens, lim, s->b_tokens + rows + 1);
+    /* the other decoders' rows (those placed, one for each still to come) and tokens */
+    return llm_choice_propose(&ch->c, ch->tokens, ch->n_tokens, lim, &s->cost, rows + later, n_dec - 1,
+                              s->b_tokens + rows + 1);
 }
 
 /* Live, in the cache, and one token (the last sampled) to feed. */
@@ -400,6 +401,7 @@ static int32_t build_batch(llm_sched *s, int32_t *n_seqs, int32_t *n_out) {
     int32_t rows = 0, nb = 0, no = 0, later = 0;
     for (int32_t k = 0; k < s->n_running; k++)
         for (int32_t i = 0; i < s->running[k]->n_choices; i++) later += decoding(&s->running[k]->ch[i]);
+    const int32_t n_dec = later;
     s->b_rows[0] = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int32_t k = 0; k < s->n_running; k++) {
@@ -412,7 +414,7 @@ static int32_t build_batch(llm_sched *s, int32_t *n_seqs, int32_t *n_out) {
                 if ((pass == 0) != (left == 1)) continue;
                 if (pass == 0) { /* the token to feed, then drafts: every row wants its logits */
                     later--;
-                    ch->n_draft = propose(s, ch, rows, no, later);
+                    ch->n_draft = propose(s, ch, rows, no, later, n_dec);
                     s->b_tokens[rows] = ch->tokens[ch->n_cached];
                     memset(s->b_want + rows, 1, (size_t)(1 + ch->n_draft));
                     ch->rows = 1 + ch->n_draft, ch->out_row = no;
@@ -639,7 +641,9 @@ int llm_sched_step(llm_sched *s) {
         if (rows == 0) break;
         llm_batch b = {.n_seqs = nb, .seqs = s->b_seqs, .row_start = s->b_rows, .tokens = s->b_tokens,
                        .want = s->b_want};
+        double t0 = llm_pass_clock();
         rc = llm_forward(s->c, &b, s->logits);
+        if (rc == LLM_OK) llm_pass_cost_add(&s->cost, rows, llm_pass_clock() - t0);
         if (rc != LLM_ERR_OUT_OF_PAGES) break;
         if (s->n_running > 1) {
             preempt_newest(s);

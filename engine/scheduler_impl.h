@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "choice.h"
+#include "policy.h"
 #include "scheduler.h"
 
 /* ---------------------------------------------------------------- records */
@@ -65,6 +66,7 @@ struct llm_sched {
     int32_t n_out_max;
     float *lsm;                 /* [V] scratch for log-softmax */
     llm_sched_stats st;         /* counters, written here */
+    llm_pass_cost cost;         /* the steps' measured costs by rows, for the drafts' choice */
 
     /* shared with other threads, under mu */
     pthread_mutex_t mu;

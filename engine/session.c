@@ -19,12 +19,6 @@ struct llm_session {
     float *logits;       /* [V] of the last position fed */
 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 llm_gen_params llm_gen_default_params(void) {
     return (llm_gen_params){.max_tokens = 128, .sampler = llm_sampler_default_params()};
 }
@@ -205,10 +199,10 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     memcpy(s->toks + k, tokens + k, sizeof(int32_t) * (size_t)(n - k));
     s->n = n;
     res->n_reused = k;
-    double t0 = now();
+    double t0 = llm_pass_clock();
     rc = llm_eval(s->c, s->seq, tokens + k, n - k, 0, s->logits, p->progress, p->progress_user);
-    res->t_prefill = now() - t0;
-    t0 = now();
+    res->t_prefill = llm_pass_clock() - t0;
+    t0 = llm_pass_clock();
     if (rc != LLM_OK) {
         s->n = k;
         STOP(LLM_STOP_ERROR, rc, "prefill of %d tokens failed: %s", (int)(n - k), llm_status_str(rc));
@@ -225,6 +219,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
      * tokens. */
     float *cur = s->logits;  /* the logits to sample from */
     int32_t vk = 0, vi = 0;  /* drafts in the cache after n_cached, and how many were accepted */
+    llm_pass_cost cost = {0}; /* the passes' measured costs, to judge how many drafts pay */
     while (rc == LLM_OK) {
         if (p->max_tokens == 0) {
             STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
@@ -296,8 +291,9 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         /* room: positions after tok, rows of one pass */
         int64_t room = (int64_t)n_ctx - p->reserve - s->n_cached - 1;
         if (room > n_batch - 1) room = n_batch - 1;
-        const int32_t nd = n_draft_max ? llm_choice_propose(&ch, s->toks, s->n, room, draft) : 0;
+        const int32_t nd = n_draft_max ? llm_choice_propose(&ch, s->toks, s->n, room, &cost, 0, 0, draft) : 0;
         res->n_passes++;
+        double tp = llm_pass_clock();
         if (nd == 0) {
             rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
             cur = s->logits;
@@ -311,6 +307,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             rc = llm_forward(s->c, &b, rows);
             cur = rows, vk = nd, res->n_drafted += nd;
         }
+        if (n_draft_max) llm_pass_cost_add(&cost, 1 + nd, llm_pass_clock() - tp);
         if (rc != LLM_OK) {
             vk = 0;
             STOP(LLM_STOP_ERROR, rc, "decoding failed after %d tokens: %s", (int)res->n_generated, llm_status_str(rc));
@@ -328,7 +325,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         llm_textstream_flush(ch.ts, &text, &len);
         show(p, text, len);
     }
-    res->t_decode = now() - t0;
+    res->t_decode = llm_pass_clock() - t0;
     llm_choice_free(&ch);
     return res->status;
 }

@@ -162,6 +162,34 @@ TEST(cli_bench_model_json_has_the_documented_keys) {
     CHECK(json_num(r.out, "threads") == 2);
     CHECK(json_num(r.out, "depth") == 40);
     CHECK(json_num(r.out, "reps") == 2);
+    /* the decode row's ratio to its floor, and the last-level cache against the weights */
+    const char *dec = strstr(r.out, "\"decode_tps\"");
+    CHECK(dec != NULL);
+    if (dec) {
+        double tps = json_num(dec, "decode_tps"), floor = json_num(dec, "floor_tps");
+        CHECK(floor > 0);
+        CHECK_NEAR(json_num(dec, "floor_ratio"), tps / floor, 1e-3 + 1e-3 * tps / floor);
+        unsigned long long llc = 0; /* the biggest data or unified cache of the deepest level in sysfs */
+        for (int i = 0, deepest = 0; i < 16; i++) {
+            char cmd[256];
+            snprintf(cmd, sizeof cmd, "d=/sys/devices/system/cpu/cpu0/cache/index%d; [ -r $d/size ] && "
+                     "[ \"$(cat $d/type)\" != Instruction ] && echo $(cat $d/level) $(numfmt --from=iec $(cat $d/size))", i);
+            FILE *p = popen(cmd, "r");
+            int level;
+            unsigned long long size;
+            if (p && fscanf(p, "%d %llu", &level, &size) == 2 && (level > deepest || (level == deepest && size > llc)))
+                deepest = level, llc = size;
+            if (p) pclose(p);
+        }
+        if (llc) {
+            CHECK(json_num(dec, "llc_bytes") == (double)llc);
+            const char *obj = dec;
+            while (obj > r.out && obj[-1] != '\n') obj--;
+            const char *fit = json_num(obj, "packed_bytes") <= (double)llc ? "\"weights_fit_llc\": true"
+                                                                            : "\"weights_fit_llc\": false";
+            CHECK(strstr(dec, fit) != NULL);
+        }
+    }
     done(&r);
     /* lists, as llama-bench takes them: a row per depth and size, in that order (issue 45.3) */
     snprintf(args, sizeof args, "bench model -m %s -p 16,24 -n 4 --depth 0,20 -r 1", path);

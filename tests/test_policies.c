@@ -205,6 +205,112 @@ TEST(policy_lookup_drafts_what_followed_the_most_recent_occurrence) {
     CHECK_EQ_INT(llm_lookup_draft(NULL, 8, 8, d), 0);
 }
 
+TEST(policy_pass_cost_interpolates_extrapolates_and_never_falls_with_rows) {
+    llm_pass_cost c = {0};
+    CHECK(llm_pass_cost_at(&c, 1) == 0); /* nothing measured */
+    llm_pass_cost_add(&c, 1, 1.0);
+    CHECK_NEAR(llm_pass_cost_at(&c, 1), 1.0, 1e-12);
+    CHECK_NEAR(llm_pass_cost_at(&c, 2), 1.0 + 1.0 / 2.5, 1e-12); /* one row counts: the prior */
+    llm_pass_cost_add(&c, 5, 3.0);
+    CHECK_NEAR(llm_pass_cost_at(&c, 3), 2.0, 1e-12);  /* between 1 and 5 */
+    CHECK_NEAR(llm_pass_cost_at(&c, 9), 5.0, 1e-12);  /* the slope of 1 .. 5 beyond */
+    llm_pass_cost_add(&c, 1, 2.0);                    /* recent passes weigh most */
+    CHECK(llm_pass_cost_at(&c, 1) > 1.0 && llm_pass_cost_at(&c, 1) < 2.0);
+    llm_pass_cost d = {0};
+    llm_pass_cost_add(&d, 1, 1.0);
+    llm_pass_cost_add(&d, 2, 0.5);                    /* noise: more rows never cost less */
+    CHECK(llm_pass_cost_at(&d, 2) > llm_pass_cost_at(&d, 1) && llm_pass_cost_at(&d, 1) > 0);
+    llm_pass_cost_add(&d, 1, 100.0);                  /* a pass held up counts as twice the usual */
+    CHECK_NEAR(d.t[1], 0.75 * 1.0 + 0.25 * 2.0, 1e-12);
+    llm_pass_cost_add(&d, 0, 1.0), llm_pass_cost_add(&d, LLM_PASS_COST_ROWS + 1, 1.0), llm_pass_cost_add(&d, 3, -1);
+    CHECK(llm_pass_cost_at(&d, 0) == 0 && llm_pass_cost_at(&d, LLM_PASS_COST_ROWS + 1) == 0);
+}
+
+/* A verify loop against a made-up machine: a pass of r rows takes
+ * base + row * (r - 1) seconds; the first draft is taken with probability
+ * p1, each later one with p while those before it were (a fixed
+ * pseudo-random sequence). Returns the tokens per second of n passes driven
+ * by the controller; *drafted: passes with drafts. */
+static double lookup_sim(int32_t n_max, double base, double row, double p1, double p, int32_t n, int32_t rows_other,
+                         int32_t *drafted, llm_lookup_ctl *ctl, llm_pass_cost *cost, uint64_t *rng) {
+    double tokens = 0, secs = 0;
+    *drafted = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t k = llm_lookup_ctl_next(ctl, cost, rows_other, rows_other);
+        CHECK(k >= 0 && k <= n_max);
+        int32_t j = 0;
+        while (j < k) {
+            *rng = *rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            if ((double)(*rng >> 11) / 9007199254740992.0 >= (j ? p : p1)) break;
+            j++;
+        }
+        double t = base + row * (rows_other + k);
+        llm_pass_cost_add(cost, rows_other + 1 + k, t);
+        llm_lookup_ctl_seen(ctl, k, j);
+        tokens += rows_other + 1 + j, secs += t, *drafted += k > 0;
+    }
+    return tokens / secs;
+}
+
+/* The best rate any fixed draft length reaches on that machine. */
+static double lookup_best(int32_t n_max, double base, double row, double p1, double p, int32_t rows_other) {
+    double best = 0, e = 0, q = 1;
+    for (int32_t k = 0; k <= n_max; k++, q *= k == 1 ? p1 : p) {
+        e += q;
+        double v = (rows_other + e) / (base + row * (rows_other + k));
+        best = v > best ? v : best;
+    }
+    return best;
+}
+
+TEST(policy_lookup_drafts_only_what_the_measured_costs_pay_for) {
+    struct {
+        double row, p1, p, min_of_best; /* a row's cost, drafts taken, rate at least this share of the best */
+        int32_t rows_other, draft_most; /* passes with drafts: at most draft_most (of 400) */
+    } cases[] = {
+        {0.5, 0.2, 0.2, 0.97, 0, 60},    /* little copying, dear rows: plain, a probe now and then */
+        {0.5, 0.0, 0.0, 0.97, 0, 60},    /* no copying at all */
+        {0.3, 0.9, 0.9, 0.90, 0, 400},   /* a copy: long drafts */
+        {0.4, 0.6, 0.97, 0.90, 0, 400},  /* a copy whose runs go on once begun */
+        {0.0, 0.5, 0.5, 0.97, 0, 400},   /* free rows: every draft pays */
+        {0.05, 0.5, 0.5, 0.97, 15, 400}, /* a batch of 16: a row is cheap beside the step */
+        {0.2, 0.2, 0.2, 0.97, 15, 100},  /* ... unless drafts are rarely taken (probes are cheap here) */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        llm_lookup_ctl ctl;
+        llm_pass_cost cost = {0};
+        uint64_t rng = 42 + c;
+        int32_t drafted;
+        llm_lookup_ctl_init(&ctl, 8);
+        double v = lookup_sim(8, 1.0, cases[c].row, cases[c].p1, cases[c].p, 400, cases[c].rows_other, &drafted, &ctl,
+                              &cost, &rng);
+        double best = lookup_best(8, 1.0, cases[c].row, cases[c].p1, cases[c].p, cases[c].rows_other);
+        if (v < cases[c].min_of_best * best || drafted > cases[c].draft_most)
+            printf("case %d: %.4f tokens/s of the best %.4f, %d passes with drafts\n", (int)c, v, best, (int)drafted);
+        CHECK(v >= cases[c].min_of_best * best);
+        CHECK(drafted <= cases[c].draft_most);
+    }
+    /* a copy that begins late is found by the probes, and drafts stop when it ends */
+    llm_lookup_ctl ctl;
+    llm_pass_cost cost = {0};
+    uint64_t rng = 7;
+    int32_t drafted;
+    llm_lookup_ctl_init(&ctl, 8);
+    lookup_sim(8, 1.0, 0.4, 0.05, 0.05, 300, 0, &drafted, &ctl, &cost, &rng);
+    double v = lookup_sim(8, 1.0, 0.4, 0.95, 0.95, 300, 0, &drafted, &ctl, &cost, &rng);
+    CHECK(v >= 0.8 * lookup_best(8, 1.0, 0.4, 0.95, 0.95, 0));
+    lookup_sim(8, 1.0, 0.4, 0.0, 0.0, 100, 0, &drafted, &ctl, &cost, &rng);
+    CHECK(drafted <= 20);
+    /* never more than n_max, never any with n_max 0 */
+    llm_lookup_ctl_init(&ctl, 0);
+    CHECK_EQ_INT(llm_lookup_ctl_next(&ctl, &cost, 0, 0), 0);
+    llm_lookup_ctl_init(&ctl, 3);
+    CHECK_EQ_INT(llm_lookup_ctl_next(&ctl, &(llm_pass_cost){0}, 0, 0), 0); /* first a plain pass, to measure */
+    llm_pass_cost cheap = {0};
+    llm_pass_cost_add(&cheap, 1, 1.0), llm_pass_cost_add(&cheap, 2, 1.0);
+    CHECK_EQ_INT(llm_lookup_ctl_next(&ctl, &cheap, 0, 0), 3);
+}
+
 /* ---------------------------------------------------------------- session files */
 
 typedef struct {
