@@ -47,7 +47,7 @@ static key_source head_source(const attend_job *j, const kv_work_item *it, int32
                             .v = (const unsigned char *)(j->v + (size_t)head * j->d)};
     const kv_cache *c = j->cache;
     return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
-                        .stride = (size_t)j->d * c->pages.elem, .cache = c,
+                        .stride = c->pages.row_bytes, .cache = c,
                         .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = head};
 }
 
@@ -221,23 +221,24 @@ static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
 }
 
 /* Where the blocks of an item's decode traversal lie, found once an item:
- * in a page, head it->head's K, V (and KV_Q8's scales) at fixed offsets from
+ * in a page, head it->head's K, V (and a scaled type's scales) at fixed
+ * offsets from
  * the page's start, each further head head_step (scale_step) on; in a dense
  * array, one block of all the keys from head it->head's K and V row 0. */
 typedef struct {
     const unsigned char *pool;    /* paged: the cache's pages, else NULL */
     const int32_t *table;         /* paged: the sequence's block table */
     size_t page_bytes;
-    uintptr_t k, v, ks, vs;       /* paged: offsets in a page (ks, vs: KV_Q8 only, else 0); dense: addresses */
+    uintptr_t k, v, ks, vs;       /* paged: offsets in a page (ks, vs: a scaled type's, else 0); dense: addresses */
     size_t head_step, scale_step; /* bytes from one head to the next */
     size_t stride;                /* bytes from one position to the next */
     int32_t block, row_bytes;
-    bool q8;
+    bool scaled;                  /* the rows have scales (paged: ks, vs) */
     bool share;                   /* dense, every head in the item (see block_at's `ask`) */
 } block_map;
 
 static block_map item_blocks(const attend_job *j, const kv_work_item *it, const key_source *s) {
-    block_map bm = {.block = s->block, .stride = s->stride, .row_bytes = s->d * (int32_t)kv_dtype_size(s->dtype)};
+    block_map bm = {.block = s->block, .stride = s->stride, .row_bytes = (int32_t)kv_type_row_bytes(kv_type(s->dtype), s->d)};
     if (!s->cache) {
         bm.k = (uintptr_t)s->k, bm.v = (uintptr_t)s->v, bm.head_step = (size_t)bm.row_bytes;
         bm.share = it->n_heads == j->Hkv;
@@ -249,18 +250,18 @@ static block_map item_blocks(const attend_job *j, const kv_work_item *it, const 
     bm.k = (uintptr_t)kv_page_head(c, 0, s->layer, 0, s->head) - pool;
     bm.v = (uintptr_t)kv_page_head(c, 0, s->layer, 1, s->head) - pool;
     bm.head_step = c->pages.head_bytes;
-    if (s->dtype == KV_Q8) {
-        bm.q8 = true;
+    if (c->pages.row_scales) {
+        bm.scaled = true;
         bm.ks = (uintptr_t)kv_page_scales(c, 0, s->layer, 0, s->head) - pool;
         bm.vs = (uintptr_t)kv_page_scales(c, 0, s->layer, 1, s->head) - pool;
-        bm.scale_step = (size_t)c->p.page_size * sizeof(float);
+        bm.scale_step = (size_t)c->p.page_size * (size_t)c->pages.row_scales * sizeof(float);
     }
     return bm;
 }
 
 /* One block of the decode traversal: up to 16 keys from j0, never across a
  * page, and where every head of the item keeps them (rows already offset to
- * j0; KV_Q8's scales too, else NULL). n == 0: past the item's keys. Slot f
+ * j0; a scaled type's scales too, else NULL). n == 0: past the item's keys. Slot f
  * of a block: f < n_heads K of head f, else V of head f - n_heads; ask[f]
  * and ask_bytes, what the kernels ask the memory for of it (kv_ahead): in a
  * page, its rows, one after another; in a dense array, which interleaves the
@@ -287,8 +288,8 @@ static void block_at(const block_map *bm, const kv_work_item *it, int32_t j0, de
     for (int32_t a = 0; a < hn; a++) {
         b->k[a] = (const unsigned char *)(k + a * bm->head_step);
         b->v[a] = (const unsigned char *)(v + a * bm->head_step);
-        b->ks[a] = bm->q8 ? (const float *)(page + bm->ks + a * bm->scale_step) + in_blk : NULL;
-        b->vs[a] = bm->q8 ? (const float *)(page + bm->vs + a * bm->scale_step) + in_blk : NULL;
+        b->ks[a] = bm->scaled ? (const float *)(page + bm->ks + a * bm->scale_step) + in_blk : NULL;
+        b->vs[a] = bm->scaled ? (const float *)(page + bm->vs + a * bm->scale_step) + in_blk : NULL;
     }
     if (bm->pool) {
         b->ask_bytes = b->n * bm->row_bytes;
@@ -312,7 +313,7 @@ static kv_ahead slot_ahead(const decode_block *cur, const decode_block *next, in
     return a;
 }
 
-/* KV_Q8's scales of block b, every head's K and V: a line or two each,
+/* The scales of block b, every head's K and V: a line or two each,
  * asked for a block before the kernels read them, where the slots' rows do
  * not reach. */
 static void prefetch_scales(const kv_work_item *it, const decode_block *b) {
@@ -501,7 +502,7 @@ typedef struct {
 } cursor;
 
 /* Bytes of K/V one key of a paged item of hn heads streams: its share of a
- * page's layer slice (KV_Q8's scales included). */
+ * page's layer slice (a scaled type's scales included). */
 static size_t split_key_bytes(const kv_cache *c, int32_t hn) {
     return (size_t)hn * c->pages.layer_bytes / ((size_t)c->p.page_size * (size_t)c->p.n_kv_heads);
 }
@@ -619,7 +620,7 @@ int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, co
 static int attend_check(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H, bool f64,
                         const void *q, const void *out, int32_t *rows) {
     if (!c || !b) return KV_ERR_NULL;
-    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers || H <= 0) return KV_ERR_SHAPE;
     if (H % c->p.n_kv_heads) return KV_ERR_HEADS;
     int rc = kv_batch_check(c, b, rows);
@@ -638,7 +639,7 @@ int kv_attend_f64(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
         const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
         if (T == 0) continue;
         for (int32_t g = 0; g < Hkv; g++) {
-            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->pages.elem,
+            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = c->pages.row_bytes,
                               .cache = c, .table = kv_table(c, seq), .layer = layer, .head = g};
             size_t off = ((size_t)b->row_start[i] * H + (size_t)g * G) * d;
             kv_attend_group_f64(&src, q + off, out + off, (size_t)H * d, T, G, c->seqs[seq].len - T,

@@ -22,7 +22,7 @@ typedef struct {
 
 typedef struct {
     const unsigned char *k, *v;   /* row 0 of the block */
-    const float *kscale, *vscale; /* KV_Q8: [block] scales, else NULL */
+    const float *kscale, *vscale; /* a scaled type's [block] scales, else NULL */
 } key_block;
 
 static inline key_block source_block(const key_source *s, int32_t blk) {
@@ -36,7 +36,7 @@ static inline key_block source_block(const key_source *s, int32_t blk) {
     int32_t page = s->table[blk];
     b.k = kv_page_head(s->cache, page, s->layer, 0, s->head);
     b.v = kv_page_head(s->cache, page, s->layer, 1, s->head);
-    if (s->dtype == KV_Q8) {
+    if (s->cache->pages.row_scales) {
         b.kscale = kv_page_scales(s->cache, page, s->layer, 0, s->head);
         b.vscale = kv_page_scales(s->cache, page, s->layer, 1, s->head);
     }

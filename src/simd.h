@@ -99,9 +99,6 @@ static inline void kv_ahead_rows(const kv_ahead *a, int32_t row_bytes, int32_t r
 /* Asks for all of `a` and of the near slot at once. */
 static inline void kv_ahead_all(const kv_ahead *a) { kv_ahead_rows(a, a->bytes, 0, 1); }
 
-/* Bytes of one stored element, for the kernels' types. */
-static inline int32_t kv_elem_bytes(kv_dtype t) { return t == KV_F64 ? 8 : t == KV_F32 ? 4 : t == KV_Q8 ? 1 : 2; }
-
 typedef struct {
     const char *name;
     /* dst [n][d] = n rows of `dtype` starting at src, `stride` bytes apart
@@ -159,7 +156,7 @@ typedef struct {
 enum { KV_DECODE_VECS = 8 };
 
 /* switch (dtype) { case T: switch (nv) { case NV: CALL(T, NV) } } for every
- * storage type T and vector count NV <= KV_DECODE_VECS, so that the SIMD
+ * kernel storage type T (KV_KERNEL_TYPES) and vector count NV <= KV_DECODE_VECS, so that the SIMD
  * files instantiate their decode kernels with both known at compile time. */
 #define KV_DECODE_NV(CALL, T, NV) case NV: CALL(T, NV); break;
 #define KV_DECODE_T(CALL, T)                                                                    \
@@ -170,10 +167,10 @@ enum { KV_DECODE_VECS = 8 };
             KV_DECODE_NV(CALL, T, 7) KV_DECODE_NV(CALL, T, 8)                                   \
         }                                                                                       \
         break;
+#define KV_DECODE_CASE_(CALL, T, ...) KV_DECODE_T(CALL, T)
 #define KV_DECODE_SWITCH(CALL)                                                                  \
     switch (t) {                                                                                \
-        KV_DECODE_T(CALL, KV_F32) KV_DECODE_T(CALL, KV_F16) KV_DECODE_T(CALL, KV_BF16)          \
-        KV_DECODE_T(CALL, KV_Q8)                                                                \
+        KV_KERNEL_TYPES_WITH(KV_DECODE_CASE_, CALL)                                             \
     default: break;                                                                             \
     }
 

@@ -37,7 +37,7 @@ static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const
         }
         default: break;
         }
-        if (e < d) kv_load_row(t, row + (size_t)e * kv_dtype_size(t), scales ? scales[j] : 1.0f, out + e, d - e);
+        if (e < d) kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
     }
 }
 
@@ -439,9 +439,9 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     kv_ahead_all(ahead);
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) continue;
-#define ONE(T)                                                                                           \
+#define ONE(T, ...)                                                                                      \
     case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &kv_no_ahead); break;
-        switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
+        switch (t) { KV_KERNEL_TYPES(ONE) default: break; }
 #undef ONE
     }
     (void)n;

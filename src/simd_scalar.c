@@ -10,7 +10,7 @@
 static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const float *scales,
                       int32_t n, int32_t d, float *dst) {
     for (int32_t j = 0; j < n; j++)
-        kv_load_row(t, src + (size_t)j * stride, scales ? scales[j] : 1.0f, dst + (size_t)j * d, d);
+        kv_load_row(t, src + (size_t)j * stride, scales ? scales + j : NULL, dst + (size_t)j * d, d);
 }
 
 static void dot_rows(const float *q, int32_t nv, const float *k, int32_t n, int32_t d, float *s,
