@@ -247,6 +247,10 @@ int llm_rope_qk(const llm_pass *ps, const kv_rope *rope) {
     return rc ? rc : kv_rope_apply_f32(rope, ps->ws->k, ps->rows, hp->n_kv_heads, ps->ws->pos);
 }
 
+int32_t llm_layer_window(const llm_context *c, int32_t l) {
+    return c->m->lhp[l].window ? c->m->lhp[l].window : c->p.window;
+}
+
 int llm_attention(const llm_pass *ps, int32_t l) {
     const llm_model *m = ps->c->m;
     const llm_hparams *hp = &m->hp;
