@@ -683,13 +683,10 @@ static void tile_q(const float *const *rows, int32_t n, int32_t d, float scale, 
 static const kv_simd avx512_vnni = AVX512_TABLE(decode_scores_q8i_vnni), avx512_bw = AVX512_TABLE(decode_scores_q8i_bw);
 #undef AVX512_TABLE
 
-/* KVCACHE_NO_VNNI=1 takes the kernels without VNNI where the CPU has it too
- * (read at each selection: the tests run both). */
+/* VNNI's kernels where the CPU has it, unless KVCACHE_NO_VNNI (src/cpu.h). */
 const kv_simd *kv_simd_avx512(void) {
     if (!kv_cpu_avx512()) return NULL;
-    const char *off = getenv("KVCACHE_NO_VNNI");
-    const bool vnni = __builtin_cpu_supports("avx512vnni") && !(off && *off && strcmp(off, "0"));
-    return vnni ? &avx512_vnni : &avx512_bw;
+    return kv_cpu_avx512vnni() && !kv_cpu_vnni_off() ? &avx512_vnni : &avx512_bw;
 }
 #else
 const kv_simd *kv_simd_avx512(void) { return NULL; }
