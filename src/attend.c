@@ -126,11 +126,9 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
  * update of the accumulators of each sub-tile that sees the chunk, all along
  * vector lanes. A sub-tile's arithmetic is what it would be as an item of its
  * own: the chunks end at the same absolute positions, keys it does not see
- * are masked or skipped. Sub-tiles sharing each chunk's conversion, T = S =
- * 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids: 1 -> 4, 222 -> 247
- * GFLOP/s over two (three interleaved runs each); 4 -> 8, 119.4 -> 116.5 ms
- * a call, median of five interleaved rounds of ten (the conversion,
- * load_rows, 5.0% -> 3.3% of the time). An item's vectors, transposed (qt),
+ * are masked or skipped. Sub-tiles share each chunk's conversion to f32,
+ * which is why an item holds several (docs/PERFORMANCE.md, "Tuning
+ * record"). An item's vectors, transposed (qt),
  * and its accumulators, TILE_ITEM_ELEMS floats at most each, go in the
  * buffers (qbuf, acc) of run_item: 128 KB each on the stack, where the
  * pool's threads have 4 MB. */
@@ -140,9 +138,7 @@ enum { ITEM_ELEMS = (int)ATT_WIDE_ELEMS > (int)TILE_ITEM_ELEMS ? (int)ATT_WIDE_E
 
 /* Keys per chunk on the tile path: twice att_chunk's budget up to 64 keys,
  * never fewer than att_chunk, so that each V block's accumulators stay in
- * registers over more keys: T = S = 2048, H32/Hkv8/d128 f16 (32 -> 64 keys),
- * 2 threads on Sapphire Rapids: 2% faster on the mean, 3% on the best, of
- * 12 interleaved runs. */
+ * registers over more keys. */
 enum { TILE_CHUNK_ELEMS = 2 * ATT_CHUNK_ELEMS, TILE_CHUNK_KEYS = 64 };
 static int32_t tile_chunk(int32_t d) {
     const int32_t wide = TILE_CHUNK_ELEMS / d < TILE_CHUNK_KEYS ? TILE_CHUNK_ELEMS / d : TILE_CHUNK_KEYS;
@@ -208,11 +204,8 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
  * (at least 2 slots, at most a block's worth), into L2, and for those of the
  * slot right after their own into L1 (simd.h, kv_ahead). Slot f of a block:
  * f < n_heads K of head f, else V of head f - n_heads; past the last slot,
- * the next block's. A K/V row stream needs that much in flight to keep one
- * core's loads fed: on Sapphire Rapids, 2 threads, H9/Hkv3/d64 q8 decode at
- * S = 512k read 15.3 GB/s with 2 slots (2 KB) ahead, 17.8 with 6 (6 KB); the
- * f16 shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead, and
- * with the L1 requests, 4 to 10 KB ahead. */
+ * the next block's. A K/V row stream needs a few KB in flight to keep one
+ * core's loads fed; small slots (q8, d64) need more of them than large. */
 enum { DECODE_PREFETCH_BYTES = 6 << 10 };
 
 static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
@@ -330,7 +323,7 @@ static void prefetch_scales(const kv_work_item *it, const decode_block *b) {
  * an infinity: the f32 path keeps the non-finite rule for it. d % 16 == 0;
  * sixteen elements a step in loops of fixed length, which the compiler takes
  * as vector operations (each split of a long decode quantizes its queries
- * again, so a scalar loop here cost 5% of a q8 decode). */
+ * again, so this loop is on decode's path). */
 static bool quantize_queries(const float *q, int32_t n, int32_t d, int16_t *qi, float *qs) {
     for (int32_t v = 0; v < n; v++) {
         const float *x = q + (size_t)v * d;

@@ -61,10 +61,8 @@ struct kv_attend_work {
 enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
 
 /* The kernels' buffers on the stack start on a cache line: a 64-byte vector
- * load or store that straddles two lines costs two. The frame is aligned to
- * only 16 or 32 bytes otherwise; T = S = 2048, H32/Hkv8/d128 f16 prefill on
- * Sapphire Rapids, 2 threads: 255 -> 287 GFLOP/s (+12%) over 8 interleaved
- * runs. */
+ * load or store that straddles two lines costs two, and the frame is
+ * aligned to only 16 or 32 bytes otherwise. */
 #define LINE_ALIGNED _Alignas(64)
 
 /* Decode-like groups (at most KV_SPLIT_ROWS rows) are cut into splits at
@@ -74,17 +72,10 @@ enum { ATT_ACC_ELEMS = 4096, ATT_CHUNK_ELEMS = 4096, ATT_WIDE_ELEMS = 16384 };
  * of threads. */
 enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_SHORT = 4, KV_SPLIT_ROWS = 8, KV_WIDE_HEADS = 32 };
 
-/* Bytes of K/V a long split streams at least. A split costs about 3
- * microseconds more than its keys, whatever its length: 5% of a 1024-key
- * split of H9/Hkv3/d64 f16 (768 KB, 55 us on one core), 1% of one of
- * H32/Hkv8/d128 (4 MB). (Timed inside the items, its state, its partial
- * result and its combine take a sixth of that; the rest is in its keys'
- * loop, not found.) Sapphire Rapids, 2 threads, K/V cold, median of 100
- * interleaved calls, d64 f16 over 32k keys: 512-key splits 1.083 ms,
- * 1024-key 1.045, 4096-key 1.012; with this rule (4096 keys there), over
- * 32k and 128k keys 3-4% faster than 1024-key splits, and q8 (8192 keys)
- * 8%. A long sequence on many cores keeps its parallelism: 32k keys of
- * that shape still make 8 splits. */
+/* Bytes of K/V a long split streams at least: a split costs a few
+ * microseconds more than its keys, whatever its length, which is a large
+ * share of a short split of a small head. A long sequence on many cores
+ * keeps its parallelism: 32k keys of H9/Hkv3/d64 f16 still make 8 splits. */
 #define KV_SPLIT_BYTES ((size_t)2 << 20)
 
 /* Keys per split of a group that sees n keys, each key_bytes of K/V: the
@@ -93,8 +84,8 @@ enum { KV_SPLIT = 1024, KV_SPLIT_MIN = 128, KV_SPLIT_SHORT = 4, KV_SPLIT_ROWS = 
  * that cuts the n keys into at most KV_SPLIT_SHORT splits (one more when
  * they start between two multiples of it). Decode keeps all of a sequence's
  * heads in one item, so with long splits alone a context under 1024 keys
- * (or a 512-key sliding window) ran on one thread. Four, not more: eight
- * were slower on 2 threads from 2048 keys. It depends on n and the cache's
+ * (or a 512-key sliding window) would run on one thread; more than four
+ * short splits cost more than they spread. It depends on n and the cache's
  * shape alone, never on the threads. */
 static inline int32_t kv_split_len(int32_t n, size_t key_bytes) {
     int32_t longest = KV_SPLIT;

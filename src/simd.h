@@ -36,15 +36,9 @@ static inline float kv_corr_exp(float m_old, float m_new) {
  * of the next slot then hit L1. Asked for a few lines at a time, at steps
  * spread over all of the kernel's work (its reductions and softmax too): all
  * at once, the requests overran the core's miss buffers and stalled it, and
- * bunched into its FMA loops they left the memory idle in between (a
- * synthetic stream of such work read 10 GB/s a core with its requests
- * bunched, 19 spread). Both together, Sapphire Rapids, 2 threads, K/V cold,
- * median of 40 calls, share of the read bandwidth: H9/Hkv3/d64 f16 at S =
- * 128k 0.72 -> 0.77, H32/Hkv8/d128 at 32k 0.80 -> 0.85, q8 0.55 -> 0.58; the
- * AVX2 kernels forced, d64 0.53 -> 0.61, d128 0.54 -> 0.77. Three words of
- * state: the kernels use every register they have, and a walk of more (the
- * rows and stride of a dense array) made them spill, which cost as much as
- * the L1 requests gained. */
+ * bunched into its FMA loops they left the memory idle in between. Three
+ * words of state: the kernels use every register they have, and a walk of
+ * more (the rows and stride of a dense array) made them spill. */
 typedef struct {
     const unsigned char *p;
     int32_t bytes;

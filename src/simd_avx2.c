@@ -207,9 +207,8 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
 }
 
 /* vhaddps, as two shuffles and an add: the same sums of the same pairs, so
- * the same bits, and faster on Zen 3, where the trees below are a fifth of
- * a block's dots at d = 64 (one block's dots, in L1: H9/Hkv3/d64 332 -> 311
- * cycles, H32/Hkv8/d128 676 -> 652, the best of 3 x 15 runs). */
+ * the same bits, in fewer cycles on CPUs where vhaddps is microcoded (Zen);
+ * the trees below are a fifth of a block's dots at d = 64. */
 static inline __m256 hadd8(__m256 a, __m256 b) {
     return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
 }

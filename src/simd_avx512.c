@@ -565,10 +565,8 @@ KERNEL_INLINE tile_softmax(const bool all, int32_t live_n, int32_t ldq, int32_t 
                _mm512_cmpge_epi32_mask(_mm512_set1_epi32(j0 + (j)), lo))
     const __m512 mold = _mm512_loadu_ps(m);
     /* four running maxima: one alone waits out each max's latency, key after
-     * key (2.5% of a prefill's time went to that chain; T = S = 1024,
-     * H32/Hkv8/d128 f16, 1 thread on Sapphire Rapids: 61.6 -> 60.4 ms a call,
-     * best of six interleaved rounds). The max is exact in any order; a NaN
-     * score makes its weight NaN whichever maximum it lands in. */
+     * key. The max is exact in any order; a NaN score makes its weight NaN
+     * whichever maximum it lands in. */
     __m512 m4[4] = {mold, mold, mold, mold};
     int32_t j = 0;
     for (; j + 4 <= n; j += 4)
