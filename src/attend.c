@@ -231,7 +231,8 @@ typedef struct {
 } block_map;
 
 static block_map item_blocks(const attend_job *j, const kv_work_item *it, const key_source *s) {
-    block_map bm = {.block = s->block, .stride = s->stride, .row_bytes = (int32_t)kv_type_row_bytes(kv_type(s->dtype), s->d)};
+    block_map bm = {.block = s->block, .stride = s->stride,
+                    .row_bytes = (int32_t)kv_type_row_bytes(kv_type(s->dtype), s->d)};
     if (!s->cache) {
         bm.k = (uintptr_t)s->k, bm.v = (uintptr_t)s->v, bm.head_step = (size_t)bm.row_bytes;
         bm.share = it->n_heads == j->Hkv;

@@ -106,7 +106,8 @@ int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
     pg->row_bytes = kv_type_row_bytes(tt, p->head_dim);
     pg->row_scales = kv_type_row_scales(tt, p->head_dim);
     pg->head_bytes = (size_t)p->page_size * pg->row_bytes;
-    pg->layer_bytes = 2 * (size_t)p->n_kv_heads * (pg->head_bytes + (size_t)p->page_size * (size_t)pg->row_scales * sizeof(float));
+    pg->layer_bytes = 2 * (size_t)p->n_kv_heads *
+                      (pg->head_bytes + (size_t)p->page_size * (size_t)pg->row_scales * sizeof(float));
     pg->page_bytes = ((size_t)p->n_layers * pg->layer_bytes + 63) & ~(size_t)63;
     if (pg->page_bytes / (size_t)p->n_layers < pg->layer_bytes || (size_t)p->n_pages > SIZE_MAX / pg->page_bytes)
         return KV_ERR_SHAPE;
@@ -471,7 +472,8 @@ static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos,
                 if (f64) {
                     memcpy((double *)dst + off, src, (size_t)d * sizeof(double));
                 } else {
-                    kv_load_row(c->p.dtype, src, kv_page_row_scales(c, page, layer, kv, h, slot), (float *)dst + off, d);
+                    kv_load_row(c->p.dtype, src, kv_page_row_scales(c, page, layer, kv, h, slot), (float *)dst + off,
+                                d);
                 }
             }
         }

@@ -155,7 +155,8 @@ uint64_t kv_price_per_token(int32_t n_layers, int32_t n_kv_heads, int32_t head_d
     const kv_type_traits *tt = kv_type(t);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || !tt) return 0;
     uint64_t heads = sat_mul(2ull * (uint64_t)n_layers, (uint64_t)n_kv_heads); /* K and V */
-    uint64_t row = (uint64_t)kv_type_row_bytes(tt, head_dim) + (uint64_t)kv_type_row_scales(tt, head_dim) * sizeof(float);
+    uint64_t row = (uint64_t)kv_type_row_bytes(tt, head_dim) +
+                   (uint64_t)kv_type_row_scales(tt, head_dim) * sizeof(float);
     return sat_mul(heads, row);
 }
 

@@ -1,9 +1,11 @@
 /* src/kvtype.h - the storage types of K and V as one table of traits, the
- * library's only description of a type: the page layout, the file format, the
- * price of a token, the row conversions and the kernels all derive from a
- * type's row. A new type is a line in KV_TYPES, its store_<name> and
- * load_<name> in src/dtype.c, and its element loads in each src/simd_*.c
- * (the per-ISA hooks, picked by KV_KERNEL_TYPES). */
+ * library's only description of a type: the page layout, the file format,
+ * the price of a token, the row conversions and the kernels' instantiations
+ * all derive from a type's row. A new type is a line in KV_TYPES (or
+ * KV_KERNEL_TYPES_WITH), its store_<name> and load_<name> in src/dtype.c,
+ * and, for the SIMD kernels, its element loads in each src/simd_*.c: the
+ * per-ISA hooks (load_rows, load8 / load16), which every kernel takes with
+ * the type a compile-time constant. */
 #ifndef KV_KVTYPE_H
 #define KV_KVTYPE_H
 
@@ -16,20 +18,20 @@
 /* A scale block of a whole row: one f32 per (token, head). */
 #define KV_ROW INT32_MAX
 
-/* X(enum, name, bits per element, elements per f32 scale) for every type
- * the SIMD kernels read (they instantiate their decode kernels once per
- * type, the type a compile-time constant), and with KV_F64, the float64
- * reference's alone, for every type. The scale is 0 for an unscaled type,
+/* The table: X(A, enum, name, bits per element, elements per f32 scale) for
+ * every type the SIMD kernels read. The scale is 0 for an unscaled type,
  * KV_ROW for one per row, else one per that many elements of a row; the
- * scales lie apart from the rows (at a page slice's or a file record's
- * end). A 4-bit type with a scale per 32 elements would read
- * X(KV_Q4, q4, 4, 32). */
+ * scales lie apart from the rows (at a page slice's or a file record's end).
+ * A 4-bit type with a scale per 32 elements would read X(A, KV_Q4, q4, 4,
+ * 32); the decode kernels apply one scale per row (ks[j], vs[j]), so such a
+ * type brings kernels that apply its blocks' scales. */
 #define KV_KERNEL_TYPES_WITH(X, A)                                                                           \
     X(A, KV_F32, f32, 32, 0) X(A, KV_F16, f16, 16, 0) X(A, KV_BF16, bf16, 16, 0) X(A, KV_Q8, q8, 8, KV_ROW)
-#define KV_TYPES(X) X(KV_F64, f64, 64, 0) KV_KERNEL_TYPES(X)
-/* The same with one more argument A first: X(A, enum, name, bits, scale). */
+/* The same as X(enum, name, bits, scale). */
 #define KV_KERNEL_TYPES(X) KV_KERNEL_TYPES_WITH(KV_APPLY_, X)
 #define KV_APPLY_(X, ...) X(__VA_ARGS__)
+/* Every type: those and KV_F64, the float64 reference's alone. */
+#define KV_TYPES(X) X(KV_F64, f64, 64, 0) KV_KERNEL_TYPES(X)
 
 typedef struct {
     const char *name;    /* kv_dtype_name; kv_dtype_parse takes it */

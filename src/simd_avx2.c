@@ -38,7 +38,8 @@ static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const
         }
         default: break;
         }
-        if (e < d) kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
+        if (e < d)
+            kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
     }
 }
 
@@ -410,7 +411,14 @@ SOFTMAX(1) SOFTMAX(2) SOFTMAX(3) SOFTMAX(4) SOFTMAX(5) SOFTMAX(6) SOFTMAX(7) SOF
 static softmax_fn *const softmax_for[KV_DECODE_VECS] = {softmax_1, softmax_2, softmax_3, softmax_4,
                                                         softmax_5, softmax_6, softmax_7, softmax_8};
 
-static bool decode_type(kv_dtype t) { return (unsigned)t < sizeof dots_for / sizeof dots_for[0] && dots_for[t][0]; }
+static bool decode_type(kv_dtype t) {
+#define CASE(T, ...) case T:
+    switch (t) {
+        KV_KERNEL_TYPES(CASE) return true;
+    default: return false;
+    }
+#undef CASE
+}
 
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,

@@ -37,7 +37,8 @@ static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const
         }
         default: break;
         }
-        if (e < d) kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
+        if (e < d)
+            kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
     }
 }
 
