@@ -69,15 +69,12 @@ $(LIB_OBJ) $(ENGINE_OBJ): CFLAGS_ALL += -fvisibility=hidden
 # KERNEL_CFLAGS: extra flags for those files alone (the sanitizer build's).
 # Their debug information is line tables only (-g1): their unrolled,
 # specialized functions are the largest of the build, and tracking each
-# local through them doubled gcc's compile time of the int8-activation file
-# (24 s against 11 s here) for locals that -O2 leaves "optimized out"
-# anyway; a stack trace or a profile still names the file and line. The code
-# is the same either way (checked byte for byte).
+# local through them doubles gcc's compile time for locals that -O2 leaves
+# "optimized out" anyway; a stack trace or a profile still names the file
+# and line, and the code is the same either way.
 # Their functions start on a cache line (-falign-functions=64): at gcc's 16,
 # where a kernel landed moved with every change to the code linked before it,
-# and its loops' speed moved with that (H32/Hkv8/d128 f16 decode at 32k keys,
-# K/V cold: 4.72 or 5.29 ms a call, 12% apart, for two builds of one kernel
-# 16 bytes apart; on a line, both 4.63).
+# and its loops' speed moved with that (docs/PERFORMANCE.md, "Tuning record").
 KERNEL_FLAGS = -g1 -falign-functions=64 $(KERNEL_CFLAGS)
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c $(KERNEL_FLAGS)
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c $(KERNEL_FLAGS)

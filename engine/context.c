@@ -31,10 +31,6 @@ static int32_t group_window(const llm_model *m, const llm_context_params *p, int
     return m->groups[g].window ? m->groups[g].window : p->window;
 }
 
-int32_t llm_layer_window(const llm_context *c, int32_t l) {
-    return c->m->lhp[l].window ? c->m->lhp[l].window : c->p.window;
-}
-
 int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_context **out, char *err,
                        size_t errlen) {
     *out = NULL;

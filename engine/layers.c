@@ -16,12 +16,8 @@
  * promise, tested), so the cut may follow the thread count. A task is one
  * stream through memory, and its first KB stall before the kernels'
  * prefetches run ahead, so short tasks are slow; and tasks of equal size
- * balance the threads best. SmolLM2 decode, 2 threads, median of 8
- * interleaved runs (Zen 4): 214 tok/s at 32 rows a task (11 KB), 231 at
- * 256 rows, 204 at 512 rows (576-row products in 2 unequal tasks); equal
- * tasks of <= 96, 128, 192 KB: 221, 232, 220. Its 1536-row FFN matrices are
- * 553 KB, 5 such tasks: 3 on one thread, 2 on the other. Rounded up to 6
- * (Zen 1, 2 threads, 4 interleaved runs): 116-119 -> 124-126 tok/s. */
+ * balance the threads best, hence a count of tasks rounded up to a multiple
+ * of the threads. */
 enum { MM_BYTES = 128 << 10 };
 static int64_t rows_per_task(const llm_matrix *w, int32_t threads) {
     const int64_t rb = llm_row_bytes(w->type, w->cols);
@@ -77,9 +73,8 @@ static int32_t tasks_of(const llm_matrix *w, int64_t task_rows) {
  * and gelu(g) * u with gelu(g) ~ g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715
  * g^3))), the tanh form Gemma uses, computed as g sigmoid(2 sqrt(2/pi) (g +
  * 0.044715 g^3)) (the same function: 1 + tanh(v) = 2 / (1 + e^-2v)): one
- * exp, where glibc's tanhf cost three times as much and was a tenth of a
- * Gemma prefill; llm_exp rather than glibc's expf, a call per element that
- * took 2.5% of a served SmolLM2 decode. */
+ * exp, where glibc's tanhf costs three; llm_exp rather than glibc's expf,
+ * which is a call per element. */
 static inline float silu_mul(float g, float u) { return g / (1.0f + llm_exp(-g)) * u; }
 static inline float gelu_mul(float g, float u) {
     return g / (1.0f + llm_exp(-1.5957691216f * (g + 0.044715f * g * g * g))) * u;
@@ -245,6 +240,10 @@ int llm_rope_qk(const llm_pass *ps, const kv_rope *rope) {
     const llm_hparams *hp = &ps->c->m->hp;
     int rc = kv_rope_apply_f32(rope, ps->ws->q, ps->rows, hp->n_heads, ps->ws->pos);
     return rc ? rc : kv_rope_apply_f32(rope, ps->ws->k, ps->rows, hp->n_kv_heads, ps->ws->pos);
+}
+
+int32_t llm_layer_window(const llm_context *c, int32_t l) {
+    return c->m->lhp[l].window ? c->m->lhp[l].window : c->p.window;
 }
 
 int llm_attention(const llm_pass *ps, int32_t l) {

@@ -4,6 +4,7 @@
  * quantizer, and the blocked matrix-product driver. */
 #include "quant.h"
 #include "quant_kern.h"
+#include "../src/cpu.h"
 #include "../src/half.h"
 
 #include <pthread.h>
@@ -289,25 +290,28 @@ const llm_qkern llm_qkern_scalar = {"scalar", scalar_dequant, scalar_dot_tile, s
                                      llm_act_dot_packed_scalar, llm_act_quantize_scalar, NULL};
 
 /* The AVX-512 kernels, with VNNI where the CPU has it, unless
- * KVCACHE_NO_VNNI is set (not "0"), as for the library's kernels */
+ * KVCACHE_NO_VNNI (src/cpu.h) */
 static const llm_qkern *avx512_best(void) {
-    const char *off = getenv("KVCACHE_NO_VNNI");
-    const llm_qkern *k = off && *off && strcmp(off, "0") ? NULL : llm_qkern_avx512vnni();
+    const llm_qkern *k = kv_cpu_vnni_off() ? NULL : llm_qkern_avx512vnni();
     return k ? k : llm_qkern_avx512();
 }
 
-static const llm_qkern *by_name(const char *name) {
-    if (!strcmp(name, "scalar")) return &llm_qkern_scalar;
-    if (!strcmp(name, "avx2")) return llm_qkern_avx2();
-    if (!strcmp(name, "avx512")) return avx512_best();
-    if (!strcmp(name, "avx512vnni")) return llm_qkern_avx512vnni();
-    return NULL;
+/* The kernels of isa (src/cpu.h), or NULL when not compiled in or the CPU
+ * lacks it. */
+static const llm_qkern *for_isa(int isa) {
+    switch (isa) {
+    case KV_ISA_SCALAR: return &llm_qkern_scalar;
+    case KV_ISA_AVX2: return llm_qkern_avx2();
+    case KV_ISA_AVX512: return avx512_best();
+    case KV_ISA_AVX512VNNI: return llm_qkern_avx512vnni();
+    default: return NULL;
+    }
 }
 
 static const llm_qkern *best(void) {
-    const llm_qkern *k = avx512_best();
-    if (!k) k = llm_qkern_avx2();
-    return k ? k : &llm_qkern_scalar;
+    const llm_qkern *k = NULL;
+    for (int isa = KV_ISA_AVX512; !k; isa--) k = for_isa(isa);   /* avx512 takes VNNI where it may */
+    return k;
 }
 
 /* The first-use choice and the one in force; tests switch between runs, so
@@ -317,8 +321,7 @@ static const llm_qkern *chosen;
 static _Atomic(const llm_qkern *) active;
 
 static void choose(void) {
-    const char *env = getenv("KVCACHE_SIMD");
-    const llm_qkern *k = env && *env && strcmp(env, "auto") ? by_name(env) : NULL;
+    const llm_qkern *k = for_isa(kv_isa_requested());
     chosen = k ? k : best();
     atomic_store_explicit(&active, chosen, memory_order_relaxed);
 }
@@ -331,7 +334,7 @@ const llm_qkern *llm_qkern_active(void) {
 int llm_quant_select(const char *name) {
     if (!name) return -1;
     pthread_once(&once, choose);
-    const llm_qkern *k = strcmp(name, "auto") ? by_name(name) : best();
+    const llm_qkern *k = strcmp(name, "auto") ? for_isa(kv_isa_parse(name)) : best();
     if (!k) return -1;
     atomic_store_explicit(&active, k, memory_order_relaxed);
     return 0;

@@ -31,9 +31,9 @@
  * (16 accumulators), over blocks of 64 X rows kept in L2, so each decoded
  * weight feeds 64 X rows. For m == 1 (decode) Q4_0/Q4_1/Q5_0/Q8_0 rows are decoded
  * in registers, 8 rows sharing each x vector. Kernels use 256-bit vectors
- * (AVX2+FMA+F16C; 32 registers with AVX-512VL): on the Zen 4 host they were
- * tuned on, 512-bit FMAs gave ~0.6x the FLOP/s of 256-bit ones. Build with
- * -DLLM_QUANT_ZMM for 512-bit kernels (hosts with two 512-bit FMA units).
+ * (AVX2+FMA+F16C; 32 registers with AVX-512VL), faster than 512-bit ones
+ * on CPUs without two 512-bit FMA units. Build with -DLLM_QUANT_ZMM for
+ * 512-bit kernels (hosts with two 512-bit FMA units).
  * In llm_matmul_rows activations stay f32, so the only error is f32 rounding
  * of the sums (llm_matmul_act below is the integer-activation product). Each (row, X row) result is computed by the same
  * sequence of operations whatever the row range, m or tile it falls in, so

@@ -541,9 +541,8 @@ static inline void lanes_final(const __m256 acc[8], float out[8]) {
 
 /* Bytes ahead of the block in use that a packed group prefetches: a group
  * is one stream, but a matmul task is only 4 groups (11 KB of a 576-wide
- * Q4_1 matrix), too short for the hardware prefetcher to run ahead. One
- * core streaming a 30 MB packed Q8_0 matrix: 7.5-8 GB/s without, 9-14 GB/s
- * at 2-4 KB ahead, less again at 6 KB (Zen 3). */
+ * Q4_1 matrix), too short for the hardware prefetcher to run ahead; a few KB
+ * ahead keeps one core's stream fed, more starts to evict what is in use. */
 enum { PF_AHEAD = 3072 };
 
 /* NT activation rows (decode, or a few): each row of the group decoded in

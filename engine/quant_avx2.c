@@ -369,9 +369,9 @@ static void simd_dot_tile(const float *const *w, int nr, const float *const *x, 
 
 #else   /* 256-bit vectors: AVX2, with 32 registers where AVX-512VL is there */
 
-/* On the Zen 4 host this was tuned on, 256-bit FMAs deliver about 1.7x the
- * FLOP/s of 512-bit ones, so 256-bit is the default even where AVX-512 is
- * available (build with -DLLM_QUANT_ZMM for the 512-bit kernels above). */
+/* 256-bit vectors are the default even where AVX-512 is available: CPUs
+ * with one 512-bit FMA unit (or two 256-bit halves) run 256-bit FMAs at a
+ * higher rate (build with -DLLM_QUANT_ZMM for the 512-bit kernels above). */
 
 /* out[i] = sum of the 8 lanes of v[i], i < nout: a transposed tree in which
  * each output lane only adds lanes of one input, always in the same order. */

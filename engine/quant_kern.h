@@ -108,13 +108,8 @@ int llm_type_packed(int type);
  * Q4_0/Q4_1 group with up to 4 of them at once (2 with AVX2: LANE_ROWS in
  * quant_act_avx2.c), other groups one at a time, and plain rows in tiles of
  * up to 4. Past it, whole groups of 8 go in lanes, and a packed group's
- * rest as above. A batch of decodes is such a product. Sapphire Rapids, 2
- * threads, `kvcache bench model -p ROWS -n 0`, tokens/s: SmolLM2 Q4_1
- * (packed), one row at a time against the lanes: 2 rows 130 -> 354-382, 4
- * rows 292 -> 461-500, 8 rows 530 -> 550-585, 9 rows 428 -> 514, 12 495 ->
- * 590; then 4 rows at once: 3 rows 465 -> 560, 4 rows 519 -> 666, 8 rows
- * 613 -> 783. Gemma 3 270M Q4_K_M (plain) 5 rows 208 -> 245, 8 rows 278 ->
- * 294. */
+ * rest as above. A batch of decodes is such a product (figures in
+ * docs/PERFORMANCE.md, "Tuning record"). */
 enum { LLM_ACT_FEW_ROWS = 8 };
 static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
 static inline int llm_packed_scale(int r) { return 2 * r; }

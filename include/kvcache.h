@@ -124,8 +124,12 @@ typedef enum {
     KV_Q8 = 4,    /* int8 with one f32 scale per (token, head) */
 } kv_dtype;
 
-/* Bytes one element of K or V occupies (KV_Q8: 1, the scale counted apart). */
+/* Bytes one element of K or V occupies (KV_Q8: 1, the scale counted apart);
+ * 0 for an invalid type or one of less than a byte an element. */
 KV_API size_t kv_dtype_size(kv_dtype dtype);
+/* Bits one element of K or V occupies (KV_Q8: 8, the scale counted apart);
+ * 0 for an invalid type. */
+KV_API int32_t kv_dtype_bits(kv_dtype dtype);
 KV_API const char *kv_dtype_name(kv_dtype dtype);
 /* Parses "f64", "f32", "f16", "bf16", "q8"; returns KV_OK or KV_ERR_DTYPE. */
 KV_API int kv_dtype_parse(const char *name, kv_dtype *out);

@@ -87,17 +87,25 @@ int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, si
 /* Sends what is pending and closes the socket; call once the scheduler thread ended. */
 void srv_events_stop(srv *s);
 
-/* ---------------------------------------------------------------- replies (http.c) */
+/* ---------------------------------------------------------------- replies (response.c) */
 
+/* One reply of `len` bytes of `type`; header: one more header's name, and
+ * value, or NULL. Returns the status. */
+int srv_reply_body(srv *s, struct mg_connection *conn, int status, const char *type, const char *body, size_t len,
+                   const char *header, const char *value);
 /* A JSON reply with this status; takes the reference to body. Returns the
  * status (for the handler's return). */
 int srv_reply_json(srv *s, struct mg_connection *conn, int status, json_t *body);
 /* {"error":{"message","type","code"}} with e->status. */
 int srv_reply_error(srv *s, struct mg_connection *conn, const srv_error *e);
+/* The same with one more header (405's Allow). */
+int srv_reply_error_header(srv *s, struct mg_connection *conn, const srv_error *e, const char *header,
+                           const char *value);
 /* The connection's socket, found among the process's own; -1 when not found. */
 int srv_conn_socket(const struct mg_connection *conn);
 /* Whether the client on socket fd has closed its end (0 for fd < 0). */
 int srv_client_gone(int fd);
+
 /* The chat and completions endpoints (generate.c). */
 int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const char *body, size_t len);
 

@@ -47,7 +47,7 @@ static key_source head_source(const attend_job *j, const kv_work_item *it, int32
                             .v = (const unsigned char *)(j->v + (size_t)head * j->d)};
     const kv_cache *c = j->cache;
     return (key_source){.dtype = c->p.dtype, .d = j->d, .block = c->p.page_size,
-                        .stride = (size_t)j->d * c->pages.elem, .cache = c,
+                        .stride = c->pages.row_bytes, .cache = c,
                         .table = kv_table(c, j->batch->seqs[it->b]), .layer = j->layer, .head = head};
 }
 
@@ -126,11 +126,9 @@ static void attend_chunks(const attend_job *j, const kv_work_item *it, const key
  * update of the accumulators of each sub-tile that sees the chunk, all along
  * vector lanes. A sub-tile's arithmetic is what it would be as an item of its
  * own: the chunks end at the same absolute positions, keys it does not see
- * are masked or skipped. Sub-tiles sharing each chunk's conversion, T = S =
- * 2048, H32/Hkv8/d128 f16, 2 threads on Sapphire Rapids: 1 -> 4, 222 -> 247
- * GFLOP/s over two (three interleaved runs each); 4 -> 8, 119.4 -> 116.5 ms
- * a call, median of five interleaved rounds of ten (the conversion,
- * load_rows, 5.0% -> 3.3% of the time). An item's vectors, transposed (qt),
+ * are masked or skipped. Sub-tiles share each chunk's conversion to f32,
+ * which is why an item holds several (docs/PERFORMANCE.md, "Tuning
+ * record"). An item's vectors, transposed (qt),
  * and its accumulators, TILE_ITEM_ELEMS floats at most each, go in the
  * buffers (qbuf, acc) of run_item: 128 KB each on the stack, where the
  * pool's threads have 4 MB. */
@@ -140,9 +138,7 @@ enum { ITEM_ELEMS = (int)ATT_WIDE_ELEMS > (int)TILE_ITEM_ELEMS ? (int)ATT_WIDE_E
 
 /* Keys per chunk on the tile path: twice att_chunk's budget up to 64 keys,
  * never fewer than att_chunk, so that each V block's accumulators stay in
- * registers over more keys: T = S = 2048, H32/Hkv8/d128 f16 (32 -> 64 keys),
- * 2 threads on Sapphire Rapids: 2% faster on the mean, 3% on the best, of
- * 12 interleaved runs. */
+ * registers over more keys. */
 enum { TILE_CHUNK_ELEMS = 2 * ATT_CHUNK_ELEMS, TILE_CHUNK_KEYS = 64 };
 static int32_t tile_chunk(int32_t d) {
     const int32_t wide = TILE_CHUNK_ELEMS / d < TILE_CHUNK_KEYS ? TILE_CHUNK_ELEMS / d : TILE_CHUNK_KEYS;
@@ -208,11 +204,8 @@ static void attend_tile(const attend_job *j, const kv_work_item *it, const key_s
  * (at least 2 slots, at most a block's worth), into L2, and for those of the
  * slot right after their own into L1 (simd.h, kv_ahead). Slot f of a block:
  * f < n_heads K of head f, else V of head f - n_heads; past the last slot,
- * the next block's. A K/V row stream needs that much in flight to keep one
- * core's loads fed: on Sapphire Rapids, 2 threads, H9/Hkv3/d64 q8 decode at
- * S = 512k read 15.3 GB/s with 2 slots (2 KB) ahead, 17.8 with 6 (6 KB); the
- * f16 shapes (2 and 4 KB slots) read the same with 2 to 6 slots ahead, and
- * with the L1 requests, 4 to 10 KB ahead. */
+ * the next block's. A K/V row stream needs a few KB in flight to keep one
+ * core's loads fed; small slots (q8, d64) need more of them than large. */
 enum { DECODE_PREFETCH_BYTES = 6 << 10 };
 
 static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
@@ -221,23 +214,25 @@ static int32_t slots_ahead(const kv_work_item *it, int32_t row_bytes) {
 }
 
 /* Where the blocks of an item's decode traversal lie, found once an item:
- * in a page, head it->head's K, V (and KV_Q8's scales) at fixed offsets from
+ * in a page, head it->head's K, V (and a scaled type's scales) at fixed
+ * offsets from
  * the page's start, each further head head_step (scale_step) on; in a dense
  * array, one block of all the keys from head it->head's K and V row 0. */
 typedef struct {
     const unsigned char *pool;    /* paged: the cache's pages, else NULL */
     const int32_t *table;         /* paged: the sequence's block table */
     size_t page_bytes;
-    uintptr_t k, v, ks, vs;       /* paged: offsets in a page (ks, vs: KV_Q8 only, else 0); dense: addresses */
+    uintptr_t k, v, ks, vs;       /* paged: offsets in a page (ks, vs: a scaled type's, else 0); dense: addresses */
     size_t head_step, scale_step; /* bytes from one head to the next */
     size_t stride;                /* bytes from one position to the next */
     int32_t block, row_bytes;
-    bool q8;
+    bool scaled;                  /* the rows have scales (paged: ks, vs) */
     bool share;                   /* dense, every head in the item (see block_at's `ask`) */
 } block_map;
 
 static block_map item_blocks(const attend_job *j, const kv_work_item *it, const key_source *s) {
-    block_map bm = {.block = s->block, .stride = s->stride, .row_bytes = s->d * (int32_t)kv_dtype_size(s->dtype)};
+    block_map bm = {.block = s->block, .stride = s->stride,
+                    .row_bytes = (int32_t)kv_type_row_bytes(kv_type(s->dtype), s->d)};
     if (!s->cache) {
         bm.k = (uintptr_t)s->k, bm.v = (uintptr_t)s->v, bm.head_step = (size_t)bm.row_bytes;
         bm.share = it->n_heads == j->Hkv;
@@ -249,18 +244,18 @@ static block_map item_blocks(const attend_job *j, const kv_work_item *it, const 
     bm.k = (uintptr_t)kv_page_head(c, 0, s->layer, 0, s->head) - pool;
     bm.v = (uintptr_t)kv_page_head(c, 0, s->layer, 1, s->head) - pool;
     bm.head_step = c->pages.head_bytes;
-    if (s->dtype == KV_Q8) {
-        bm.q8 = true;
+    if (c->pages.row_scales) {
+        bm.scaled = true;
         bm.ks = (uintptr_t)kv_page_scales(c, 0, s->layer, 0, s->head) - pool;
         bm.vs = (uintptr_t)kv_page_scales(c, 0, s->layer, 1, s->head) - pool;
-        bm.scale_step = (size_t)c->p.page_size * sizeof(float);
+        bm.scale_step = (size_t)c->p.page_size * (size_t)c->pages.row_scales * sizeof(float);
     }
     return bm;
 }
 
 /* One block of the decode traversal: up to 16 keys from j0, never across a
  * page, and where every head of the item keeps them (rows already offset to
- * j0; KV_Q8's scales too, else NULL). n == 0: past the item's keys. Slot f
+ * j0; a scaled type's scales too, else NULL). n == 0: past the item's keys. Slot f
  * of a block: f < n_heads K of head f, else V of head f - n_heads; ask[f]
  * and ask_bytes, what the kernels ask the memory for of it (kv_ahead): in a
  * page, its rows, one after another; in a dense array, which interleaves the
@@ -287,8 +282,8 @@ static void block_at(const block_map *bm, const kv_work_item *it, int32_t j0, de
     for (int32_t a = 0; a < hn; a++) {
         b->k[a] = (const unsigned char *)(k + a * bm->head_step);
         b->v[a] = (const unsigned char *)(v + a * bm->head_step);
-        b->ks[a] = bm->q8 ? (const float *)(page + bm->ks + a * bm->scale_step) + in_blk : NULL;
-        b->vs[a] = bm->q8 ? (const float *)(page + bm->vs + a * bm->scale_step) + in_blk : NULL;
+        b->ks[a] = bm->scaled ? (const float *)(page + bm->ks + a * bm->scale_step) + in_blk : NULL;
+        b->vs[a] = bm->scaled ? (const float *)(page + bm->vs + a * bm->scale_step) + in_blk : NULL;
     }
     if (bm->pool) {
         b->ask_bytes = b->n * bm->row_bytes;
@@ -312,7 +307,7 @@ static kv_ahead slot_ahead(const decode_block *cur, const decode_block *next, in
     return a;
 }
 
-/* KV_Q8's scales of block b, every head's K and V: a line or two each,
+/* The scales of block b, every head's K and V: a line or two each,
  * asked for a block before the kernels read them, where the slots' rows do
  * not reach. */
 static void prefetch_scales(const kv_work_item *it, const decode_block *b) {
@@ -329,7 +324,7 @@ static void prefetch_scales(const kv_work_item *it, const decode_block *b) {
  * an infinity: the f32 path keeps the non-finite rule for it. d % 16 == 0;
  * sixteen elements a step in loops of fixed length, which the compiler takes
  * as vector operations (each split of a long decode quantizes its queries
- * again, so a scalar loop here cost 5% of a q8 decode). */
+ * again, so this loop is on decode's path). */
 static bool quantize_queries(const float *q, int32_t n, int32_t d, int16_t *qi, float *qs) {
     for (int32_t v = 0; v < n; v++) {
         const float *x = q + (size_t)v * d;
@@ -501,7 +496,7 @@ typedef struct {
 } cursor;
 
 /* Bytes of K/V one key of a paged item of hn heads streams: its share of a
- * page's layer slice (KV_Q8's scales included). */
+ * page's layer slice (a scaled type's scales included). */
 static size_t split_key_bytes(const kv_cache *c, int32_t hn) {
     return (size_t)hn * c->pages.layer_bytes / ((size_t)c->p.page_size * (size_t)c->p.n_kv_heads);
 }
@@ -619,7 +614,7 @@ int kv_attention_f32(int32_t T, int32_t S, int32_t H, int32_t Hkv, int32_t d, co
 static int attend_check(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H, bool f64,
                         const void *q, const void *out, int32_t *rows) {
     if (!c || !b) return KV_ERR_NULL;
-    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers || H <= 0) return KV_ERR_SHAPE;
     if (H % c->p.n_kv_heads) return KV_ERR_HEADS;
     int rc = kv_batch_check(c, b, rows);
@@ -638,7 +633,7 @@ int kv_attend_f64(const kv_cache *c, int32_t layer, const kv_batch *b, int32_t H
         const int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
         if (T == 0) continue;
         for (int32_t g = 0; g < Hkv; g++) {
-            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = (size_t)d * c->pages.elem,
+            key_source src = {.dtype = KV_F64, .d = d, .block = c->p.page_size, .stride = c->pages.row_bytes,
                               .cache = c, .table = kv_table(c, seq), .layer = layer, .head = g};
             size_t off = ((size_t)b->row_start[i] * H + (size_t)g * G) * d;
             kv_attend_group_f64(&src, q + off, out + off, (size_t)H * d, T, G, c->seqs[seq].len - T,

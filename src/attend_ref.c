@@ -3,7 +3,7 @@
  * kernels (attend.c) are tested against the same oracle to FP32 tolerance. */
 #include <math.h>
 
-#include "attend.h"
+#include "keys.h"
 
 /* K and V of positions [j0, j0 + n) as [n][d], across blocks. */
 static void load_keys(const key_source *src, int32_t j0, int32_t n, double *k, double *v) {

@@ -26,7 +26,7 @@ static int params_check(const kv_cache_params *p) {
         p->n_pages <= 0 || p->max_seqs <= 0 || p->max_seq_len < 0)
         return KV_ERR_SHAPE;
     if (p->head_dim > KV_MAX_HEAD_DIM) return KV_ERR_SHAPE;
-    if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
+    if (!kv_type(p->dtype)) return KV_ERR_DTYPE;
     if (p->window < 0 || (p->no_evict != 0 && p->no_evict != 1)) return KV_ERR_WINDOW;
     return KV_OK;
 }
@@ -341,7 +341,7 @@ int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
 static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void *k, const void *v,
                        bool f64) {
     if (!c || !b) return KV_ERR_NULL;
-    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers) return KV_ERR_SHAPE;
     int32_t rows;
     int rc = kv_batch_check(c, b, &rows);
@@ -366,13 +366,13 @@ static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void
             size_t row = (size_t)(b->row_start[i] + r) * (size_t)Hkv * (size_t)d;
             for (int32_t h = 0; h < Hkv; h++) {
                 for (int kv = 0; kv < 2; kv++) {
-                    unsigned char *dst = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->pages.elem;
+                    unsigned char *dst = kv_page_head(c, page, layer, kv, h) + (size_t)slot * c->pages.row_bytes;
                     const void *src = kv == 0 ? k : v;
                     if (f64) {
                         memcpy(dst, (const double *)src + row + (size_t)h * d, (size_t)d * sizeof(double));
                     } else {
-                        float *scale = c->p.dtype == KV_Q8 ? kv_page_scales(c, page, layer, kv, h) + slot : NULL;
-                        kv_store_row(c->p.dtype, dst, scale, (const float *)src + row + (size_t)h * d, d);
+                        kv_store_row(c->p.dtype, dst, kv_page_row_scales(c, page, layer, kv, h, slot),
+                                     (const float *)src + row + (size_t)h * d, d);
                     }
                 }
             }
@@ -392,7 +392,7 @@ int kv_append_f32(kv_cache *c, int32_t layer, const kv_batch *b, const float *k,
 static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos, int32_t n, void *k,
                      void *v, bool f64) {
     if (!c) return KV_ERR_NULL;
-    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers || n < 0) return KV_ERR_SHAPE;
     if (!seq_valid(c, seq)) return KV_ERR_SEQ;
     const kv_seq_state *s = &c->seqs[seq];
@@ -405,14 +405,14 @@ static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos,
         int32_t page = t[(pos + r) / P], slot = (pos + r) % P;
         for (int32_t h = 0; h < Hkv; h++) {
             for (int kv = 0; kv < 2; kv++) {
-                const unsigned char *src = kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)d * c->pages.elem;
+                const unsigned char *src = kv_page_head(c, page, layer, kv, h) + (size_t)slot * c->pages.row_bytes;
                 size_t off = ((size_t)r * Hkv + (size_t)h) * (size_t)d;
                 void *dst = kv == 0 ? k : v;
                 if (f64) {
                     memcpy((double *)dst + off, src, (size_t)d * sizeof(double));
                 } else {
-                    float scale = c->p.dtype == KV_Q8 ? kv_page_scales(c, page, layer, kv, h)[slot] : 1.0f;
-                    kv_load_row(c->p.dtype, src, scale, (float *)dst + off, d);
+                    kv_load_row(c->p.dtype, src, kv_page_row_scales(c, page, layer, kv, h, slot), (float *)dst + off,
+                                d);
                 }
             }
         }

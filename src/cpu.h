@@ -1,33 +1,35 @@
-/* src/cpu.h - which SIMD instruction sets this CPU runs: the one check the
- * library's attention kernels and the engine's weight kernels both use
- * before picking a kernel compiled with -mavx2 / -mavx512*. x86 only; other
- * targets report none. */
+/* src/cpu.h - the one CPU-dispatch module of the library and the engine:
+ * which instruction sets this CPU runs, found once, and which one
+ * KVCACHE_SIMD asks for. The library's attention kernels (src/simd_*.c) and
+ * the engine's weight kernels (engine/quant_*.c) both ask it before picking
+ * a kernel compiled with -mavx2 / -mavx512*. x86 only; other targets run
+ * the scalar kernels alone. */
 #ifndef KV_CPU_H
 #define KV_CPU_H
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
+#include <stdbool.h>
 
-/* AVX2 + FMA + F16C (F16C: CPUID leaf 1, ECX bit 29; not every compiler names it) */
-static inline int kv_cpu_avx2(void) {
-    __builtin_cpu_init();
-    unsigned a, b, c, d;
-    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+/* The kernel families, each on top of the one before: AVX2 + FMA + F16C;
+ * AVX-512 F, BW, VL and DQ; AVX-512 VNNI. */
+typedef enum { KV_ISA_SCALAR, KV_ISA_AVX2, KV_ISA_AVX512, KV_ISA_AVX512VNNI, KV_ISA_COUNT } kv_isa;
 
-/* AVX-512 F, BW, VL and DQ, on top of kv_cpu_avx2() */
-static inline int kv_cpu_avx512(void) {
-    return kv_cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
+/* Whether this CPU runs isa (detected on the first call). */
+bool kv_cpu_has(kv_isa isa);
 
-/* AVX-512 VNNI, on top of kv_cpu_avx512() */
-static inline int kv_cpu_avx512vnni(void) { return kv_cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
-#else
-static inline int kv_cpu_avx2(void) { return 0; }
-static inline int kv_cpu_avx512(void) { return 0; }
-static inline int kv_cpu_avx512vnni(void) { return 0; }
-#endif
+/* The isa named "scalar", "avx2", "avx512" or "avx512vnni", or -1. */
+int kv_isa_parse(const char *name);
+
+/* What the environment variable KVCACHE_SIMD asks for, read on the first
+ * call: an isa, -1 when it is unset, empty or "auto" (the best this CPU
+ * runs), or -2 for a name no kernels answer to (then the best too). */
+int kv_isa_requested(void);
+
+/* Whether KVCACHE_NO_VNNI (set, not "0") asks the avx512 kernels to leave
+ * VNNI out where the CPU has it; read at each call (the tests run both). */
+bool kv_cpu_vnni_off(void);
+
+static inline int kv_cpu_avx2(void) { return kv_cpu_has(KV_ISA_AVX2); }
+static inline int kv_cpu_avx512(void) { return kv_cpu_has(KV_ISA_AVX512); }
+static inline int kv_cpu_avx512vnni(void) { return kv_cpu_has(KV_ISA_AVX512VNNI); }
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "kvcache.h"
 #include "half.h"
+#include "kvtype.h"
 
 #define KV_NO_PAGE (-1)
 
@@ -32,7 +33,9 @@ typedef struct {
 } kv_seq_state;
 
 /* Page layout. A page is n_layers layer-slices of layer_bytes each; a slice is
- *     K [Hkv][P][d] | V [Hkv][P][d] | (KV_Q8 only) Kscale [Hkv][P] f32 | Vscale [Hkv][P] f32
+ *     K [Hkv][P][row] | V [Hkv][P][row] | (scaled types) Kscale [Hkv][P][ns] f32 | Vscale [Hkv][P][ns] f32
+ * with a row of d elements in kv_type_row_bytes and ns = kv_type_row_scales
+ * (src/kvtype.h)
  * so the q-heads of one GQA group stream one contiguous run of P keys.
  *
  * Page states: free (refcount 0, on the free stack), used (refcount > 0), or
@@ -40,8 +43,9 @@ typedef struct {
  * cache until the pool needs the page). */
 /* The pages: the pool of K/V and each page's reference count (src/pages.c). */
 typedef struct {
-    size_t elem;          /* bytes per K/V element */
-    size_t head_bytes;    /* P * d * elem: one head's K (or V) in one page slice */
+    size_t row_bytes;     /* one stored row of head_dim elements */
+    int32_t row_scales;   /* f32 scales of a row (0: an unscaled type) */
+    size_t head_bytes;    /* P * row_bytes: one head's K (or V) in one page slice */
     size_t layer_bytes;   /* one layer's slice of a page */
     size_t page_bytes;    /* n_layers * layer_bytes, rounded up to 64 */
     unsigned char *pool;  /* [n_pages][page_bytes], 64-byte aligned */
@@ -130,12 +134,20 @@ static inline unsigned char *kv_page_head(const kv_cache *c, int32_t page, int32
            ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * c->pages.head_bytes;
 }
 
-/* Q8 scales of `head` in `layer` of `page`: [P] floats. */
+/* Scales of `head` in `layer` of `page`: [P][row_scales] floats. */
 static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t layer, int kv,
                                     int32_t head) {
     unsigned char *s = c->pages.pool + (size_t)page * c->pages.page_bytes + (size_t)layer * c->pages.layer_bytes +
                        2 * (size_t)c->p.n_kv_heads * c->pages.head_bytes;
-    return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
+    return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size *
+                            (size_t)c->pages.row_scales;
+}
+
+/* The scales of the row at `slot` of that head (NULL for an unscaled type). */
+static inline float *kv_page_row_scales(const kv_cache *c, int32_t page, int32_t layer, int kv, int32_t head,
+                                        int32_t slot) {
+    if (!c->pages.row_scales) return NULL;
+    return kv_page_scales(c, page, layer, kv, head) + (size_t)slot * (size_t)c->pages.row_scales;
 }
 
 /* Pages (src/pages.c). */
@@ -177,16 +189,12 @@ int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows);
 
 /* ------------------------------------------------------------------ elements */
 
-/* kv_f16_to_f32, kv_f32_to_f16, kv_bf16_to_f32, kv_f32_to_bf16: src/half.h */
+/* kv_f16_to_f32, kv_f32_to_f16, kv_bf16_to_f32, kv_f32_to_bf16: src/half.h;
+ * rows of a storage type, kv_store_row and kv_load_row: src/kvtype.h */
 
 /* RoPE (src/rope.c): cs, sn [rot_dim / 2] of a turn by delta positions, and
  * that turn applied to one head row v [head_dim] in place. */
 void kv_rope_turn_angles(const kv_rope *rope, double delta, double *cs, double *sn);
 void kv_rope_turn_row(const kv_rope *rope, double *v, const double *cs, const double *sn);
-
-/* Stores n floats as `dtype` at dst (KV_Q8: int8 with the scale in *scale). */
-void kv_store_row(kv_dtype dtype, void *dst, float *scale, const float *src, int32_t n);
-/* Loads n elements of `dtype` as floats. */
-void kv_load_row(kv_dtype dtype, const void *src, float scale, float *dst, int32_t n);
 
 #endif

@@ -34,10 +34,12 @@ static unsigned char *pool_alloc(size_t bytes, size_t *mapped) {
  * the pool's size does not fit in memory's address range. */
 int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
     *pg = (kv_pages){0};
-    pg->elem = kv_dtype_size(p->dtype);
-    pg->head_bytes = (size_t)p->page_size * (size_t)p->head_dim * pg->elem;
-    pg->layer_bytes = 2 * (size_t)p->n_kv_heads * pg->head_bytes;
-    if (p->dtype == KV_Q8) pg->layer_bytes += 2 * (size_t)p->n_kv_heads * (size_t)p->page_size * sizeof(float);
+    const kv_type_traits *tt = kv_type(p->dtype);
+    pg->row_bytes = kv_type_row_bytes(tt, p->head_dim);
+    pg->row_scales = kv_type_row_scales(tt, p->head_dim);
+    pg->head_bytes = (size_t)p->page_size * pg->row_bytes;
+    pg->layer_bytes = 2 * (size_t)p->n_kv_heads *
+                      (pg->head_bytes + (size_t)p->page_size * (size_t)pg->row_scales * sizeof(float));
     pg->page_bytes = ((size_t)p->n_layers * pg->layer_bytes + 63) & ~(size_t)63;
     if (pg->page_bytes / (size_t)p->n_layers < pg->layer_bytes || (size_t)p->n_pages > SIZE_MAX / pg->page_bytes)
         return KV_ERR_SHAPE;

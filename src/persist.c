@@ -40,22 +40,21 @@ static bool get(stream *s, void *p, size_t n) {
 
 /* Bytes of one position in one layer, and where its pieces are. */
 static size_t position_bytes(const kv_cache *c) {
-    size_t b = 2 * (size_t)c->p.n_kv_heads * (size_t)c->p.head_dim * c->pages.elem;
-    return c->p.dtype == KV_Q8 ? b + 2 * (size_t)c->p.n_kv_heads * sizeof(float) : b;
+    return 2 * (size_t)c->p.n_kv_heads * (c->pages.row_bytes + (size_t)c->pages.row_scales * sizeof(float));
 }
 
 /* Visits every stored piece of position pos in layer l: K and V of each head,
- * then the q8 scales, calling io(stream, pointer, bytes). */
+ * then their scales (a scaled type), calling io(stream, pointer, bytes). */
 static void visit_position(const kv_cache *c, int32_t page, int32_t slot, int32_t l, stream *s,
                            void (*io)(stream *, void *, size_t)) {
-    const size_t row = (size_t)c->p.head_dim * c->pages.elem;
+    const size_t row = c->pages.row_bytes;
     for (int kv = 0; kv < 2; kv++)
         for (int32_t h = 0; h < c->p.n_kv_heads; h++)
             io(s, kv_page_head(c, page, l, kv, h) + (size_t)slot * row, row);
-    if (c->p.dtype == KV_Q8)
+    if (c->pages.row_scales)
         for (int kv = 0; kv < 2; kv++)
             for (int32_t h = 0; h < c->p.n_kv_heads; h++)
-                io(s, kv_page_scales(c, page, l, kv, h) + slot, sizeof(float));
+                io(s, kv_page_row_scales(c, page, l, kv, h, slot), (size_t)c->pages.row_scales * sizeof(float));
 }
 
 static void io_put(stream *s, void *p, size_t n) { put(s, p, n); }

@@ -59,7 +59,7 @@ static void make_private(kv_cache *c, int32_t seq, int32_t b0, int32_t b1) {
 
 /* Where one position's rows of one layer, K or V, of head h live. */
 static unsigned char *row_at(const kv_cache *c, int32_t page, int32_t slot, int32_t layer, int kv, int32_t h) {
-    return kv_page_head(c, page, layer, kv, h) + (size_t)slot * (size_t)c->p.head_dim * c->pages.elem;
+    return kv_page_head(c, page, layer, kv, h) + (size_t)slot * c->pages.row_bytes;
 }
 
 /* K of (src page, slot) turned by the angles cs, sn, written to (dst page,
@@ -73,27 +73,27 @@ static void turn_k(const kv_cache *c, const kv_rope *rope, const double *cs, con
     float f[KV_MAX_HEAD_DIM];
     const unsigned char *src = row_at(c, src_page, src_slot, layer, 0, h);
     unsigned char *dst = row_at(c, dst_page, dst_slot, layer, 0, h);
-    if (c->p.dtype == KV_F64) {
+    if (kv_type_f64(c->p.dtype)) {
         memcpy(x, src, sizeof(double) * (size_t)d);
         kv_rope_turn_row(rope, x, cs, sn);
         memcpy(dst, x, sizeof(double) * (size_t)d);
         return;
     }
-    bool q8 = c->p.dtype == KV_Q8;
-    kv_load_row(c->p.dtype, src, q8 ? kv_page_scales(c, src_page, layer, 0, h)[src_slot] : 1.0f, f, d);
+    kv_load_row(c->p.dtype, src, kv_page_row_scales(c, src_page, layer, 0, h, src_slot), f, d);
     for (int32_t i = 0; i < d; i++) x[i] = f[i];
     kv_rope_turn_row(rope, x, cs, sn);
     for (int32_t i = 0; i < d; i++) f[i] = (float)x[i];
-    kv_store_row(c->p.dtype, dst, q8 ? kv_page_scales(c, dst_page, layer, 0, h) + dst_slot : NULL, f, d);
+    kv_store_row(c->p.dtype, dst, kv_page_row_scales(c, dst_page, layer, 0, h, dst_slot), f, d);
 }
 
 /* V (and a K left unturned) of one position copied as stored, scales included. */
 static void copy_rows(const kv_cache *c, int kv, int32_t layer, int32_t h, int32_t src_page, int32_t src_slot,
                       int32_t dst_page, int32_t dst_slot) {
     memmove(row_at(c, dst_page, dst_slot, layer, kv, h), row_at(c, src_page, src_slot, layer, kv, h),
-            (size_t)c->p.head_dim * c->pages.elem);
-    if (c->p.dtype == KV_Q8)
-        kv_page_scales(c, dst_page, layer, kv, h)[dst_slot] = kv_page_scales(c, src_page, layer, kv, h)[src_slot];
+            c->pages.row_bytes);
+    if (c->pages.row_scales)
+        memmove(kv_page_row_scales(c, dst_page, layer, kv, h, dst_slot),
+                kv_page_row_scales(c, src_page, layer, kv, h, src_slot), (size_t)c->pages.row_scales * sizeof(float));
 }
 
 static int rope_for(const kv_cache *c, const kv_rope *rope) {
@@ -165,8 +165,10 @@ int kv_seq_shift(kv_cache *c, int32_t seq, int32_t n_keep, int32_t n_discard, co
             for (int32_t l = 0; l < c->p.n_layers; l++)
                 for (int kv = 0; kv < 2; kv++)
                     for (int32_t h = 0; h < c->p.n_kv_heads; h++) {
-                        memset(row_at(c, dst_page, dst_slot, l, kv, h), 0, (size_t)c->p.head_dim * c->pages.elem);
-                        if (c->p.dtype == KV_Q8) kv_page_scales(c, dst_page, l, kv, h)[dst_slot] = 0;
+                        memset(row_at(c, dst_page, dst_slot, l, kv, h), 0, c->pages.row_bytes);
+                        if (c->pages.row_scales)
+                            memset(kv_page_row_scales(c, dst_page, l, kv, h, dst_slot), 0,
+                                   (size_t)c->pages.row_scales * sizeof(float));
                     }
         } else {
             int32_t src_page = t[src / P], src_slot = src % P;

@@ -36,15 +36,9 @@ static inline float kv_corr_exp(float m_old, float m_new) {
  * of the next slot then hit L1. Asked for a few lines at a time, at steps
  * spread over all of the kernel's work (its reductions and softmax too): all
  * at once, the requests overran the core's miss buffers and stalled it, and
- * bunched into its FMA loops they left the memory idle in between (a
- * synthetic stream of such work read 10 GB/s a core with its requests
- * bunched, 19 spread). Both together, Sapphire Rapids, 2 threads, K/V cold,
- * median of 40 calls, share of the read bandwidth: H9/Hkv3/d64 f16 at S =
- * 128k 0.72 -> 0.77, H32/Hkv8/d128 at 32k 0.80 -> 0.85, q8 0.55 -> 0.58; the
- * AVX2 kernels forced, d64 0.53 -> 0.61, d128 0.54 -> 0.77. Three words of
- * state: the kernels use every register they have, and a walk of more (the
- * rows and stride of a dense array) made them spill, which cost as much as
- * the L1 requests gained. */
+ * bunched into its FMA loops they left the memory idle in between. Three
+ * words of state: the kernels use every register they have, and a walk of
+ * more (the rows and stride of a dense array) made them spill. */
 typedef struct {
     const unsigned char *p;
     int32_t bytes;
@@ -98,9 +92,6 @@ static inline void kv_ahead_rows(const kv_ahead *a, int32_t row_bytes, int32_t r
 
 /* Asks for all of `a` and of the near slot at once. */
 static inline void kv_ahead_all(const kv_ahead *a) { kv_ahead_rows(a, a->bytes, 0, 1); }
-
-/* Bytes of one stored element, for the kernels' types. */
-static inline int32_t kv_elem_bytes(kv_dtype t) { return t == KV_F64 ? 8 : t == KV_F32 ? 4 : t == KV_Q8 ? 1 : 2; }
 
 typedef struct {
     const char *name;
@@ -159,7 +150,7 @@ typedef struct {
 enum { KV_DECODE_VECS = 8 };
 
 /* switch (dtype) { case T: switch (nv) { case NV: CALL(T, NV) } } for every
- * storage type T and vector count NV <= KV_DECODE_VECS, so that the SIMD
+ * kernel storage type T (KV_KERNEL_TYPES) and vector count NV <= KV_DECODE_VECS, so that the SIMD
  * files instantiate their decode kernels with both known at compile time. */
 #define KV_DECODE_NV(CALL, T, NV) case NV: CALL(T, NV); break;
 #define KV_DECODE_T(CALL, T)                                                                    \
@@ -170,10 +161,10 @@ enum { KV_DECODE_VECS = 8 };
             KV_DECODE_NV(CALL, T, 7) KV_DECODE_NV(CALL, T, 8)                                   \
         }                                                                                       \
         break;
+#define KV_DECODE_CASE_(CALL, T, ...) KV_DECODE_T(CALL, T)
 #define KV_DECODE_SWITCH(CALL)                                                                  \
     switch (t) {                                                                                \
-        KV_DECODE_T(CALL, KV_F32) KV_DECODE_T(CALL, KV_F16) KV_DECODE_T(CALL, KV_BF16)          \
-        KV_DECODE_T(CALL, KV_Q8)                                                                \
+        KV_KERNEL_TYPES_WITH(KV_DECODE_CASE_, CALL)                                             \
     default: break;                                                                             \
     }
 

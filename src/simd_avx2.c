@@ -38,7 +38,8 @@ static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const
         }
         default: break;
         }
-        if (e < d) kv_load_row(t, row + (size_t)e * kv_dtype_size(t), scales ? scales[j] : 1.0f, out + e, d - e);
+        if (e < d)
+            kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
     }
 }
 
@@ -207,9 +208,8 @@ DECODE_INLINE dots_pass(const kv_dtype t, const int32_t NV, const int32_t KP, co
 }
 
 /* vhaddps, as two shuffles and an add: the same sums of the same pairs, so
- * the same bits, and faster on Zen 3, where the trees below are a fifth of
- * a block's dots at d = 64 (one block's dots, in L1: H9/Hkv3/d64 332 -> 311
- * cycles, H32/Hkv8/d128 676 -> 652, the best of 3 x 15 runs). */
+ * the same bits, in fewer cycles on CPUs where vhaddps is microcoded (Zen);
+ * the trees below are a fifth of a block's dots at d = 64. */
 static inline __m256 hadd8(__m256 a, __m256 b) {
     return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
 }
@@ -388,15 +388,18 @@ typedef void softmax_fn(const float *ks, const float *vs, float *m, float *l, fl
                                   float (*w)[16], const float *corr, float *acc, const kv_ahead *ahead) {     \
         values_group(T, NV, d, v, stride, jlo, jhi, w, corr, acc, ahead);                                     \
     }
-#define DOTS_T(T) DOTS(T, 1) DOTS(T, 2) DOTS(T, 3) DOTS(T, 4)
-DOTS_T(KV_F32) DOTS_T(KV_F16) DOTS_T(KV_BF16) DOTS_T(KV_Q8)
+#define DOTS_T(T, ...) DOTS(T, 1) DOTS(T, 2) DOTS(T, 3) DOTS(T, 4)
+KV_KERNEL_TYPES(DOTS_T)
 #undef DOTS_T
 #undef DOTS
 
-#define ROW(T, F) [T] = {F##_##T##_1, F##_##T##_2, F##_##T##_3, F##_##T##_4}
-static dots_fn *const dots_for[][4] = {ROW(KV_F32, dots), ROW(KV_F16, dots), ROW(KV_BF16, dots), ROW(KV_Q8, dots)};
-static values_fn *const values_for[][4] = {ROW(KV_F32, values), ROW(KV_F16, values), ROW(KV_BF16, values),
-                                           ROW(KV_Q8, values)};
+#define ROW(T, F) [T] = {F##_##T##_1, F##_##T##_2, F##_##T##_3, F##_##T##_4},
+#define DOTS_ROW(T, ...) ROW(T, dots)
+#define VALUES_ROW(T, ...) ROW(T, values)
+static dots_fn *const dots_for[][4] = {KV_KERNEL_TYPES(DOTS_ROW)};
+static values_fn *const values_for[][4] = {KV_KERNEL_TYPES(VALUES_ROW)};
+#undef VALUES_ROW
+#undef DOTS_ROW
 #undef ROW
 
 #define SOFTMAX(NV)                                                                                         \
@@ -408,7 +411,14 @@ SOFTMAX(1) SOFTMAX(2) SOFTMAX(3) SOFTMAX(4) SOFTMAX(5) SOFTMAX(6) SOFTMAX(7) SOF
 static softmax_fn *const softmax_for[KV_DECODE_VECS] = {softmax_1, softmax_2, softmax_3, softmax_4,
                                                         softmax_5, softmax_6, softmax_7, softmax_8};
 
-static bool decode_type(kv_dtype t) { return t == KV_F32 || t == KV_F16 || t == KV_BF16 || t == KV_Q8; }
+static bool decode_type(kv_dtype t) {
+#define CASE(T, ...) case T:
+    switch (t) {
+        KV_KERNEL_TYPES(CASE) return true;
+    default: return false;
+    }
+#undef CASE
+}
 
 static void decode_scores(kv_dtype t, const float *q, int32_t nv, int32_t d, const unsigned char *k, size_t stride,
                           const float *ks, const float *vs, int32_t n, const int32_t *lo, const int32_t *hi,

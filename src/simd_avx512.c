@@ -37,7 +37,8 @@ static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const
         }
         default: break;
         }
-        if (e < d) kv_load_row(t, row + (size_t)e * kv_dtype_size(t), scales ? scales[j] : 1.0f, out + e, d - e);
+        if (e < d)
+            kv_load_row(t, row + (size_t)e * (size_t)kv_elem_bytes(t), scales ? scales + j : NULL, out + e, d - e);
     }
 }
 
@@ -439,9 +440,9 @@ static void decode_values(kv_dtype t, int32_t nv, int32_t d, const unsigned char
     kv_ahead_all(ahead);
     for (int32_t i = 0; i < nv; i++) {
         if (lo[i] > hi[i]) continue;
-#define ONE(T)                                                                                           \
+#define ONE(T, ...)                                                                                      \
     case T: values_impl(T, 1, d, v, stride, lo[i], hi[i], &w[i], &corr[i], acc + (size_t)i * d, &kv_no_ahead); break;
-        switch (t) { ONE(KV_F32) ONE(KV_F16) ONE(KV_BF16) ONE(KV_Q8) default: break; }
+        switch (t) { KV_KERNEL_TYPES(ONE) default: break; }
 #undef ONE
     }
     (void)n;
@@ -565,10 +566,8 @@ KERNEL_INLINE tile_softmax(const bool all, int32_t live_n, int32_t ldq, int32_t 
                _mm512_cmpge_epi32_mask(_mm512_set1_epi32(j0 + (j)), lo))
     const __m512 mold = _mm512_loadu_ps(m);
     /* four running maxima: one alone waits out each max's latency, key after
-     * key (2.5% of a prefill's time went to that chain; T = S = 1024,
-     * H32/Hkv8/d128 f16, 1 thread on Sapphire Rapids: 61.6 -> 60.4 ms a call,
-     * best of six interleaved rounds). The max is exact in any order; a NaN
-     * score makes its weight NaN whichever maximum it lands in. */
+     * key. The max is exact in any order; a NaN score makes its weight NaN
+     * whichever maximum it lands in. */
     __m512 m4[4] = {mold, mold, mold, mold};
     int32_t j = 0;
     for (; j + 4 <= n; j += 4)
@@ -683,13 +682,10 @@ static void tile_q(const float *const *rows, int32_t n, int32_t d, float scale, 
 static const kv_simd avx512_vnni = AVX512_TABLE(decode_scores_q8i_vnni), avx512_bw = AVX512_TABLE(decode_scores_q8i_bw);
 #undef AVX512_TABLE
 
-/* KVCACHE_NO_VNNI=1 takes the kernels without VNNI where the CPU has it too
- * (read at each selection: the tests run both). */
+/* VNNI's kernels where the CPU has it, unless KVCACHE_NO_VNNI (src/cpu.h). */
 const kv_simd *kv_simd_avx512(void) {
     if (!kv_cpu_avx512()) return NULL;
-    const char *off = getenv("KVCACHE_NO_VNNI");
-    const bool vnni = __builtin_cpu_supports("avx512vnni") && !(off && *off && strcmp(off, "0"));
-    return vnni ? &avx512_vnni : &avx512_bw;
+    return kv_cpu_avx512vnni() && !kv_cpu_vnni_off() ? &avx512_vnni : &avx512_bw;
 }
 #else
 const kv_simd *kv_simd_avx512(void) { return NULL; }

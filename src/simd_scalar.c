@@ -2,15 +2,15 @@
  * choice among the compiled variants. */
 #include <math.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "simd.h"
 
 static void load_rows(kv_dtype t, const unsigned char *src, size_t stride, const float *scales,
                       int32_t n, int32_t d, float *dst) {
     for (int32_t j = 0; j < n; j++)
-        kv_load_row(t, src + (size_t)j * stride, scales ? scales[j] : 1.0f, dst + (size_t)j * d, d);
+        kv_load_row(t, src + (size_t)j * stride, scales ? scales + j : NULL, dst + (size_t)j * d, d);
 }
 
 static void dot_rows(const float *q, int32_t nv, const float *k, int32_t n, int32_t d, float *s,
@@ -46,22 +46,27 @@ const kv_simd kv_simd_scalar = {.name = "scalar", .load_rows = load_rows, .dot_r
 static const kv_simd *active;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static const kv_simd *by_name(const char *name) {
-    if (!strcmp(name, "scalar")) return &kv_simd_scalar;
-    if (!strcmp(name, "avx2")) return kv_simd_avx2();
-    if (!strcmp(name, "avx512")) return kv_simd_avx512();
-    return NULL;
+/* The kernels of isa (the avx512 ones for avx512vnni, which has no
+ * attention kernels of its own), or NULL when not compiled in or the CPU
+ * lacks it. */
+static const kv_simd *for_isa(int isa) {
+    switch (isa) {
+    case KV_ISA_SCALAR: return &kv_simd_scalar;
+    case KV_ISA_AVX2: return kv_simd_avx2();
+    case KV_ISA_AVX512:
+    case KV_ISA_AVX512VNNI: return kv_simd_avx512();
+    default: return NULL;
+    }
 }
 
 static const kv_simd *best(void) {
-    const kv_simd *s = kv_simd_avx512();
-    if (!s) s = kv_simd_avx2();
-    return s ? s : &kv_simd_scalar;
+    const kv_simd *s = NULL;
+    for (int isa = KV_ISA_COUNT - 1; !s; isa--) s = for_isa(isa);
+    return s;
 }
 
 static void choose(void) {
-    const char *env = getenv("KVCACHE_SIMD");
-    const kv_simd *s = env && *env && strcmp(env, "auto") ? by_name(env) : NULL;
+    const kv_simd *s = for_isa(kv_isa_requested());
     active = s ? s : best();
 }
 
@@ -75,7 +80,8 @@ const char *kv_simd_name(void) { return kv_simd_active()->name; }
 int kv_simd_select(const char *name) {
     if (!name) return KV_ERR_NULL;
     pthread_once(&once, choose);
-    const kv_simd *s = strcmp(name, "auto") ? by_name(name) : best();
+    const int isa = kv_isa_parse(name);
+    const kv_simd *s = !strcmp(name, "auto") ? best() : isa == KV_ISA_AVX512VNNI ? NULL : for_isa(isa);
     if (!s) return KV_ERR_UNSUPPORTED;
     active = s;
     return KV_OK;

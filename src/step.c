@@ -27,7 +27,7 @@ MATMUL(float, f32)
 static int step(bool f64, kv_cache *c, const kv_layer *L, const kv_batch *b, const void *x, void *out,
                 void *scratch) {
     if (!c || !L || !b) return KV_ERR_NULL;
-    if ((c->p.dtype == KV_F64) != f64) return KV_ERR_DTYPE;
+    if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (L->layer < 0 || L->layer >= c->p.n_layers || L->dim <= 0 || L->n_heads <= 0) return KV_ERR_SHAPE;
     if (L->n_heads % c->p.n_kv_heads) return KV_ERR_HEADS;
     if (L->rope && L->rope->params.head_dim != c->p.head_dim) return KV_ERR_ROPE;

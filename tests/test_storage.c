@@ -109,3 +109,29 @@ TEST(storage_q8_is_within_half_a_step_of_the_row_max) {
     roundtrip(KV_Q8, zero, out, n); /* an all-zero row: scale 0, no division by it */
     for (int i = 0; i < n; i++) CHECK(out[i] == 0);
 }
+
+/* Each type's size as include/kvcache.h documents it, in bits and bytes, and
+ * a cache's bytes per token and per page of 16 from them: 2 x layers x heads
+ * x (row + the f32 scale of KV_Q8). */
+TEST(storage_types_report_their_bits_and_bytes) {
+    static const struct {
+        kv_dtype t;
+        int bits, scales;
+    } want[] = {{KV_F64, 64, 0}, {KV_F32, 32, 0}, {KV_F16, 16, 0}, {KV_BF16, 16, 0}, {KV_Q8, 8, 1}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        CHECK_EQ_INT(kv_dtype_bits(want[i].t), want[i].bits);
+        CHECK_EQ_INT(kv_dtype_size(want[i].t), want[i].bits / 8);
+        kv_cache_params p = kv_cache_default_params();
+        p.n_layers = 3, p.n_kv_heads = 2, p.head_dim = 40, p.page_size = 16, p.dtype = want[i].t;
+        kv_cache *c;
+        CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+        const kv_cache_stats st = kv_cache_get_stats(c);
+        const int per_token = 2 * 3 * 2 * (40 * want[i].bits / 8 + 4 * want[i].scales);
+        CHECK_EQ_INT(st.bytes_per_token, per_token);
+        CHECK_EQ_INT(st.bytes_per_page, 16 * per_token);
+        kv_cache_free(c);
+    }
+    CHECK_EQ_INT(kv_dtype_bits((kv_dtype)5), 0);
+    CHECK_EQ_INT(kv_dtype_bits((kv_dtype)-1), 0);
+    CHECK_EQ_INT(kv_dtype_size((kv_dtype)5), 0);
+}

@@ -4,9 +4,9 @@
     cache = kvcache.KVCache(n_kv_heads=2, head_dim=16)          # float64, paged
     out = kvcache.step(x, Wq, Wk, Wv, cache, H=8, Hkv=2)        # x [t, D] new tokens only
 
-The seed's three pieces, `attention(q, k, v)`, `KVCache(...).append(k, v)` and
-`step(x, Wq, Wk, Wv, cache, H, Hkv)`, keep its shapes (q [H, T, d], k and v
-[Hkv, S, d]). The rest mirrors include/kvcache.h: sequences, ragged batches
+The single-sequence API, `attention(q, k, v)`, `KVCache(...).append(k, v)` and
+`step(x, Wq, Wk, Wv, cache, H, Hkv)`, takes one sequence's shapes (q [H, T, d],
+k and v [Hkv, S, d]). The rest mirrors include/kvcache.h: sequences, ragged batches
 (Batch), RoPE (Rope), storage types f64/f32/f16/bf16/q8, price_per_token.
 
 Library failures raise KVCacheError (status code + the library's message);

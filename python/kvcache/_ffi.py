@@ -168,6 +168,7 @@ TASK_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int32, c_int32)  # kv_task_fn
 PROTOTYPES = {
     "kv_status_str": (c_char_p, [c_int]),
     "kv_dtype_size": (c_size_t, [c_int]),
+    "kv_dtype_bits": (c_int32, [c_int]),
     "kv_dtype_name": (c_char_p, [c_int]),
     "kv_dtype_parse": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     "kv_price_per_token": (c_uint64, [c_int32, c_int32, c_int32, c_int]),

@@ -56,7 +56,7 @@ def price_tokens(n_layers, n_kv_heads, head_dim, dtype, n_tokens):
 
 
 def attention(q, k, v, window=0, scale=None):
-    """The seed's attention over plain arrays, no cache.
+    """Attention over plain arrays of one sequence, no cache.
 
     q [H, T, d]; k, v [Hkv, S, d] with S >= T and H % Hkv == 0. Query i sits at
     absolute position S - T + i and sees key j when j <= S - T + i (and, for

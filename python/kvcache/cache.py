@@ -1,8 +1,8 @@
 """The paged KV cache: sequences, ragged batches, append/read/attend/step.
 
-Shapes follow the seed for one sequence (k, v [Hkv, t, d], q [H, T, d]) and
-the C API for ragged batches (rows stacked: k, v [rows, Hkv, d], q [rows, H, d],
-x [rows, D]), because a ragged batch has no common T to put in an axis.
+Shapes are one sequence's (k, v [Hkv, t, d], q [H, T, d]) in the single-sequence
+calls and the C API's for ragged batches (rows stacked: k, v [rows, Hkv, d],
+q [rows, H, d], x [rows, D]), because a ragged batch has no common T to put in an axis.
 """
 import collections
 import ctypes
@@ -132,7 +132,7 @@ class KVCache(Closing):
     keeps them (attention still sees only the window), as a full cache would.
 
     Methods that take seq=None act on the cache's default sequence, created on
-    first use; the seed's single-sequence flow (append, attend, step) needs no
+    first use; the single-sequence flow (append, attend, step) needs no
     more. Several sequences: new_seq, fork, remove, and the *_batch methods.
 
     Threads: any number of Python threads may use one cache. Calls that change
@@ -354,9 +354,9 @@ class KVCache(Closing):
                 raise ValueError(f"{name} must have shape {want} [rows, Hkv, d], got {a.shape}")
         return contiguous(k, self.compute_dtype), contiguous(v, self.compute_dtype)
 
-    def _seed_layout(self, k, v, name_k, name_v):
+    def _sequence_layout(self, k, v, name_k, name_v):
         """k and v [Hkv, t, d] (or [n_layers, Hkv, t, d] when ndim is 4), the
-        seed's layout, checked as the caller wrote them; returns t."""
+        one sequence's layout, checked as the caller wrote them; returns t."""
         multi = k.ndim == 4
         t = k.shape[-2]
         want = ((self.n_layers,) if multi else ()) + (self.n_kv_heads, t, self.head_dim)
@@ -379,7 +379,7 @@ class KVCache(Closing):
 
     @writes
     def append(self, k_new, v_new, seq=None):
-        """The seed's KVCache.append: reserves t positions and writes k_new,
+        """Appends to one sequence: reserves t positions and writes k_new,
         v_new [Hkv, t, d] (with n_layers > 1: [n_layers, Hkv, t, d], every layer
         at once), then returns the cached K, V [Hkv, S, d] (or [n_layers, Hkv, S, d]),
         read back as stored (rounded for f16/bf16/q8). In a window cache only the
@@ -390,7 +390,7 @@ class KVCache(Closing):
         v_new = real_array(v_new, "v_new", ndim)
         if k_new.shape != v_new.shape:
             raise ValueError(f"k_new and v_new must have one shape, got {k_new.shape} and {v_new.shape}")
-        t = self._seed_layout(k_new, v_new, "k_new", "v_new")
+        t = self._sequence_layout(k_new, v_new, "k_new", "v_new")
         kl = k_new if multi else k_new[None]
         vl = v_new if multi else v_new[None]
         # [L, Hkv, t, d] -> [L, t, Hkv, d], the C layout; checked before anything changes
@@ -419,7 +419,7 @@ class KVCache(Closing):
         (already reserved) positions in `layer`."""
         k = real_array(k, "k", 3)
         v = real_array(v, "v", 3)
-        t = self._seed_layout(k, v, "k", "v")
+        t = self._sequence_layout(k, v, "k", "v")
         kc, vc = self._kv(k.transpose(1, 0, 2), v.transpose(1, 0, 2), (t,))
         self._write(Batch([self._seq(seq)], [0, t]), kc, vc, self._layer(layer))
 
@@ -458,7 +458,7 @@ class KVCache(Closing):
     @writes
     def step(self, x, Wq, Wk, Wv, H, rope=None, seq=None, layer=0, scale=None, reserve=True,
              tokens=None):
-        """The seed's step on one sequence: x [t, D] holds the new tokens only;
+        """One layer's step on one sequence: x [t, D] holds the new tokens only;
         reserves t positions (unless reserve=False: with several layers, reserve
         once and step each layer with reserve=False), projects them once
         (Wq [D, H*d], Wk and Wv [D, Hkv*d]), rotates q and k at their absolute
@@ -552,7 +552,7 @@ class KVCache(Closing):
 
 
 def step(x, Wq, Wk, Wv, cache, H, Hkv, rope=None, **kwargs):
-    """The seed's step(x, Wq, Wk, Wv, cache, H, Hkv): x [t, D] new tokens only;
+    """step(x, Wq, Wk, Wv, cache, H, Hkv) on one sequence: x [t, D] new tokens only;
     returns [t, H*d]. Hkv must be the cache's n_kv_heads; keyword arguments
     (seq, layer, scale, reserve, tokens) go to KVCache.step."""
     if not isinstance(cache, KVCache):
