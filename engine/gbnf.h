@@ -77,6 +77,11 @@ int llm_gbnf_accept(llm_gbnf_state *st, int32_t token);
  * keyword and where it is when the schema uses what is not supported, is
  * not valid JSON, or nests too deep. */
 char *llm_json_schema_grammar(const char *schema, size_t len, char *err, size_t err_cap);
+/* A tool call's grammar text: head, then {"name": "NAME", "ARGS_KEY": ARGS}
+ * for one of the n functions (names: [A-Za-z0-9_-], ARGS a document of
+ * that function's schema), then tail; NULL with err as above. */
+char *llm_json_call_grammar(int32_t n, const char *const *names, const char *const *schemas, const char *head,
+                            const char *args_key, const char *tail, char *err, size_t err_cap);
 /* Schema to a compiled grammar in one call (either step's error in err). */
 llm_gbnf *llm_json_schema_compile(const char *schema, size_t len, char *err, size_t err_cap);
 

@@ -654,6 +654,44 @@ char *llm_json_schema_grammar(const char *text, size_t len, char *err, size_t er
     return c.out;
 }
 
+char *llm_json_call_grammar(int32_t n, const char *const *names, const char *const *schemas, const char *head,
+                            const char *args_key, const char *tail, char *err, size_t err_cap) {
+    ctx c = {.err = err, .err_cap = err_cap};
+    int32_t tops[64];
+    if (err_cap) err[0] = 0;
+    if (n < 1 || n > 64) fail(&c, "a call grammar takes 1 to 64 functions");
+    for (int32_t i = 0; i < n && !c.failed; i++) {
+        c.s = schemas[i], c.end = schemas[i] + strlen(schemas[i]);
+        int32_t root = parse_value(&c, 0);
+        if (root < 0) break;
+        ws(&c);
+        if (c.s != c.end) fail(&c, "the schema is not valid JSON: something follows it");
+        else tops[i] = schema(&c, root, 0);
+    }
+    if (!c.failed) {
+        put(&c, "root ::= ", 9);
+        put_literal(&c, head, strlen(head));
+        putf(&c, "%s", " \"{\\\"name\\\": \" (");
+        for (int32_t i = 0; i < n; i++) {
+            char lit[200];
+            snprintf(lit, sizeof lit, "\"%s\", \"%s\": ", names[i], args_key);
+            putf(&c, "%s", i ? " | " : " ");
+            put_literal(&c, lit, strlen(lit));
+            putf(&c, " s%d", (int)tops[i]);
+        }
+        putf(&c, "%s", " ) \"}\" ");
+        put_literal(&c, tail, strlen(tail));
+        put(&c, "\n", 1);
+        put(&c, lexicon, sizeof lexicon - 1);
+    }
+    free(c.n);
+    if (c.failed) {
+        free(c.out);
+        return NULL;
+    }
+    return c.out;
+}
+
 llm_gbnf *llm_json_schema_compile(const char *schema_text, size_t len, char *err, size_t err_cap) {
     char *g = llm_json_schema_grammar(schema_text, len, err, err_cap);
     if (!g) return NULL;
