@@ -390,9 +390,11 @@ static int reply_whole(gen_out *o) {
             calls = srv_tools_parse(o->s, o->r, c->text ? c->text : "", c->len, id);
         }
         json_t *fr = json_string(calls ? "tool_calls" : srv_finish_reason(c->finish));
-        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", calls ? (json_decref(text), json_null()) : text);
-        if (calls) json_object_set_new(msg, "tool_calls", calls);
-        if (!is_chat(o)) json_decref(msg);
+        json_t *msg = NULL;
+        if (is_chat(o)) {
+            msg = json_pack("{s:s, s:o}", "role", "assistant", "content", calls ? (json_decref(text), json_null()) : text);
+            if (calls) json_object_set_new(msg, "tool_calls", calls);
+        }
         json_array_append_new(choices, is_chat(o) ? json_pack("{s:i, s:o, s:o, s:o}", "index", i, "message", msg,
                                                               "logprobs", lp, "finish_reason", fr)
                                                   : json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", text,
