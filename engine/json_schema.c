@@ -24,7 +24,7 @@ typedef struct {
 } jnode;
 
 typedef struct {
-    const char *s, *end;
+    const char *s, *end, *text;  /* where we are, the end, the schema's start */
     jnode *n;
     int32_t nn, cap;
     char *err;
@@ -152,7 +152,7 @@ static int32_t parse_value(ctx *c, int depth) {
     if (p < c->end && *p == '-') p++;
     if (p < c->end && *p == '0') p++;
     else if (p < c->end && *p >= '1' && *p <= '9') while (p < c->end && *p >= '0' && *p <= '9') p++;
-    else return fail(c, "the schema is not valid JSON at byte %ld", (long)(a - c->n[0].a));
+    else return fail(c, "the schema is not valid JSON at byte %ld", (long)(a - c->text));
     if (p < c->end && *p == '.') {
         const char *d = ++p;
         while (p < c->end && *p >= '0' && *p <= '9') p++;
@@ -632,7 +632,7 @@ static const char lexicon[] =
     "ws ::= [ \\t\\n]{0,20}\n";
 
 char *llm_json_schema_grammar(const char *text, size_t len, char *err, size_t err_cap) {
-    ctx c = {.s = text, .end = text + len, .err = err, .err_cap = err_cap};
+    ctx c = {.s = text, .end = text + len, .text = text, .err = err, .err_cap = err_cap};
     if (err_cap) err[0] = 0;
     int32_t root = parse_value(&c, 0);
     if (root >= 0) {
@@ -661,7 +661,7 @@ char *llm_json_call_grammar(int32_t n, const char *const *names, const char *con
     if (err_cap) err[0] = 0;
     if (n < 1 || n > 64) fail(&c, "a call grammar takes 1 to 64 functions");
     for (int32_t i = 0; i < n && !c.failed; i++) {
-        c.s = schemas[i], c.end = schemas[i] + strlen(schemas[i]);
+        c.s = c.text = schemas[i], c.end = schemas[i] + strlen(schemas[i]);
         int32_t root = parse_value(&c, 0);
         if (root < 0) break;
         ws(&c);
