@@ -436,6 +436,7 @@ static int good_name(const char *s) {
 static int get_tools(json_t *o, srv_request *r, srv_error *e) {
     json_t *v = field(o, "tools"), *tc = field(o, "tool_choice"), *ptc = field(o, "parallel_tool_calls");
     if (ptc && !json_is_boolean(ptc)) return bad(e, "'%s' must be a boolean", "parallel_tool_calls");
+    r->one_call = ptc && json_is_false(ptc);
     if (v) {
         if (!json_is_array(v) || json_array_size(v) == 0) return bad(e, "'%s' must be a non-empty array", "tools");
         if (json_array_size(v) > SRV_MAX_TOOLS)

@@ -84,6 +84,7 @@ typedef struct {
     enum { SRV_TOOLS_NONE, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
     int32_t tool_named;          /* SRV_TOOLS_NAMED: the index of the function */
     int has_tool_history;        /* a message is a tool result or carries tool_calls */
+    int one_call;                /* parallel_tool_calls false: at most one call a reply */
     uint64_t seed;               /* when has_seed */
     int has_seed;
     const char *stops[LLM_MAX_STOPS];

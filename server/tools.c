@@ -238,7 +238,7 @@ json_t *srv_tools_parse(const srv *s, const srv_request *r, const char *text, si
     size_t at = 0;
     while (at < len && (text[at] == ' ' || text[at] == '\n' || text[at] == '\t' || text[at] == '\r')) at++;
     json_t *calls = json_array();
-    for (int idx = 0; at < len && idx < 16; idx++) {
+    for (int idx = 0; at < len && idx < (r->one_call ? 1 : 16); idx++) {
         json_error_t je;
         json_t *obj;
         char id[64];
