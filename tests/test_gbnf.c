@@ -248,7 +248,7 @@ TEST(gbnf_mask_matches_byte_by_byte_feeds_at_49k_and_150k_tokens) {
     enum { BIG = 150000 };
     uint32_t *off = malloc(sizeof *off * (BIG + 1));
     uint8_t *eog = calloc(BIG, 1);
-    size_t cap = (size_t)v->off[v->n_vocab] * 4 + 16, used = 0;
+    size_t cap = (size_t)v->off[v->n_vocab] + (size_t)(BIG - v->n_vocab) * 24 + 16, used = 0;
     char *bytes = malloc(cap);
     test_rng r = {11};
     for (int32_t t = 0; t < BIG; t++) {
@@ -313,4 +313,37 @@ TEST(gbnf_greedy_under_an_allow_all_grammar_equals_plain_greedy) {
     llm_grammar_vocab_free(v);
     llm_context_free(c);
     llm_model_free(m);
+}
+
+/* A tool call's grammar in both layouts the server writes (Hermes's
+ * <tool_call> block with "arguments", Llama 3's bare object with
+ * "parameters"): one call of one of the functions, its arguments a
+ * document of that function's schema. */
+TEST(gbnf_call_grammar_holds_one_call_with_arguments_of_its_schema) {
+    const char *names[] = {"get_weather", "add"};
+    const char *schemas[] = {"{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}",
+                             "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+                             "\"required\":[\"a\",\"b\"]}"};
+    char err[256];
+    for (int llama3 = 0; llama3 < 2; llama3++) {
+        char *text = llm_json_call_grammar(2, names, schemas, llama3 ? "" : "<tool_call>\n", llama3 ? "parameters" : "arguments",
+                                           llama3 ? "" : "\n</tool_call>", err, sizeof err);
+        CHECK(text != NULL);
+        llm_gbnf *g = text ? compile(text) : NULL;
+        free(text);
+        if (!g) continue;
+        char good[3][200], bad[5][200];
+        const char *h = llama3 ? "" : "<tool_call>\n", *t = llama3 ? "" : "\n</tool_call>", *k = llama3 ? "parameters" : "arguments";
+        snprintf(good[0], 200, "%s{\"name\": \"add\", \"%s\": {\"a\": 1, \"b\": -2}}%s", h, k, t);
+        snprintf(good[1], 200, "%s{\"name\": \"get_weather\", \"%s\": {\"city\":\"Paris\"}}%s", h, k, t);
+        snprintf(good[2], 200, "%s{\"name\": \"get_weather\", \"%s\": {\n  \"city\": \"\"\n}}%s", h, k, t);
+        snprintf(bad[0], 200, "%s{\"name\": \"sub\", \"%s\": {\"a\": 1, \"b\": 2}}%s", h, k, t);      /* no such function */
+        snprintf(bad[1], 200, "%s{\"name\": \"add\", \"%s\": {\"a\": 1}}%s", h, k, t);                /* b required */
+        snprintf(bad[2], 200, "%s{\"name\": \"add\", \"%s\": {\"city\": \"x\"}}%s", h, k, t);         /* the other's arguments */
+        snprintf(bad[3], 200, "%s{\"name\": \"add\", \"%s\": {\"a\": 1, \"b\": 2}}", h, llama3 ? "arguments" : "parameters");
+        snprintf(bad[4], 200, "%s{\"name\": \"add\", \"%s\": {\"a\": 1.5, \"b\": 2}}%s", h, k, t);    /* integers */
+        const char *gp[3] = {good[0], good[1], good[2]}, *bp[5] = {bad[0], bad[1], bad[2], bad[3], bad[4]};
+        check_docs(g, gp, 3, bp, 5, __LINE__);
+        llm_gbnf_free(g);
+    }
 }
