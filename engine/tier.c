@@ -44,10 +44,10 @@ struct llm_tier {
     int32_t n_groups;
     hook hooks[LLM_MAX_GROUPS];
     pthread_mutex_t mu;
-    pthread_cond_t wake;
+    pthread_cond_t wake, room;
     job *head, *tail;
     size_t queued;
-    int stop;
+    int stop, closing; /* closing: a spill waits for room instead of being dropped */
     pthread_t writer;
     entry *ents; /* the folder's files of this model: unordered, LRU by stamp */
     size_t n_ents, cap_ents;
@@ -192,6 +192,7 @@ static void *writer_main(void *arg) {
         }
         pthread_mutex_lock(&t->mu);
         t->queued -= j->size;
+        pthread_cond_signal(&t->room);
         if (!have && ok) {
             make_room(t, j->size);
             if (add_entry(t, j->group, j->hash, j->size, ++t->clock) == 0) {
@@ -217,7 +218,8 @@ static void on_spill(void *user, const kv_page_image *img) {
     size_t size = file_size(img->n_tokens, img->bytes);
     pthread_mutex_lock(&t->mu);
     int skip = lookup(t, hk->group, img->hash) != NULL;
-    int full = !skip && t->queued + size > QUEUE_BYTES;
+    while (!skip && t->closing && t->queued && t->queued + size > QUEUE_BYTES) pthread_cond_wait(&t->room, &t->mu);
+    int full = !skip && t->queued && t->queued + size > QUEUE_BYTES;
     if (full) t->st.dropped++;
     if (!skip && !full) t->queued += size;
     pthread_mutex_unlock(&t->mu);
@@ -298,6 +300,7 @@ int llm_tier_open(const char *dir, uint64_t max_bytes, llm_context *c, llm_tier 
     t->fp = fp, t->max_bytes = max_bytes, t->c = c, t->n_groups = llm_context_n_caches(c);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->wake, NULL);
+    pthread_cond_init(&t->room, NULL);
     if (scan(t) != 0 || pthread_create(&t->writer, NULL, writer_main, t) != 0) {
         free(t->ents), free(t);
         return llm_errf(err, errlen, LLM_ERR_PARAM, "%s: cannot read the folder or start its writer", dir);
@@ -312,6 +315,9 @@ int llm_tier_open(const char *dir, uint64_t max_bytes, llm_context *c, llm_tier 
 
 void llm_tier_close(llm_tier *t) {
     if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    t->closing = 1;
+    pthread_mutex_unlock(&t->mu);
     for (int32_t g = 0; g < t->n_groups; g++) {
         kv_cache *cache = llm_context_cache_at(t->c, g);
         kv_prefix_spill_all(cache);
@@ -324,6 +330,7 @@ void llm_tier_close(llm_tier *t) {
     pthread_join(t->writer, NULL);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->wake);
+    pthread_cond_destroy(&t->room);
     free(t->ents);
     free(t->rbuf);
     free(t);

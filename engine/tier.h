@@ -5,7 +5,8 @@
  * there again, also after a restart.
  *
  * Writes run on the tier's own thread: the scheduler only copies the page
- * into a bounded queue (full: the page is dropped, counted). Reads run on
+ * into a bounded queue (full: the page is dropped, counted; at close the
+ * spills wait for room instead). Reads run on
  * the caller's thread, at admission. The folder is bounded (LRU by last use,
  * kept across restarts as the files' modification times). Every file is
  * checked as untrusted input: its header against what was asked, its size,
