@@ -178,7 +178,7 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(M
 # the CLI's penalty runs, whose sampler step the C sampler tests cover):
 # the plain run keeps them, and the same code paths run under the sanitizers
 # through the tiny models and the shorter real-model tests.
-SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor,penalties_and_stop_strings
+SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor,penalties_and_stop_strings,gbnf_mask_matches,gbnf_greedy
 
 test-asan: deps
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c

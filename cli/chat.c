@@ -240,9 +240,16 @@ int cmd_chat(int argc, char **argv) {
         llm_context_free(st.c), llm_model_free(st.m);
         return 1;
     }
+    llm_gbnf *rules = NULL;
+    llm_grammar_vocab *gv = NULL;
+    if (cli_grammar_load("chat", &so, st.m, &rules, &gv)) {   /* each reply a document of it */
+        llm_context_free(st.c), llm_model_free(st.m);
+        return 1;
+    }
     st.gp = llm_gen_default_params();
     st.gp.max_tokens = (int32_t)so.n_gen;
     st.gp.sampler = cli_sampler_params(&so); st.gp.stops = so.stops, st.gp.n_stops = so.n_stops;
+    st.gp.sampler.rules = rules;
     st.gp.on_text = on_text, st.gp.on_token = on_token, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
     st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
@@ -255,6 +262,7 @@ int cmd_chat(int argc, char **argv) {
     if (rc != LLM_OK) {
         fprintf(stderr, "kvcache chat: %s\n", llm_status_str(rc));
         free(st.marker), free(st.reply), llm_context_free(st.c), llm_model_free(st.m);
+        cli_grammar_free(rules, gv);
         return 1;
     }
     if (system) conv_add(&st.cv, "system", system);
@@ -290,6 +298,7 @@ int cmd_chat(int argc, char **argv) {
     conv_reset(&st.cv, 0);
     free(st.cv.msgs), free(st.reply), free(st.marker);
     llm_session_free(st.s);
+    cli_grammar_free(rules, gv);
     llm_context_free(st.c);
     llm_model_free(st.m);
     return rc;

@@ -129,6 +129,8 @@ typedef struct {
     const char *stops[LLM_MAX_STOPS]; /* --stop, repeatable */
     int32_t n_stops;
     bool too_many_stops;
+    const char *grammar;         /* --grammar FILE: a GBNF-like grammar (docs/GRAMMAR.md) */
+    const char *json_schema;     /* --json-schema FILE: a JSON Schema (the subset docs/GRAMMAR.md lists) */
 } cli_sample_opts;
 
 /* generate's and chat's defaults (llama-cli's): temperature 0.8, top-k 40,
@@ -147,7 +149,9 @@ cli_sample_opts cli_sample_opts_default(int64_t n_gen);
     "  --repeat-last-n N  that window in tokens; -1: every token (default 64)\n"                 \
     "  --presence-penalty P  OpenAI's: subtract P from each token generated before (in [-2, 2])\n" \
     "  --frequency-penalty F OpenAI's: subtract F times its count so far (in [-2, 2])\n"         \
-    "  --stop TEXT        stop before TEXT appears (repeatable, up to 8; not shown)\n"
+    "  --stop TEXT        stop before TEXT appears (repeatable, up to 8; not shown)\n"            \
+    "  --grammar FILE     every reply a document of this GBNF-like grammar (docs/GRAMMAR.md)\n"  \
+    "  --json-schema FILE every reply a JSON document of this schema (docs/GRAMMAR.md)\n"
 /* Matches -n/--tokens, --temp, --top-k, --top-p, --seed, --min-p,
  * --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
  * --stop at argv[*i]. */
@@ -155,6 +159,12 @@ bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
 /* 0, or 2 after a message; n_min is the least -n the command takes. */
 int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min);
 llm_sampler_params cli_sampler_params(const cli_sample_opts *o);
+/* --grammar or --json-schema read, compiled and bound to m's vocabulary
+ * into *g (kept with *v until cli_grammar_free); *g NULL when neither is
+ * given. 0, or 1 after a message naming the file and what is wrong. */
+int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm_model *m, llm_gbnf **g,
+                     llm_grammar_vocab **v);
+void cli_grammar_free(llm_gbnf *g, llm_grammar_vocab *v);
 
 /* ---- cache policies (engine/policy.h), for generate and chat ---- */
 

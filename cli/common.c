@@ -189,6 +189,9 @@ bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
         else o->too_many_stops = true;
         return true;
     }
+    if (cli_opt_str(argc, argv, i, NULL, "--grammar", &o->grammar) ||
+        cli_opt_str(argc, argv, i, NULL, "--json-schema", &o->json_schema))
+        return true;
     return cli_opt_int(argc, argv, i, "-n", "--tokens", &o->n_gen) || cli_opt_f64(argc, argv, i, NULL, "--temp", &o->temp) ||
            cli_opt_int(argc, argv, i, NULL, "--top-k", &o->top_k) || cli_opt_f64(argc, argv, i, NULL, "--top-p", &o->top_p) ||
            cli_opt_int(argc, argv, i, NULL, "--seed", &o->seed) || cli_opt_f64(argc, argv, i, NULL, "--min-p", &o->min_p) ||
@@ -214,6 +217,10 @@ int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
         !f64_range(cmd, "--presence-penalty", o->presence_penalty, -2, 2, "a logit offset") ||
         !f64_range(cmd, "--frequency-penalty", o->frequency_penalty, -2, 2, "a logit offset per occurrence"))
         return 2;
+    if (o->grammar && o->json_schema) {
+        fprintf(stderr, "kvcache %s: give --grammar or --json-schema, not both\n", cmd);
+        return 2;
+    }
     if (o->too_many_stops) {
         fprintf(stderr, "kvcache %s: --stop is given more than %d times\n", cmd, LLM_MAX_STOPS);
         return 2;
@@ -241,4 +248,36 @@ llm_sampler_params cli_sampler_params(const cli_sample_opts *o) {
                                 .repeat_penalty = (float)o->repeat_penalty, .repeat_last_n = (int32_t)o->repeat_last_n,
                                 .presence_penalty = (float)o->presence_penalty,
                                 .frequency_penalty = (float)o->frequency_penalty};
+}
+
+int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm_model *m, llm_gbnf **g,
+                     llm_grammar_vocab **v) {
+    *g = NULL, *v = NULL;
+    const char *file = o->grammar ? o->grammar : o->json_schema;
+    if (!file) return 0;
+    size_t len = 0;
+    char *text = cli_read_file(file, &len);
+    if (!text) {
+        fprintf(stderr, "kvcache %s: cannot read '%s': %s\n", cmd, file, strerror(errno));
+        return 1;
+    }
+    char err[320];
+    *g = o->grammar ? llm_gbnf_parse(text, len, err, sizeof err) : llm_json_schema_compile(text, len, err, sizeof err);
+    free(text);
+    if (!*g) {
+        fprintf(stderr, "kvcache %s: %s: %s\n", cmd, file, err);
+        return 1;
+    }
+    if (!(*v = llm_grammar_vocab_new(llm_model_tokenizer(m))) || llm_gbnf_bind(*g, *v)) {
+        fprintf(stderr, "kvcache %s: out of memory for the grammar\n", cmd);
+        cli_grammar_free(*g, *v);
+        *g = NULL, *v = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+void cli_grammar_free(llm_gbnf *g, llm_grammar_vocab *v) {
+    llm_gbnf_free(g);
+    llm_grammar_vocab_free(v);
 }

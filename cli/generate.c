@@ -14,6 +14,7 @@ static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
            "                        [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
            "                        [--presence-penalty P] [--frequency-penalty F] [--stop TEXT]...\n"
+           "                        [--grammar FILE | --json-schema FILE]\n"
            "                        [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
            "                        [--context-shift [--keep N]] [--session FILE] [--draft-lookup N]\n"
            "Streams the continuation of PROMPT to stdout, then prints prefill and decode speed,\n"
@@ -125,8 +126,16 @@ int cmd_generate(int argc, char **argv) {
         ids = chat ? cli_chat_tokens(m, system, prompt, &n_prompt)
                    : cli_tokenize_len(m, prompt, prompt_len, 1, special, &n_prompt);
     llm_session *s = NULL;
+    llm_gbnf *rules = NULL;
+    llm_grammar_vocab *gv = NULL;
     rc = 1;
-    if (!ids) {
+    if (ids && cli_grammar_load("generate", &so, m, &rules, &gv)) {
+        free(ids);
+        ids = NULL, n_prompt = -1;
+    }
+    if (n_prompt < 0) {
+        /* the grammar's error is written */
+    } else if (!ids) {
         if (!chat || llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN)
             fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
     } else if (n_prompt == 0) {
@@ -138,6 +147,7 @@ int cmd_generate(int argc, char **argv) {
         llm_gen_params gp = llm_gen_default_params();
         gp.max_tokens = (int32_t)so.n_gen;
         gp.sampler = cli_sampler_params(&so); gp.stops = so.stops, gp.n_stops = so.n_stops;
+        gp.sampler.rules = rules;
         gp.on_text = cli_print_text;
         if (n_prompt > 512) gp.progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;
@@ -155,6 +165,7 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     llm_session_free(s);
+    cli_grammar_free(rules, gv);
     free(ids), free(file_text);
     llm_context_free(c);
     llm_model_free(m);

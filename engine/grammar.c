@@ -151,6 +151,67 @@ int llm_json_complete(const llm_json_state *st) {
            (st->depth == 0 && (st->mode == M_N_ZERO || st->mode == M_N_INT || st->mode == M_N_FRAC || st->mode == M_N_EXP));
 }
 
+/* ---------------------------------------------------------------- the trie */
+
+typedef struct {
+    const char *p;
+    uint32_t n;
+    int32_t id;
+} tok_bytes;
+
+static int by_bytes(const void *pa, const void *pb) {
+    const tok_bytes *a = pa, *b = pb;
+    int c = memcmp(a->p, b->p, a->n < b->n ? a->n : b->n);
+    if (c) return c;
+    return a->n != b->n ? (a->n < b->n ? -1 : 1) : (a->id < b->id ? -1 : a->id > b->id);
+}
+
+/* The node for trie_tok[lo .. hi), whose bytes share their first depth
+ * bytes, and its subtree (preorder); returns its index. */
+static int32_t trie_build(llm_grammar_vocab *v, int32_t lo, int32_t hi, uint32_t depth, uint8_t byte) {
+    const int32_t me = v->n_trie++;
+    struct llm_trie_node *n = &v->trie[me];
+    n->child = n->sibling = -1, n->tb = lo, n->te = hi, n->byte = byte;
+    int32_t i = lo;
+    while (i < hi && v->off[v->trie_tok[i] + 1] - v->off[v->trie_tok[i]] == depth) i++;
+    v->trie[me].own = i;
+    int32_t prev = -1;
+    while (i < hi) {
+        const int32_t t0 = v->trie_tok[i];
+        const uint8_t c = (uint8_t)v->bytes[v->off[t0] + depth];
+        int32_t j = i + 1;
+        while (j < hi && (uint8_t)v->bytes[v->off[v->trie_tok[j]] + depth] == c) j++;
+        const int32_t ch = trie_build(v, i, j, depth + 1, c);
+        if (prev < 0) v->trie[me].child = ch;
+        else v->trie[prev].sibling = ch;
+        prev = ch, i = j;
+    }
+    return me;
+}
+
+/* Sorted by bytes, the tokens sharing a prefix are contiguous: each node
+ * is a range. At most one node per byte of the vocabulary, plus the root. */
+static int trie_new(llm_grammar_vocab *v) {
+    int32_t n = 0;
+    if (!(v->trie_tok = malloc(sizeof *v->trie_tok * ((size_t)v->n_vocab + 1)))) return -1;
+    for (int32_t t = 0; t < v->n_vocab; t++)
+        if (!v->eog[t] && v->off[t + 1] > v->off[t]) v->trie_tok[n++] = t;
+    tok_bytes *tb = malloc(sizeof *tb * ((size_t)n + 1));
+    if (!tb) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t t = v->trie_tok[i];
+        tb[i] = (tok_bytes){v->bytes + v->off[t], v->off[t + 1] - v->off[t], t};
+    }
+    qsort(tb, (size_t)n, sizeof *tb, by_bytes);
+    for (int32_t i = 0; i < n; i++) v->trie_tok[i] = tb[i].id;
+    free(tb);
+    if (!(v->trie = malloc(sizeof *v->trie * ((size_t)v->off[v->n_vocab] + 1)))) return -1;
+    trie_build(v, 0, n, 0, 0);
+    return 0;
+}
+
+static llm_grammar_vocab *vocab_finish(llm_grammar_vocab *v);
+
 llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok) {
     const int32_t V = llm_tokenizer_n_vocab(tok);
     llm_grammar_vocab *v = calloc(1, sizeof *v);
@@ -178,6 +239,12 @@ llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok) {
         if (n > 0) used += (size_t)n;
     }
     v->off[V] = (uint32_t)used;
+    return vocab_finish(v);
+}
+
+/* Groups, plain flags and the trie of a vocabulary whose bytes are in. */
+static llm_grammar_vocab *vocab_finish(llm_grammar_vocab *v) {
+    const int32_t V = v->n_vocab;
     /* group by first byte: counts, offsets, then place (counting sort) */
     v->by_first = malloc(sizeof *v->by_first * ((size_t)V + 1));
     v->eogs = malloc(sizeof *v->eogs * ((size_t)V + 1));
@@ -205,12 +272,31 @@ llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok) {
     memcpy(v->group, at, sizeof at);
     for (int32_t t = 0; t < V; t++)
         if (!v->eog[t] && v->off[t + 1] > v->off[t]) v->by_first[at[(unsigned char)v->bytes[v->off[t]]]++] = t;
+    if (trie_new(v)) {
+        llm_grammar_vocab_free(v);
+        return NULL;
+    }
     return v;
+}
+
+llm_grammar_vocab *llm_grammar_vocab_from_bytes(int32_t n_vocab, const uint32_t *off, const char *bytes,
+                                               const uint8_t *eog) {
+    llm_grammar_vocab *v = calloc(1, sizeof *v);
+    if (v) v->n_vocab = n_vocab, v->off = malloc(sizeof *v->off * ((size_t)n_vocab + 1)), v->eog = malloc((size_t)n_vocab + 1),
+           v->bytes = malloc((size_t)off[n_vocab] + 1);
+    if (!v || !v->off || !v->eog || !v->bytes) {
+        llm_grammar_vocab_free(v);
+        return NULL;
+    }
+    memcpy(v->off, off, sizeof *off * ((size_t)n_vocab + 1));
+    memcpy(v->bytes, bytes, off[n_vocab]);
+    for (int32_t t = 0; t < n_vocab; t++) v->eog[t] = eog ? eog[t] != 0 : 0;
+    return vocab_finish(v);
 }
 
 void llm_grammar_vocab_free(llm_grammar_vocab *v) {
     if (!v) return;
-    free(v->off), free(v->bytes), free(v->eog), free(v->by_first), free(v->eogs), free(v->plain), free(v);
+    free(v->off), free(v->bytes), free(v->eog), free(v->by_first), free(v->eogs), free(v->plain), free(v->trie), free(v->trie_tok), free(v);
 }
 
 int32_t llm_json_mask(const llm_json_state *st, const llm_grammar_vocab *v, const float *in, float *out) {

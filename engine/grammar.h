@@ -56,10 +56,25 @@ typedef struct llm_grammar_vocab {
     int32_t group[257]; /* by_first[group[c] .. group[c + 1]) begin with byte c */
     int32_t *eogs, n_eog; /* the end-of-generation tokens */
     uint8_t *plain;     /* [n_vocab] no byte below 0x20, no '"' or '\\': inside a string, it stays one */
+    /* the tokens with bytes as a trie (llm_gbnf_mask walks it): node 0 is
+     * the root; a node's tokens are trie_tok[tb .. te), those whose bytes
+     * end at it first (tb .. own) */
+    struct llm_trie_node {
+        int32_t child, sibling; /* first child, next sibling: -1 for none */
+        int32_t tb, own, te;
+        uint8_t byte;           /* the byte on the edge into it */
+    } *trie;
+    int32_t n_trie;
+    int32_t *trie_tok;  /* [n_vocab] */
 } llm_grammar_vocab;
 
 /* NULL when out of memory. */
 llm_grammar_vocab *llm_grammar_vocab_new(const llm_tokenizer *tok);
+/* The same from every token's bytes given (token t: bytes[off[t] ..
+ * off[t + 1])) and end-of-generation flags (NULL: none); for tests and
+ * benchmarks with a vocabulary of their own. */
+llm_grammar_vocab *llm_grammar_vocab_from_bytes(int32_t n_vocab, const uint32_t *off, const char *bytes,
+                                               const uint8_t *eog);
 void llm_grammar_vocab_free(llm_grammar_vocab *v);
 
 /* out [v->n_vocab] = in where the token can follow st, -inf elsewhere (in and

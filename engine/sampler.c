@@ -17,7 +17,8 @@ static int params_ok(const llm_sampler_params *p, int32_t n_vocab) {
     if (n_vocab < 1 || p->top_k < 0 || isnan(p->temp) || !(p->top_p > 0.0f && p->top_p <= 1.0f)) return 0;
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty >= 0.0f && p->repeat_penalty < INFINITY) ||
         p->repeat_last_n < -1 || !(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f) ||
-        p->n_bias < 0 || (p->n_bias > 0 && !p->bias) || (p->grammar && p->grammar->n_vocab != n_vocab))
+        p->n_bias < 0 || (p->n_bias > 0 && !p->bias) || (p->grammar && p->grammar->n_vocab != n_vocab) ||
+        (p->rules && !llm_gbnf_bound(p->rules, n_vocab)))
         return 0;
     for (int32_t i = 0; i < p->n_bias; i++)
         if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || !(fabsf(p->bias[i].bias) <= 100.0f)) return 0;
@@ -32,9 +33,10 @@ static int repeat_on(const llm_sampler_params *p) {
 static int init_processing(llm_sampler *s, int32_t n_vocab) {
     const llm_sampler_params *p = &s->p;
     const int counts = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f || p->grammar;
+    s->processing = p->n_bias > 0 || repeat_on(p) || counts || p->min_p > 0.0f || p->grammar || p->rules;
     if (p->grammar) llm_json_init(&s->json, (llm_json_root)p->json_root);
-    if (p->grammar && !(s->masked = malloc(sizeof *s->masked * (size_t)n_vocab))) return -1;
+    if (p->rules && !(s->rules = llm_gbnf_state_new(p->rules))) return -1;
+    if ((p->grammar || p->rules) && !(s->masked = malloc(sizeof *s->masked * (size_t)n_vocab))) return -1;
     if (!s->processing) return 0;
     s->work = malloc(sizeof *s->work * (size_t)n_vocab);
     if (!s->work) return -1;
@@ -70,6 +72,7 @@ int llm_sampler_init(llm_sampler *s, const llm_sampler_params *p, int32_t n_voca
 
 void llm_sampler_free(llm_sampler *s) {
     free(s->cand), free(s->prob), free(s->weight), free(s->block_mass);
+    llm_gbnf_state_free(s->rules);
     free(s->work), free(s->masked), free(s->bias), free(s->count), free(s->seen), free(s->ring), free(s->mark);
     memset(s, 0, sizeof *s);
 }
@@ -95,6 +98,7 @@ void llm_sampler_accept_prompt(llm_sampler *s, const int32_t *tokens, int32_t n)
 void llm_sampler_accept(llm_sampler *s, int32_t token) {
     if (!s->processing || token < 0 || token >= s->n_vocab) return;
     if (s->p.grammar) llm_json_accept(&s->json, s->p.grammar, token);
+    if (s->rules) llm_gbnf_accept(s->rules, token);
     window_push(s, token);
     if (!s->count) return;
     if (s->count[token]++ == 0) {
@@ -134,6 +138,10 @@ const float *llm_sampler_process(llm_sampler *s, const float *logits) {
     }
     if (s->p.grammar) {
         llm_json_mask(&s->json, s->p.grammar, w, s->masked);
+        w = s->masked;
+    }
+    if (s->rules) {
+        llm_gbnf_mask(s->rules, w, s->masked);
         w = s->masked;
     }
     if (s->p.min_p > 0.0f && s->p.temp > 0.0f) {

@@ -23,7 +23,10 @@
  *   presence_penalty   is not counted): logit -= frequency * count + presence
  *                      * (count > 0), count = times the token was generated
  *   grammar            only tokens that continue a valid JSON document
- *                      (engine/grammar.h) keep their logits
+ *                      (engine/grammar.h), or a document of the rules
+ *                      (engine/gbnf.h: a GBNF grammar or a JSON schema),
+ *                      keep their logits; each sampler (each choice of a
+ *                      request) has its own state of the document
  *   min_p              (temp > 0) tokens whose probability at temperature 1
  *                      is below min_p times the best one's are dropped
  *
@@ -38,7 +41,7 @@
 
 #include <stdint.h>
 
-#include "grammar.h"
+#include "gbnf.h"
 
 typedef struct {
     float temp;        /* temperature; <= 0 is greedy */
@@ -54,6 +57,8 @@ typedef struct {
     int32_t n_bias;                    /* values in [-100, 100] */
     const llm_grammar_vocab *grammar;  /* non-NULL: constrained to JSON (its root: json_root); */
     int32_t json_root;                 /* the caller keeps it alive while the sampler lives */
+    const llm_gbnf *rules;             /* non-NULL (bound to the vocabulary, llm_gbnf_bind): constrained
+                                        * to its documents; the caller keeps it alive too */
 } llm_sampler_params;
 
 typedef struct llm_logit_bias {
@@ -88,7 +93,8 @@ typedef struct {
     int32_t cap_ring, n_ring, at_ring;
     uint32_t *mark, stamp; /* [V] deduplication of the window within one step */
     llm_json_state json;   /* with p.grammar: the document so far */
-    float *masked;         /* [V] with p.grammar: the logits it allows */
+    float *masked;         /* [V] with p.grammar or p.rules: the logits it allows */
+    llm_gbnf_state *rules; /* with p.rules: the document so far */
 } llm_sampler;
 
 enum { LLM_SAMPLER_BLOCK = 256 };
@@ -96,7 +102,8 @@ enum { LLM_SAMPLER_BLOCK = 256 };
 /* 0, or -1 for bad parameters (top_k < 0, top_p outside (0, 1], NaN temp,
  * n_vocab < 1, min_p outside [0, 1], repeat_penalty < 0, repeat_last_n < -1,
  * a penalty outside [-2, 2], a bias id outside the vocabulary or value
- * outside [-100, 100]) or out of memory. */
+ * outside [-100, 100], rules not bound to a vocabulary of n_vocab) or out
+ * of memory. */
 int llm_sampler_init(llm_sampler *s, const llm_sampler_params *p, int32_t n_vocab);
 void llm_sampler_free(llm_sampler *s);
 /* The next token for logits [V] (processed, then drawn), recorded as generated. */

@@ -99,7 +99,19 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
     if (r->kind == SRV_CHAT) {   /* the template's markers are control tokens, the messages text */
         if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
-        *n = llm_chat_tokenize(llm_model_chat(s->m), tok, r->msgs, r->n_msgs, 1, 1, out);
+        if (r->n_tools > 0 || r->has_tool_history) {   /* tools and tool turns written in */
+            llm_chat_msg *msgs;
+            int32_t n_msgs;
+            char **owned;
+            if (srv_tools_messages(s, r, &msgs, &n_msgs, &owned, e)) {
+                srv_tools_free_messages(msgs, owned);
+                return -1;
+            }
+            *n = llm_chat_tokenize(llm_model_chat(s->m), tok, msgs, n_msgs, 1, 1, out);
+            srv_tools_free_messages(msgs, owned);
+        } else {
+            *n = llm_chat_tokenize(llm_model_chat(s->m), tok, r->msgs, r->n_msgs, 1, 1, out);
+        }
         if (*n == LLM_CHAT_ERR)
             return *n = 0, srv_error_set(e, 400, "invalid_request_error", "the messages cannot be tokenized (too long?)");
         return 0;
@@ -121,7 +133,16 @@ typedef struct {
     json_t *lp;                          /* logprobs so far (non-stream) */
     llm_stop_reason finish;
     double t_last;                       /* the previous token's time, 0 before the first */
+    /* tool calls while streaming: TOOL_UNDECIDED (auto: held while the reply
+     * may begin a call), TOOL_TEXT (streamed as content), TOOL_HELD (auto: a
+     * call, sent at the end), TOOL_HEADER / TOOL_ARGS / TOOL_DONE (a call
+     * the grammar holds: name, then argument fragments as they come) */
+    int tool;
+    size_t args_sent;                    /* bytes of text sent as arguments so far */
+    llm_json_state args;                 /* the arguments read so far */
 } gen_choice;
+
+enum { TOOL_OFF, TOOL_UNDECIDED, TOOL_TEXT, TOOL_HELD, TOOL_HEADER, TOOL_ARGS, TOOL_DONE };
 
 typedef struct {
     srv *s;
@@ -140,6 +161,10 @@ typedef struct {
 } gen_out;
 
 static int is_chat(const gen_out *o) { return o->r->kind == SRV_CHAT; }
+
+static void call_id(const gen_out *o, int32_t choice, char *id, size_t cap) {
+    snprintf(id, cap, "call_%s_%d", strchr(o->id, '-') ? strchr(o->id, '-') + 1 : o->id, (int)choice);
+}
 
 /* One SSE event: "data: JSON\n\n" as one chunk. */
 static void send_sse(gen_out *o, json_t *obj) {
@@ -222,6 +247,74 @@ static void stream_piece(gen_out *o, int32_t i, const char *text, size_t len, co
     send_sse(o, chunk(o, json_pack("[o]", c)));
 }
 
+/* A delta of choice i with one tool_calls entry, or the last one (finish). */
+static void tool_delta(gen_out *o, int32_t i, json_t *call, const char *finish) {
+    json_t *delta = call ? json_pack("{s:[o]}", "tool_calls", call) : json_object();
+    json_t *fr = finish ? json_string(finish) : json_null();
+    send_sse(o, chunk(o, json_pack("[{s:i, s:o, s:n, s:o}]", "index", i, "delta", delta, "logprobs", "finish_reason", fr)));
+}
+
+static void append_text(gen_choice *c, const char *text, size_t len);
+
+/* Choice i's text grew (streaming with tools): what of it can go out now. */
+static void tool_stream(gen_out *o, int32_t i, int final) {
+    gen_choice *c = &o->ch[i];
+    const int llama3 = srv_tools_llama3(o->s);
+    if (c->tool == TOOL_UNDECIDED) {   /* auto: text until it cannot be the start of a call */
+        size_t at = 0;
+        while (at < c->len && strchr(" \n\t\r", c->text[at])) at++;
+        const char *mark = llama3 ? "{" : "<tool_call>";
+        size_t k = strlen(mark), n = c->len - at < k ? c->len - at : k;
+        if (n > 0 && !memcmp(c->text + at, mark, n)) c->tool = n == k ? TOOL_HELD : TOOL_UNDECIDED;
+        else if (c->len > at) c->tool = TOOL_TEXT;
+        if (c->tool == TOOL_TEXT || (final && c->tool == TOOL_UNDECIDED)) {
+            stream_piece(o, i, c->text, c->len, NULL, LLM_STOP_NONE);
+            c->tool = TOOL_TEXT;
+        }
+    }
+    if (c->tool == TOOL_HELD && final) {
+        char id[64];
+        call_id(o, i, id, sizeof id);
+        json_t *calls = srv_tools_parse(o->s, o->r, c->text, c->len, id), *e;
+        size_t k;
+        if (!calls) {   /* not a call after all: it is text */
+            stream_piece(o, i, c->text, c->len, NULL, LLM_STOP_NONE);
+            c->tool = TOOL_TEXT;
+            return;
+        }
+        json_array_foreach(calls, k, e) {
+            json_t *f = json_object_get(e, "function");
+            tool_delta(o, i, json_pack("{s:i, s:O, s:s, s:{s:O, s:s}}", "index", (int)k, "id", json_object_get(e, "id"),
+                                       "type", "function", "function", "name", json_object_get(f, "name"), "arguments", ""),
+                       NULL);
+            tool_delta(o, i, json_pack("{s:i, s:{s:O}}", "index", (int)k, "function", "arguments",
+                                       json_object_get(f, "arguments")), NULL);
+        }
+        json_decref(calls);
+        c->tool = TOOL_DONE;
+    }
+    if (c->tool == TOOL_HEADER) {   /* a call the grammar holds: the name once its header is whole */
+        size_t name_at, name_len, args = srv_tools_header(llama3, c->text, c->len, &name_at, &name_len);
+        if (!args) return;
+        char id[64];
+        call_id(o, i, id, sizeof id);
+        strcat(id, "_0");
+        tool_delta(o, i, json_pack("{s:i, s:s, s:s, s:{s:s%, s:s}}", "index", 0, "id", id, "type", "function",
+                                   "function", "name", c->text + name_at, name_len, "arguments", ""), NULL);
+        c->tool = TOOL_ARGS, c->args_sent = args;
+        llm_json_init(&c->args, LLM_JSON_ANY);
+    }
+    if (c->tool == TOOL_ARGS) {   /* fragments up to the end of the arguments' object */
+        size_t end = c->args_sent;
+        while (end < c->len && !llm_json_complete(&c->args) && llm_json_feed(&c->args, c->text + end, 1) == 0) end++;
+        if (end > c->args_sent)
+            tool_delta(o, i, json_pack("{s:i, s:{s:s%}}", "index", 0, "function", "arguments", c->text + c->args_sent,
+                                       end - c->args_sent), NULL);
+        c->args_sent = end;
+        if (llm_json_complete(&c->args)) c->tool = TOOL_DONE;
+    }
+}
+
 static void append_text(gen_choice *c, const char *text, size_t len) {
     if (c->len + len + 1 > c->cap) {
         size_t nc = (c->len + len + 1) * 2;
@@ -248,7 +341,10 @@ static void on_gen_event(gen_out *o, const gen_event *g) {
         }
         if (c->t_last > 0) srv_metrics_observe(m, &m->itl, g->t - c->t_last);
         c->t_last = g->t;
-        if (o->r->stream) {
+        if (o->r->stream && c->tool != TOOL_OFF && c->tool != TOOL_TEXT) {
+            append_text(c, g->text, g->len);
+            tool_stream(o, g->choice, 0);
+        } else if (o->r->stream) {
             if (g->len || o->r->logprobs) stream_piece(o, g->choice, g->text, g->len, g, LLM_STOP_NONE);
         } else {
             if (o->r->logprobs) {
@@ -261,7 +357,12 @@ static void on_gen_event(gen_out *o, const gen_event *g) {
     if (g->finish != LLM_STOP_NONE) {
         c->finish = g->finish;
         if (g->finish == LLM_STOP_ERROR) snprintf(o->error, sizeof o->error, "%s", g->error);
-        if (o->r->stream) {
+        if (o->r->stream && c->tool != TOOL_OFF && c->tool != TOOL_TEXT) {
+            append_text(c, g->text, g->len);
+            tool_stream(o, g->choice, 1);
+            if (c->tool == TOOL_DONE && g->finish == LLM_STOP_EOG) tool_delta(o, g->choice, NULL, "tool_calls");
+            else stream_piece(o, g->choice, "", 0, NULL, g->finish);
+        } else if (o->r->stream) {
             if (g->len) stream_piece(o, g->choice, g->text, g->len, NULL, LLM_STOP_NONE);
             stream_piece(o, g->choice, "", 0, NULL, g->finish);
         } else {
@@ -282,10 +383,20 @@ static int reply_whole(gen_out *o) {
         gen_choice *c = &o->ch[i];
         json_t *text = srv_json_text(c->text ? c->text : "", c->len);
         json_t *lp = o->r->logprobs ? json_incref(c->lp) : json_null();
-        json_t *fr = json_string(srv_finish_reason(c->finish));
-        json_array_append_new(choices, is_chat(o) ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", i, "message",
-                                                              "role", "assistant", "content", text, "logprobs", lp,
-                                                              "finish_reason", fr)
+        json_t *calls = NULL;
+        if (c->tool != TOOL_OFF && c->finish == LLM_STOP_EOG) {
+            char id[64];
+            call_id(o, i, id, sizeof id);
+            calls = srv_tools_parse(o->s, o->r, c->text ? c->text : "", c->len, id);
+        }
+        json_t *fr = json_string(calls ? "tool_calls" : srv_finish_reason(c->finish));
+        json_t *msg = NULL;
+        if (is_chat(o)) {
+            msg = json_pack("{s:s, s:o}", "role", "assistant", "content", calls ? (json_decref(text), json_null()) : text);
+            if (calls) json_object_set_new(msg, "tool_calls", calls);
+        }
+        json_array_append_new(choices, is_chat(o) ? json_pack("{s:i, s:o, s:o, s:o}", "index", i, "message", msg,
+                                                              "logprobs", lp, "finish_reason", fr)
                                                   : json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", text,
                                                               "logprobs", lp, "finish_reason", fr));
     }
@@ -375,7 +486,21 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
                                       .presence_penalty = (float)r.presence_penalty,
                                       .frequency_penalty = (float)r.frequency_penalty, .bias = r.bias,
                                       .n_bias = r.n_bias, .grammar = r.json_object ? s->json_vocab : NULL,
-                                      .json_root = LLM_JSON_OBJECT};
+                                      .json_root = LLM_JSON_OBJECT, .rules = r.rules};
+    /* a json_schema, or one call the grammar holds: rules bound to the vocabulary */
+    llm_gbnf *call_rules = NULL;
+    const int tools_on = r.n_tools > 0 && r.tool_choice != SRV_TOOLS_NONE;
+    if (tools_on && (r.tool_choice == SRV_TOOLS_REQUIRED || r.tool_choice == SRV_TOOLS_NAMED)) {
+        if (!(call_rules = srv_tools_grammar(s, &r, &e))) {
+            free(ids), free(o);
+            pthread_mutex_destroy(&q.mu), pthread_cond_destroy(&q.cv);
+            srv_request_free(&r);
+            return srv_reply_error(s, conn, &e);
+        }
+        sr.sampler.rules = call_rules;
+    } else if (r.rules && llm_gbnf_bind(r.rules, s->json_vocab)) {
+        sr.sampler.rules = NULL, o = (free(o), NULL);   /* out of memory: answered below */
+    }
     char msg[200];
     sr.session = r.session ? path : NULL;
     int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;
@@ -392,6 +517,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
         snprintf(o->id, sizeof o->id, "%s-%llx%06llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
                  (unsigned long long)o->created, (unsigned long long)serial);
         for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
+        for (int32_t i = 0; i < r.n && tools_on; i++) o->ch[i].tool = call_rules ? TOOL_HEADER : TOOL_UNDECIDED;
         if (r.stream) start_stream(o);
         int fd = -2;   /* the client's socket, looked up once the request has run a while */
         double t_looked = now_s();
@@ -424,6 +550,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     pthread_mutex_destroy(&q.mu);
     pthread_cond_destroy(&q.cv);
     free(o);
+    llm_gbnf_free(call_rules);
     srv_request_free(&r);
     return status;
 }

@@ -121,6 +121,25 @@ const char *srv_finish_reason(llm_stop_reason r);
 /* Tokenizes what a request asks to generate from (chat messages rendered
  * with the model's template, or the completion prompt) into a malloc'ed array. */
 int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e);
+
+/* ---------------------------------------------------------------- tool calls (tools.c) */
+
+/* Whether the model writes calls the Llama 3 way (else the Hermes way). */
+int srv_tools_llama3(const srv *s);
+/* The messages with tools and tool turns written in as the family's
+ * template does: *out [*n], strings in *owned (srv_tools_free_messages). */
+int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, int32_t *n, char ***owned,
+                       srv_error *e);
+void srv_tools_free_messages(llm_chat_msg *m, char **owned);
+/* tool_choice "required" or named: the grammar of one call (bound to the
+ * vocabulary), or NULL with e set. */
+llm_gbnf *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e);
+/* In a constrained call's text so far: the offset where its arguments
+ * start once the header is complete (0 before), and the name's place. */
+size_t srv_tools_header(int llama3, const char *text, size_t len, size_t *name_at, size_t *name_len);
+/* A reply that is (after whitespace) one or more calls of the request's
+ * functions, as tool_calls entries (ids id_base_0, ...); NULL otherwise. */
+json_t *srv_tools_parse(const srv *s, const srv_request *r, const char *text, size_t len, const char *id_base);
 /* usage: prompt, completion, total and prompt_tokens_details.cached_tokens. */
 json_t *srv_json_usage(int32_t n_prompt, int32_t n_cached, int32_t n_generated);
 

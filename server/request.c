@@ -173,22 +173,48 @@ static int message_content(json_t *c, int32_t i, srv_request *r, srv_error *e) {
 }
 
 /* A message's role and fields: system, developer, user, assistant with
- * role and content only; a tool or function message, or a field such as
- * name or tool_calls, is refused, naming it. */
-static int check_message(json_t *m, const char *role, srv_error *e) {
-    if (!strcmp(role, "tool") || !strcmp(role, "function"))
+ * role and content; an assistant's tool_calls (then content may be null),
+ * a tool message's tool_call_id. Anything else is refused, naming it. */
+static int check_message(json_t *m, const char *role, srv_request *r, srv_error *e) {
+    if (!strcmp(role, "function"))
         return srv_error_set(e, 400, "invalid_request_error",
-                             "'messages[].role' \"%s\" is not supported: tool calling is not implemented", role);
-    if (strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "user") && strcmp(role, "assistant"))
+                             "'messages[].role' \"function\" is not supported: use \"tool\" (the deprecated functions API is not implemented)");
+    const int tool = !strcmp(role, "tool"), assistant = !strcmp(role, "assistant");
+    if (!tool && strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "user") && !assistant)
         return srv_error_set(e, 400, "invalid_request_error",
-                             "'messages[].role' must be system, developer, user or assistant (got \"%.40s\")", role);
+                             "'messages[].role' must be system, developer, user, assistant or tool (got \"%.40s\")", role);
     const char *key;
     json_t *v;
     json_object_foreach(m, key, v) {
         if (json_is_null(v) || !strcmp(key, "role") || !strcmp(key, "content")) continue;
         if (!strcmp(key, "refusal") && json_is_string(v)) continue;   /* an earlier reply's refusal text: history */
+        if (tool && !strcmp(key, "tool_call_id")) {
+            if (!json_is_string(v)) return bad(e, "'%s' must be a string", "messages[].tool_call_id");
+            continue;
+        }
+        if (assistant && !strcmp(key, "tool_calls")) {
+            size_t i;
+            json_t *c;
+            if (!json_is_array(v)) return bad(e, "'%s' must be an array", "messages[].tool_calls");
+            json_array_foreach(v, i, c) {
+                json_t *f = json_object_get(c, "function");
+                if (!json_is_object(c) || (json_object_get(c, "type") && !is_str(json_object_get(c, "type"), "function")) ||
+                    !json_is_object(f) || !json_is_string(json_object_get(f, "name")) ||
+                    !json_is_string(json_object_get(f, "arguments")))
+                    return bad(e, "'%s' entries must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\": a JSON string}}",
+                               "messages[].tool_calls");
+            }
+            r->has_tool_history = 1;
+            continue;
+        }
         return srv_error_set(e, 400, "invalid_request_error",
-                             "'messages[].%.40s' is not supported (a message takes role and content)", key);
+                             "'messages[].%.40s' is not supported (a message takes role and content; an assistant's "
+                             "tool_calls; a tool message's tool_call_id)", key);
+    }
+    if (tool) {
+        if (!json_is_string(json_object_get(m, "tool_call_id")))
+            return bad(e, "'%s' is required in a tool message", "messages[].tool_call_id");
+        r->has_tool_history = 1;
     }
     return 0;
 }
@@ -211,7 +237,12 @@ static int get_messages(json_t *o, srv_request *r, srv_error *e) {
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         if (!json_is_string(role) || json_string_length(role) == 0)
             return bad(e, "'%s' must be a non-empty string", "messages[].role");
-        if (check_message(m, json_string_value(role), e)) return -1;
+        if (check_message(m, json_string_value(role), r, e)) return -1;
+        if (json_is_null(content)) content = NULL;
+        if (!content && is_str(role, "assistant") && json_array_size(json_object_get(m, "tool_calls")) > 0) {
+            r->msgs[i].role = "assistant", r->msgs[i].content = "";   /* the calls are rendered from the JSON */
+            continue;
+        }
         if (!content) return bad(e, "'%s' is required", "messages[].content");
         /* "developer" is the newer name of "system" (OpenAI's o1 and later) */
         r->msgs[i].role = is_str(role, "developer") ? "system" : json_string_value(role);
@@ -249,13 +280,12 @@ const srv_field srv_fields[] = {
     {"store", CH, SRV_FIELD_PARTIAL, "only false: this server stores no completions"},
     {"service_tier", CH, SRV_FIELD_PARTIAL, "only \"auto\" or \"default\": there is one tier"},
     {"modalities", CH, SRV_FIELD_PARTIAL, "only [\"text\"]: no audio output"},
-    {"response_format", CH, SRV_FIELD_PARTIAL, "only {\"type\": \"text\"} or {\"type\": \"json_object\"}: "
-                                               "json_schema is not implemented"},
-    {"tool_choice", CH, SRV_FIELD_PARTIAL, "only \"none\": tool calling is not implemented"},
-    {"function_call", CH, SRV_FIELD_PARTIAL, "only \"none\": function calling is not implemented"},
-    {"tools", CH, SRV_FIELD_REFUSED, "tool calling is not implemented"},
-    {"functions", CH, SRV_FIELD_REFUSED, "function calling is not implemented"},
-    {"parallel_tool_calls", CH, SRV_FIELD_REFUSED, "tool calling is not implemented"},
+    {"response_format", CH, SRV_FIELD_HONOURED, NULL},
+    {"tools", CH, SRV_FIELD_HONOURED, NULL},
+    {"tool_choice", CH, SRV_FIELD_HONOURED, NULL},
+    {"parallel_tool_calls", CH, SRV_FIELD_HONOURED, NULL},
+    {"function_call", CH, SRV_FIELD_PARTIAL, "only \"none\": the deprecated functions API is not implemented (use tools)"},
+    {"functions", CH, SRV_FIELD_REFUSED, "the deprecated functions API is not implemented (use tools)"},
     {"audio", CH, SRV_FIELD_REFUSED, "no audio output"},
     {"prediction", CH, SRV_FIELD_REFUSED, "predicted outputs are not implemented"},
     {"reasoning_effort", CH, SRV_FIELD_REFUSED, "the models served have no reasoning budget"},
@@ -279,10 +309,7 @@ static int partial_ok(const char *name, json_t *v) {
     if (!strcmp(name, "store") || !strcmp(name, "echo")) return json_is_false(v);
     if (!strcmp(name, "service_tier")) return is_str(v, "auto") || is_str(v, "default");
     if (!strcmp(name, "modalities")) return json_is_array(v) && json_array_size(v) == 1 && is_str(json_array_get(v, 0), "text");
-    if (!strcmp(name, "response_format"))
-        return json_is_object(v) && json_object_size(v) == 1 &&
-               (is_str(json_object_get(v, "type"), "text") || is_str(json_object_get(v, "type"), "json_object"));
-    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call")) return is_str(v, "none");
+    if (!strcmp(name, "function_call")) return is_str(v, "none");
     if (!strcmp(name, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
     if (!strcmp(name, "suffix")) return is_str(v, "");
     return 0;
@@ -305,11 +332,6 @@ static int check_fields(json_t *o, srv_kind kind, srv_error *e) {
         if (f->use == SRV_FIELD_REFUSED)
             return srv_error_set(e, 400, "invalid_request_error", "'%s' is not supported: %s", key, f->why);
         if (f->use == SRV_FIELD_PARTIAL && !partial_ok(key, v)) {
-            if (!strcmp(key, "response_format") &&
-                !(json_is_object(v) && (is_str(json_object_get(v, "type"), "json_object") ||
-                                        is_str(json_object_get(v, "type"), "json_schema"))))
-                return bad(e, "'%s' must be an object whose type is \"text\", \"json_object\" or \"json_schema\"",
-                           "response_format");
             return srv_error_set(e, 400, "invalid_request_error", "'%s' is not supported with this value: %s", key,
                                  f->why);
         }
@@ -341,6 +363,138 @@ static int get_logit_bias(json_t *o, srv_request *r, srv_error *e) {
                                  "'logit_bias' values must be numbers in [-100, 100]; token %lld has another", id);
         r->bias[r->n_bias++] = (llm_logit_bias){(int32_t)id, (float)json_number_value(b)};
     }
+    return 0;
+}
+
+/* A schema (a JSON value) compiled; a 400 naming where it is and what is
+ * wrong. With out NULL only checked. */
+static int compile_schema(json_t *schema, const char *where, llm_gbnf **out, char **text, srv_error *e) {
+    char *t = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) return srv_error_set(e, 500, "server_error", "out of memory");
+    char err[240];
+    llm_gbnf *g = llm_json_schema_compile(t, strlen(t), err, sizeof err);
+    if (!g) {
+        free(t);
+        return srv_error_set(e, 400, "invalid_request_error", "'%s': %s", where, err);
+    }
+    if (out) *out = g;
+    else llm_gbnf_free(g);
+    if (text) *text = t;
+    else free(t);
+    return 0;
+}
+
+/* "response_format": {"type": "text"}, {"type": "json_object"}, or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}}. */
+static int get_response_format(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "response_format");
+    if (!v) return 0;
+    json_t *type = json_object_get(v, "type");
+    if (!json_is_object(v) || !(is_str(type, "text") || is_str(type, "json_object") || is_str(type, "json_schema")))
+        return bad(e, "'%s' must be an object whose type is \"text\", \"json_object\" or \"json_schema\"",
+                   "response_format");
+    const char *key;
+    json_t *x;
+    json_object_foreach(v, key, x)
+        if (strcmp(key, "type") && !(is_str(type, "json_schema") && !strcmp(key, "json_schema")))
+            return srv_error_set(e, 400, "invalid_request_error", "'response_format.%.40s' is not a field of this type", key);
+    r->json_object = is_str(type, "json_object");
+    if (!is_str(type, "json_schema")) return 0;
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js)) return bad(e, "'%s' is required and must be an object", "response_format.json_schema");
+    json_object_foreach(js, key, x) {
+        if (!strcmp(key, "name") || !strcmp(key, "description")) {
+            if (!json_is_string(x)) return srv_error_set(e, 400, "invalid_request_error", "'response_format.json_schema.%s' must be a string", key);
+        } else if (!strcmp(key, "strict")) {
+            if (!json_is_boolean(x) && !json_is_null(x)) return bad(e, "'%s' must be a boolean", "response_format.json_schema.strict");
+        } else if (strcmp(key, "schema")) {
+            return srv_error_set(e, 400, "invalid_request_error", "'response_format.json_schema.%.40s' is not a field of json_schema", key);
+        }
+    }
+    if (!json_is_string(json_object_get(js, "name"))) return bad(e, "'%s' is required", "response_format.json_schema.name");
+    json_t *schema = json_object_get(js, "schema");
+    if (!schema) schema = json_true();   /* no schema: any JSON value */
+    else json_incref(schema);
+    int rc = compile_schema(schema, "response_format.json_schema.schema", &r->rules, NULL, e);
+    json_decref(schema);
+    return rc;
+}
+
+/* Function names as OpenAI takes them: 1 to 64 of [A-Za-z0-9_-]. */
+static int good_name(const char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return 0;
+    return n >= 1 && n <= 64;
+}
+
+/* "tools": [{"type": "function", "function": {"name", "description",
+ * "parameters", "strict"}}], and "tool_choice". */
+static int get_tools(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "tools"), *tc = field(o, "tool_choice"), *ptc = field(o, "parallel_tool_calls");
+    if (ptc && !json_is_boolean(ptc)) return bad(e, "'%s' must be a boolean", "parallel_tool_calls");
+    r->one_call = ptc && json_is_false(ptc);
+    if (v) {
+        if (!json_is_array(v) || json_array_size(v) == 0) return bad(e, "'%s' must be a non-empty array", "tools");
+        if (json_array_size(v) > SRV_MAX_TOOLS)
+            return srv_error_set(e, 400, "invalid_request_error", "'tools' takes at most %d functions", SRV_MAX_TOOLS);
+        if (!(r->tools = calloc(json_array_size(v), sizeof *r->tools))) return srv_error_set(e, 500, "server_error", "out of memory");
+        size_t i;
+        json_t *t;
+        json_array_foreach(v, i, t) {
+            json_t *f = json_object_get(t, "function");
+            if (!json_is_object(t) || !is_str(json_object_get(t, "type"), "function") || !json_is_object(f))
+                return bad(e, "'%s' entries must be {\"type\": \"function\", \"function\": {...}}", "tools");
+            const char *key;
+            json_t *x;
+            json_object_foreach(f, key, x)
+                if (strcmp(key, "name") && strcmp(key, "description") && strcmp(key, "parameters") && strcmp(key, "strict"))
+                    return srv_error_set(e, 400, "invalid_request_error", "'tools[].function.%.40s' is not supported", key);
+            json_t *name = json_object_get(f, "name"), *desc = field(f, "description"), *params = field(f, "parameters");
+            if (!json_is_string(name) || !good_name(json_string_value(name)))
+                return bad(e, "'%s' must be 1 to 64 characters of A-Z a-z 0-9 _ -", "tools[].function.name");
+            if (desc && !json_is_string(desc)) return bad(e, "'%s' must be a string", "tools[].function.description");
+            for (int32_t k = 0; k < r->n_tools; k++)
+                if (!strcmp(r->tools[k].name, json_string_value(name)))
+                    return srv_error_set(e, 400, "invalid_request_error", "'tools' names the function \"%s\" twice",
+                                         json_string_value(name));
+            struct srv_tool *st = &r->tools[r->n_tools++];
+            st->name = json_string_value(name), st->description = desc ? json_string_value(desc) : NULL;
+            json_t *schema = params ? json_incref(params) : json_pack("{s:s, s:{}}", "type", "object", "properties");
+            if (params && !json_is_object(params)) {
+                json_decref(schema);
+                return bad(e, "'%s' must be a JSON Schema object", "tools[].function.parameters");
+            }
+            char where[100];
+            snprintf(where, sizeof where, "tools[%zu].function.parameters", i);
+            int rc = compile_schema(schema, where, NULL, &st->params, e);
+            json_decref(schema);
+            if (rc) return -1;
+        }
+    }
+    r->tool_choice = v ? SRV_TOOLS_AUTO : SRV_TOOLS_NONE;
+    if (!tc) return 0;
+    if (is_str(tc, "none")) r->tool_choice = SRV_TOOLS_NONE;
+    else if (is_str(tc, "auto") || is_str(tc, "required")) {
+        if (!v) return bad(e, "'%s' other than \"none\" needs 'tools'", "tool_choice");
+        r->tool_choice = is_str(tc, "auto") ? SRV_TOOLS_AUTO : SRV_TOOLS_REQUIRED;
+    } else if (json_is_object(tc) && is_str(json_object_get(tc, "type"), "function") &&
+               json_is_string(json_object_get(json_object_get(tc, "function"), "name"))) {
+        const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        r->tool_choice = SRV_TOOLS_NAMED, r->tool_named = -1;
+        for (int32_t k = 0; k < r->n_tools; k++)
+            if (!strcmp(r->tools[k].name, name)) r->tool_named = k;
+        if (r->tool_named < 0)
+            return srv_error_set(e, 400, "invalid_request_error", "'tool_choice' names \"%.64s\", which is not in 'tools'", name);
+    } else {
+        return bad(e, "'%s' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\"}}",
+                   "tool_choice");
+    }
+    if (r->tool_choice != SRV_TOOLS_NONE && (r->json_object || r->rules))
+        return bad(e, "'%s' other than \"none\" cannot be combined with a JSON response_format", "tool_choice");
     return 0;
 }
 
@@ -381,8 +535,7 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
     if (get_session(o, r, e)) return -1;
-    json_t *rf = field(o, "response_format");   /* its value checked with the other fields */
-    r->json_object = rf && is_str(json_object_get(rf, "type"), "json_object");
+    if (r->kind == SRV_CHAT && (get_response_format(o, r, e) || get_tools(o, r, e))) return -1;
     json_t *so = field(o, "stream_options");
     if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
     json_t *iu = so ? field(so, "include_usage") : NULL;
@@ -468,6 +621,9 @@ void srv_request_free(srv_request *r) {
     if (r->joined)
         for (int32_t i = 0; i < r->n_msgs; i++) free(r->joined[i]);
     free(r->joined), free(r->msgs), free(r->tokens), free(r->bias);
+    for (int32_t i = 0; i < r->n_tools; i++) free(r->tools[i].params);
+    free(r->tools);
+    llm_gbnf_free(r->rules);
     if (r->root) json_decref((json_t *)r->root);
     memset(r, 0, sizeof *r);
 }

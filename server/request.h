@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "../engine/chat.h"
+#include "../engine/gbnf.h"
 #include "../engine/session.h"
 
 typedef enum {
@@ -40,7 +41,7 @@ int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, .
 /* SRV_MAX_DEPTH: arrays and objects nested deeper than this are refused
  * before the JSON parser sees them (jansson recurses once per level, on a
  * civetweb worker's small stack); a valid request nests 4 deep. */
-enum { SRV_MAX_LOGIT_BIAS = 1024, SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
+enum { SRV_MAX_TOOLS = 64, SRV_MAX_LOGIT_BIAS = 1024, SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
 
 typedef struct {
     srv_kind kind;
@@ -72,6 +73,18 @@ typedef struct {
                                   * vocabulary by the caller) */
     int32_t n_bias;
     int json_object;             /* response_format {"type": "json_object"}: the reply is one JSON object */
+    llm_gbnf *rules;             /* response_format json_schema: its schema compiled (not yet bound) */
+    /* tools (chat): each function's name, description (or NULL) and
+     * parameter schema as JSON text (checked to compile), and the choice */
+    struct srv_tool {
+        const char *name, *description;
+        char *params;            /* malloc'ed JSON text */
+    } *tools;
+    int32_t n_tools;
+    enum { SRV_TOOLS_NONE, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
+    int32_t tool_named;          /* SRV_TOOLS_NAMED: the index of the function */
+    int has_tool_history;        /* a message is a tool result or carries tool_calls */
+    int one_call;                /* parallel_tool_calls false: at most one call a reply */
     uint64_t seed;               /* when has_seed */
     int has_seed;
     const char *stops[LLM_MAX_STOPS];

@@ -949,3 +949,56 @@ TEST(cli_generate_and_chat_penalties_and_stop_strings) {
     }
     done(&plain);
 }
+
+/* --grammar and --json-schema hold the reply to a document (sampled, so
+ * any token the grammar allows may come); a bad file is refused by name and
+ * line, both options at once by usage. */
+TEST(cli_generate_holds_the_reply_to_a_grammar_or_a_json_schema) {
+    fx_model fx;
+    const char *path = tiny_model(&fx);
+    if (!path) return;
+    char gfile[64], sfile[64], args[512];
+    snprintf(gfile, sizeof gfile, "/tmp/kvcache_cli_%d.gbnf", (int)getpid());
+    snprintf(sfile, sizeof sfile, "/tmp/kvcache_cli_%d.json", (int)getpid());
+    FILE *f = fopen(gfile, "w");
+    fputs("# three letters and a stop\nroot ::= \"x\" [a-c]{3} \".\"\n", f), fclose(f);
+    f = fopen(sfile, "w");
+    fputs("{\"enum\": [\"hello\", \"there\"]}", f), fclose(f);
+    for (int seed = 1; seed <= 3; seed++) {
+        snprintf(args, sizeof args, "generate -m %s -p hi -n 5 --temp 1.5 --seed %d --grammar %s", path, seed, gfile);
+        result a = EXPECT(args, NULL, 0);
+        size_t n = strlen(a.out);
+        if (n && a.out[n - 1] == '\n') n--; /* the line the command ends its text with */
+        for (size_t i = 0; i < n && i < 5; i++) /* a prefix of x[a-c]{3}. */
+            if (i == 0 ? a.out[i] != 'x' : i < 4 ? !(a.out[i] >= 'a' && a.out[i] <= 'c') : a.out[i] != '.')
+                test_fail(__FILE__, __LINE__, "seed %d: '%s' is not x[a-c]{3}.", seed, a.out);
+        if (!(n >= 1 && n <= 5)) test_fail(__FILE__, __LINE__, "seed %d: '%s' (stderr %.800s)", seed, a.out, a.err);
+        done(&a);
+        snprintf(args, sizeof args, "generate -m %s -p hi -n 30 --temp 1.5 --seed %d --json-schema %s", path, seed, sfile);
+        a = EXPECT(args, NULL, 0);
+        char word[64] = "";
+        size_t k = 0;
+        for (const char *p = a.out; *p && k + 1 < sizeof word; p++)
+            if (*p != ' ' && *p != '\n' && *p != '\t') word[k++] = *p;
+        word[k] = 0;
+        if (strncmp(word, "\"hello\"", k) && strncmp(word, "\"there\"", k))
+            test_fail(__FILE__, __LINE__, "seed %d: '%s' is not the beginning of \"hello\" or \"there\"", seed, a.out);
+        done(&a);
+    }
+    f = fopen(gfile, "w");
+    fputs("root ::= a\n\na ::= b\n", f), fclose(f);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 --grammar %s", path, gfile);
+    result a = EXPECT(args, NULL, 1);
+    CHECK(strstr(a.err, gfile) && strstr(a.err, "line 3") && strstr(a.err, "'b' is used but not defined"));
+    done(&a);
+    f = fopen(sfile, "w");
+    fputs("{\"type\": \"string\", \"maxLength\": 3}", f), fclose(f);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 --json-schema %s", path, sfile);
+    a = EXPECT(args, NULL, 1);
+    CHECK(strstr(a.err, "'maxLength' is not supported") != NULL);
+    done(&a);
+    snprintf(args, sizeof args, "generate -m %s -p hi -n 2 --json-schema %s --grammar %s", path, sfile, gfile);
+    a = EXPECT(args, NULL, 2), done(&a);
+    remove(gfile), remove(sfile);
+    fx_free(&fx);
+}

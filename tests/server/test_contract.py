@@ -101,12 +101,12 @@ def test_out_of_range_values_get_a_400_naming_the_field(client, field, value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "a"}}}]),
     ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("parallel_tool_calls", True), ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+    ("parallel_tool_calls", 1), ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low"), ("store", True),
     ("service_tier", "flex"), ("web_search_options", {}), ("verbosity", "low"),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {}}}}),
     ("response_format", {"type": "bogus"}), ("mirostat", 2), ("grammar", "root ::= \"a\""), ("echo", True),
 ])
 def test_each_refused_field_gets_a_400_naming_it(client, field, value):
@@ -176,10 +176,11 @@ def test_a_list_of_prompts_is_refused_naming_prompt(client):
 
 @pytest.mark.parametrize("message,field", [
     ({"role": "wizard", "content": "x"}, "messages[].role"),
-    ({"role": "tool", "content": "x", "tool_call_id": "1"}, "messages[].role"),
+    ({"role": "function", "content": "x", "name": "f"}, "messages[].role"),
+    ({"role": "tool", "content": "x"}, "messages[].tool_call_id"),
     ({"role": "user", "content": "x", "name": "bob"}, "messages[].name"),
     ({"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
-                                                             "function": {"name": "f", "arguments": "{}"}}]},
+                                                             "function": {"name": "f", "arguments": {}}}]},
      "messages[].tool_calls"),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}, "image_url"),
     ({"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]},
