@@ -240,10 +240,9 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
     return KV_OK;
 }
 
-/* First block a window cache still needs when the earliest query to come sits
- * at position `pos`: that query sees keys j > pos - W, so every block whose
- * last position is <= pos - W can go. */
-static int32_t window_first_block(const kv_cache *c, int32_t pos) {
+/* The earliest query to come, at `pos`, sees keys j > pos - W, so every
+ * block whose last position is <= pos - W can go. */
+int32_t kv_window_first_block(const kv_cache *c, int32_t pos) {
     if (c->p.window == 0 || c->p.no_evict) return 0;
     int64_t lowest_key = (int64_t)pos - c->p.window + 1;
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
@@ -264,7 +263,7 @@ static reserve_plan plan_reserve(const kv_cache *c, int32_t seq, int32_t n_new) 
     const int32_t *t = kv_table(c, seq);
     reserve_plan pl = {0};
     int32_t old_blocks = blocks_for(c, s->len), new_blocks = blocks_for(c, s->len + n_new);
-    pl.first_block = window_first_block(c, s->len);
+    pl.first_block = kv_window_first_block(c, s->len);
     if (pl.first_block < s->first_block) pl.first_block = s->first_block;
     pl.evict_end = pl.first_block < old_blocks ? pl.first_block : old_blocks;
     for (int32_t i = s->first_block; i < pl.evict_end; i++)
@@ -340,19 +339,20 @@ int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
         available += pl.freed;
     }
     if (needed > available) return KV_ERR_OUT_OF_PAGES;
+    /* By contract everything before this reserve has been written: its full
+     * pages are named first, before a window evicts them (an evicted named
+     * page stays cached, findable until reclaimed). Naming may swap a page
+     * for its twin, which never lowers what is available, so the check above
+     * still holds; the plans are made after it. A reserve of 0 positions only
+     * names. */
+    for (int32_t i = 0; i < b->n_seqs; i++)
+        kv_prefix_publish(c, b->seqs[i], c->seqs[b->seqs[i]].len / c->p.page_size);
     for (int32_t i = 0; i < b->n_seqs; i++) {
         int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
         if (n_new == 0) continue;
         /* planned again: an earlier sequence's copy may have unshared a page */
         reserve_plan pl = plan_reserve(c, seq, n_new);
         apply_reserve(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, &pl);
-    }
-    /* By contract everything before this reserve has been written. Named
-     * after every plan was carried out: naming may swap a page for its twin,
-     * which changes refcounts the plans read. */
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i], T = b->row_start[i + 1] - b->row_start[i];
-        if (T > 0) kv_prefix_publish(c, seq, (c->seqs[seq].len - T) / c->p.page_size);
     }
     return KV_OK;
 }
@@ -369,7 +369,7 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
     kv_seq_state *s = &c->seqs[seq];
     if (new_len < 0 || new_len > s->len) return KV_ERR_LENGTH;
     /* the next query sits at new_len; the keys it sees must still be here */
-    if (new_len > 0 && new_len < s->len && window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
+    if (new_len > 0 && new_len < s->len && kv_window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
     int32_t *t = kv_table(c, seq);
     for (int32_t i = blocks_for(c, new_len); i < blocks_for(c, s->len); i++) {
         if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
@@ -391,7 +391,7 @@ int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
         int32_t T = b->row_start[i + 1] - b->row_start[i];
         const kv_seq_state *s = &c->seqs[b->seqs[i]];
         if (T > s->len) return KV_ERR_LENGTH;
-        if (T > 0 && window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
+        if (T > 0 && kv_window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
     }
     *rows = b->row_start[b->n_seqs];
     return KV_OK;

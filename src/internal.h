@@ -60,6 +60,8 @@ typedef struct {
     int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
     uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
     int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
+    uint64_t *parent_hash; /* [n_pages] page_hash of that parent when this page was named (0: none):
+                            * a window's page outlives its parent, so a resume is confirmed by it */
     uint32_t *page_gen;   /* [n_pages] bumped each time the page is named: a reused page is new */
     uint32_t *parent_gen; /* [n_pages] page_gen of the parent when this page was named */
     bool *page_named;     /* [n_pages] findable through the hash table */
@@ -126,6 +128,9 @@ void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
  * a block whose twin (same tokens after the same parent) is named already is
  * swapped for that twin in the block table. */
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto);
+/* First block a window cache still needs when the earliest query to come sits
+ * at `pos` (0 for a full cache or one that does not evict). */
+int32_t kv_window_first_block(const kv_cache *c, int32_t pos);
 
 /* Validates a batch against the cache: ids live and distinct, rows well formed,
  * T_b <= S_b, and the window's keys still present. *rows receives the total. */

@@ -322,3 +322,61 @@ TEST(gemma3_load_names_what_is_wrong) {
     fx_check_load_error(GEMMA(.type = GW_F32, .untied = 1), "output.weight");
     fx_check_load_error(GEMMA(.type = GW_Q8_0, .bad_tensor = "blk.0.attn_q.weight"), "blk.0.attn_q.weight has shape");
 }
+
+/* Prefix reuse over both cache groups. One context (one sequence, batches
+ * of 5): its window cache has 5 pages, (W + 5) / 4 + 1, so prefilling 40
+ * tokens (10 pages) reclaims the 5 oldest evicted ones, blocks 0 .. 4, while
+ * the full cache keeps all 10. A window group resumes at m from blocks
+ * (m - W + 1) / 4 .. m / 4 - 1, so only m >= 28 can be served: the prompt
+ * sharing 30 tokens resumes at 28 (and its logits equal the f64 reference
+ * over the whole prompt), the one sharing 26 at 0, although the full group
+ * alone holds 24. */
+static llm_context *after_prefill(const llm_model *m, const int32_t *toks, int32_t n) {
+    llm_context *c = make_ctx(m, 1, 5, KV_F32);
+    int32_t seq;
+    CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+    CHECK_EQ_INT(llm_eval(c, seq, toks, n, 0, NULL, NULL, NULL), LLM_OK);
+    CHECK_EQ_INT(llm_seq_remove(c, seq), LLM_OK);
+    return c;
+}
+
+TEST(gemma3_tiny_prefix_reuse_over_full_and_window_groups_equals_f64_reference) {
+    enum { NA = 40, NB = 40 };
+    fx_model fx;
+    if (fx_build(GEMMA(.type = GW_F32, .seed = 8), &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    const int32_t V = fx.vocab;
+    int32_t a[NA], b[NB];
+    prompt(a, NA, 8);
+    const int32_t shared[] = {30, 26, 40}, expect[] = {28, 0, 36};
+    float *lg = malloc(sizeof(float) * NB * V);
+    double *ref = malloc(sizeof(double) * NB * V);
+    for (int k = 0; k < 3; k++) {
+        prompt(b, NB, 9);
+        memcpy(b, a, sizeof(int32_t) * (size_t)shared[k]);
+        llm_context *c = after_prefill(m, a, NA);
+        kv_cache *global = llm_context_cache_at(c, 0), *local = llm_context_cache_at(c, 1);
+        CHECK_EQ_INT(kv_cache_get_stats(local).pages_cached, 5);   /* 5 of 10 reclaimed */
+        CHECK_EQ_INT(kv_cache_get_stats(global).pages_cached, NA / PAGE);
+        int32_t full_only, got, seq;
+        CHECK_EQ_INT(kv_prefix_lookup(global, b, NB - 1, &full_only), KV_OK);
+        CHECK_EQ_INT(full_only, (shared[k] < NB - 1 ? shared[k] : NB - 1) / PAGE * PAGE);
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_seq_prefix_match(c, seq, b, NB - 1, &got), LLM_OK);
+        CHECK_EQ_INT(got, expect[k]);
+        CHECK_EQ_INT(llm_seq_length(c, seq), got);
+        /* the window cache holds only the pages of the last W positions */
+        CHECK(kv_cache_get_stats(local).pages_used <= (W + PAGE - 1) / PAGE + 1);
+        CHECK_EQ_INT(llm_eval(c, seq, b + got, NB - got, 1, lg, NULL, NULL), LLM_OK);
+        fx_reference(&fx, b, NB, ref);
+        double r = rel_diff(lg, ref + (size_t)got * V, (int64_t)(NB - got) * V);
+        printf("     %d shared: resumed at %d (full group alone %d), vs f64 %.2e\n", (int)shared[k], (int)got,
+               (int)full_only, r);
+        if (!(r <= 1e-5)) test_fail(__FILE__, __LINE__, "after resuming at %d: %g from f64", (int)got, r);
+        llm_context_free(c);
+    }
+    free(lg), free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
