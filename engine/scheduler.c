@@ -37,7 +37,7 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     llm_sched_params p = pp ? *pp : llm_sched_default_params();
     llm_context_params cp = llm_context_get_params(c);
     if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return LLM_ERR_PARAM;
-    if ((p.context_shift != 0 && p.context_shift != 1) || p.n_keep < 0 || p.draft_lookup < 0 ||
+    if ((p.context_shift != 0 && p.context_shift != 1) || (p.no_prefix != 0 && p.no_prefix != 1) || p.n_keep < 0 || p.draft_lookup < 0 ||
         p.draft_lookup > LLM_MAX_DRAFT)
         return LLM_ERR_PARAM;
     if (p.n_keep < 4) p.n_keep = 4;
@@ -298,7 +298,7 @@ int llm_sched_place(llm_sched *s, sched_seq *ch) {
         return -1;
     }
     int32_t matched = 0;
-    if (ch->n_tokens > 1 && llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK)
+    if (!s->p.no_prefix && ch->n_tokens > 1 && llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK)
         matched = 0;
     ch->n_cached = matched;
     return 0;
@@ -359,7 +359,7 @@ static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int
  * otherwise have spent computing the same pages beside it in the same
  * steps. Returns 1 when r should wait. */
 static int shares_prefill(llm_sched *s, const sched_req *r) {
-    if (r->forked) return 0;   /* a preempted request with choices forked: recomputed as it is */
+    if (r->forked || s->p.no_prefix) return 0;   /* forked: a preempted request, recomputed as it is */
     const sched_seq *mine = &r->ch[0];
     for (int32_t k = 0; k < s->n_running; k++) {
         const sched_seq *ch = &s->running[k]->ch[0];

@@ -59,6 +59,8 @@ typedef struct {
                              * on; a request without max_tokens then ends after n_ctx tokens
                              * (LLM_STOP_LENGTH). 0: it ends with LLM_STOP_CONTEXT */
     int32_t n_keep;         /* positions a shift keeps (the attention sinks); fewer than 4 count as 4 */
+    int no_prefix;          /* 1: never reuse the prefix cache (every prompt computed in full;
+                             * for comparisons: `kvcache serve --no-prefix-cache`) */
     int32_t draft_lookup;   /* N > 0: greedy choices (temperature <= 0) decode by prompt lookup:
                              * up to N drafts (llm_lookup_draft) ride in the step as N more rows
                              * of the choice, the ones the model disagrees with are cut off by

@@ -23,11 +23,11 @@ MODEL = os.environ.get("KVCACHE_SERVE_MODEL", os.path.join(ROOT, "models", "Smol
 
 
 class Server:
-    def __init__(self, *args):
-        assert os.access(MODEL, os.R_OK), f"{MODEL} is missing: run `make model`"
+    def __init__(self, *args, model=MODEL):
+        assert os.access(model, os.R_OK), f"{model} is missing: run `make model`"
         # stderr (a line per request) goes to a file: a pipe nobody reads would fill and block the server
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", "0", *args],
+        self.proc = subprocess.Popen([BIN, "serve", "-m", model, "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()   # printed once the model is loaded
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
