@@ -18,6 +18,7 @@
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
 #include "../engine/arch.h"
+#include "../engine/session.h"
 
 enum { N = 24, W = 8, PAGE = 4 };
 
@@ -377,6 +378,39 @@ TEST(gemma3_tiny_prefix_reuse_over_full_and_window_groups_equals_f64_reference) 
         llm_context_free(c);
     }
     free(lg), free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* `chat`'s loop: a session that starts over (/reset) resumes the same
+ * prompt from the prefix cache in both groups (30 tokens: 28 reused, the
+ * window's pages included), and generates what it generated the first time. */
+TEST(gemma3_tiny_session_after_a_reset_resumes_from_the_prefix_cache) {
+    enum { NP = 30, OUT = 8 };
+    fx_model fx;
+    if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 10), &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    llm_context *c = make_ctx(m, 1, 64, KV_F32);
+    llm_session *s;
+    CHECK_EQ_INT(llm_session_create(c, &s), LLM_OK);
+    int32_t toks[NP], first[NP + OUT], n1, n2;
+    prompt(toks, NP, 10);
+    llm_gen_params gp = llm_gen_default_params();
+    gp.max_tokens = OUT, gp.sampler.temp = 0, gp.ignore_eog = 1;
+    llm_gen_result res;
+    CHECK_EQ_INT(llm_session_generate(s, toks, NP, &gp, &res), LLM_OK);
+    CHECK_EQ_INT(res.n_reused, 0);
+    const int32_t *held = llm_session_tokens(s, &n1);
+    CHECK_EQ_INT(n1, NP + OUT);
+    memcpy(first, held, sizeof(int32_t) * (size_t)n1);
+    llm_session_reset(s);
+    CHECK_EQ_INT(llm_session_generate(s, toks, NP, &gp, &res), LLM_OK);
+    CHECK_EQ_INT(res.n_reused, 28);
+    held = llm_session_tokens(s, &n2);
+    CHECK(n2 == n1 && !memcmp(held, first, sizeof(int32_t) * (size_t)n1));
+    llm_session_free(s);
+    llm_context_free(c);
     llm_model_free(m);
     fx_free(&fx);
 }
