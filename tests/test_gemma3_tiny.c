@@ -3,8 +3,9 @@
  * window of 8 positions, pages of 4) against the fixture's independent float64
  * forward: every position of a prompt longer than the window, cached decoding
  * that evicts window pages against recomputation, chunked prefill across the
- * window boundary, the window cache's memory staying flat, thread counts, the
- * Gemma chat format, and the loader's errors.
+ * window boundary, the window cache's memory staying flat, prefix reuse over
+ * both cache groups (window pages reclaimed, a session's /reset), thread
+ * counts, the Gemma chat format, and the loader's errors.
  *
  * Tolerance as in test_model_tiny.c: f32 against f64 over six layers agrees
  * to a few 1e-7 of the largest logit; we allow 1e-5. A wrong window bound, a

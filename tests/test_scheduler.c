@@ -3,7 +3,9 @@
  * lengths through a pool small enough to force preemption, each compared with
  * a solo run of the same request written here (llm_eval on a context of its
  * own, one token at a time, the sampler chosen by hand); pages all back in
- * the pool; refusal of what can never fit; cancellation; n choices; logprobs. */
+ * the pool; refusal of what can never fit; cancellation; n choices; logprobs;
+ * conversations sharing a prefill in flight and resuming their history on
+ * Llama and Gemma 3. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
