@@ -14,8 +14,10 @@
 #   make run        build, fetch the default model if missing, answer one prompt (generate --chat)
 #   make bench      the attention benchmark against this machine's limits
 #   make install PREFIX=/usr/local, make uninstall
-#   make test-install   install into a temp prefix, build readme_decode.c against it via pkg-config
-#   make install-python pip install ./python (the ctypes binding, shipping build/libkvcache.so)
+#   make test-install   install into a temp prefix, build readme_decode.c (kvcache) and
+#                   readme_generate.c (kvengine) against it via pkg-config
+#   make install-python pip install ./python (the ctypes binding, shipping portable builds of
+#                   libkvcache.so and libkvengine.so from build-portable/)
 #
 # Variables: BUILD (output folder), CC, OPT, MARCH (empty for a portable build),
 # PYTHON (makes the venv), TEST_PYTHON (runs the Python tests: build/venv's, or
@@ -58,8 +60,9 @@ CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-# The library exports only what include/kvcache.h marks KV_API.
-$(LIB_OBJ): CFLAGS_ALL += -fvisibility=hidden
+# The library exports only what include/kvcache.h marks KV_API; libkvengine.so
+# adds what include/kvengine.h marks KVE_API.
+$(LIB_OBJ) $(ENGINE_OBJ): CFLAGS_ALL += -fvisibility=hidden
 
 # SIMD variants are compiled for their instruction set whatever MARCH says and
 # picked at run time by CPU feature (src/attend.c).
@@ -108,7 +111,7 @@ $(BUILD)/cli/main.o: Makefile
         bench model install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
-lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so
+lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so
 
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
@@ -124,6 +127,11 @@ $(BUILD)/libkvcache.so: $(LIB_OBJ)
 $(BUILD)/libkvengine.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+# The engine with the library inside it: one file for a program (or Python)
+# that generates; it exports kvengine.h's and kvcache.h's functions.
+$(BUILD)/libkvengine.so: $(ENGINE_OBJ) $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libkvengine.so.$(SOVERSION) -o $@ $^ $(LDFLAGS) $(LDLIBS_ALL)
 
 $(BUILD)/kvcache: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDFLAGS) \
@@ -162,8 +170,10 @@ $(VENV)/.installed: python/requirements-test.txt
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
 	@touch $@
 
-test-python: $(BUILD)/libkvcache.so $(BUILD)/kvcache $(PY_DEPS)
-	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
+test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath $(BUILD))/libkvengine.so \
+	    KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_MODEL=$(abspath $(MODEL)) \
+	    PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
 
 # The sanitizer and scalar-kernel runs leave out the slowest real-model tests
 # (perplexity over the text file, Gemma's long window run, the attention bench,
@@ -222,16 +232,26 @@ test-threads: deps $(PY_DEPS)
 
 
 # A portable build still runs the SIMD kernels (chosen by CPUID); the second
-# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD.
-test-portable: deps
+# run forces the scalar ones everywhere (library and engine) through KVCACHE_SIMD;
+# then kvcache.Model on the portable libkvengine.so (what `pip install ./python`
+# ships) generates with the AVX2 and the scalar kernels forced.
+test-portable: deps $(MODEL) $(PY_DEPS)
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
 	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
+	$(MAKE) --no-print-directory BUILD=build-portable MARCH= build-portable/libkvcache.so build-portable/libkvengine.so
+	KVCACHE_LIB=$(abspath build-portable)/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath build-portable)/libkvengine.so \
+	    KVCACHE_MODEL=$(abspath $(MODEL)) PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider \
+	    python/tests/test_generate.py -k forced_kernels
 
 # ---------------------------------------------------------------- examples
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libkvcache.a include/kvcache.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvcache.a $(LDLIBS_ALL)
+$(BUILD)/examples/readme_generate: examples/readme_generate.c $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a \
+                                   include/kvengine.h include/kvcache.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a $(LDLIBS_ALL)
 PY_EXAMPLES := $(wildcard examples/*.py)
 examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(BUILD)/kvcache $(if $(PY_EXAMPLES),$(PY_DEPS))
 	@sh scripts/check-readme.sh $(BUILD)
@@ -261,19 +281,24 @@ bench: all
 # gives -Wl,-rpath,PREFIX/lib, so that a program linked through it finds the library
 # under any PREFIX without LD_LIBRARY_PATH or ldconfig.
 INSTALLED := include/kvcache.h lib/libkvcache.a lib/libkvcache.so lib/libkvcache.so.$(SOVERSION) \
-             lib/libkvcache.so.$(VERSION) lib/pkgconfig/kvcache.pc bin/kvcache share/man/man1/kvcache.1
-install: all
+             lib/libkvcache.so.$(VERSION) lib/pkgconfig/kvcache.pc bin/kvcache share/man/man1/kvcache.1 \
+             include/kvengine.h lib/libkvengine.a lib/libkvengine.so lib/libkvengine.so.$(SOVERSION) \
+             lib/libkvengine.so.$(VERSION) lib/pkgconfig/kvengine.pc
+install: all $(BUILD)/libkvengine.so
 	install -d $(addprefix $(DESTDIR)$(PREFIX)/,include lib/pkgconfig bin share/man/man1)
-	install -m 644 include/kvcache.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $(BUILD)/libkvcache.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/libkvcache.so $(DESTDIR)$(PREFIX)/lib/libkvcache.so.$(VERSION)
-	ln -sf libkvcache.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvcache.so.$(SOVERSION)
-	ln -sf libkvcache.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvcache.so
+	install -m 644 include/kvcache.h include/kvengine.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(BUILD)/libkvcache.a $(BUILD)/libkvengine.a $(DESTDIR)$(PREFIX)/lib/
+	for l in kvcache kvengine; do \
+	    install -m 755 $(BUILD)/lib$$l.so $(DESTDIR)$(PREFIX)/lib/lib$$l.so.$(VERSION) && \
+	    ln -sf lib$$l.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/lib$$l.so.$(SOVERSION) && \
+	    ln -sf lib$$l.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/lib$$l.so || exit 1; \
+	done
 	install -m 755 $(BUILD)/kvcache $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 docs/kvcache.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	sed -e 's|@PREFIX@|$(abspath $(PREFIX))|' -e 's|@VERSION@|$(VERSION)|' kvcache.pc.in \
-	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
-	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
+	for l in kvcache kvengine; do \
+	    sed -e 's|@PREFIX@|$(abspath $(PREFIX))|' -e 's|@VERSION@|$(VERSION)|' $$l.pc.in \
+	        > $(DESTDIR)$(PREFIX)/lib/pkgconfig/$$l.pc && chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/$$l.pc || exit 1; \
+	done
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(INSTALLED))
@@ -282,7 +307,7 @@ uninstall:
 # compiles examples/readme_decode.c against it with pkg-config's flags, shared
 # (run as it is: no LD_LIBRARY_PATH, the run path finds the library) and
 # static, runs both, and checks that uninstall leaves no file behind.
-test-install: all
+test-install: all $(BUILD)/libkvengine.so $(MODEL)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(MAKE) --no-print-directory -s install PREFIX=$$tmp/usr > /dev/null; \
 	export PKG_CONFIG_PATH=$$tmp/usr/lib/pkgconfig; \
@@ -303,14 +328,21 @@ test-install: all
 	if ldd $$tmp/static | grep -q libkvcache; then echo "test-install: static build loads libkvcache.so"; exit 1; fi; \
 	out=$$($$tmp/static); echo "test-install: static: $$out"; \
 	$$tmp/usr/bin/kvcache --help > /dev/null; \
+	$(CC) -std=c11 -o $$tmp/generate examples/readme_generate.c $$(pkg-config --cflags --libs kvengine); \
+	env -u LD_LIBRARY_PATH ldd $$tmp/generate | grep -q "$$lib/libkvengine.so.$(SOVERSION)" || { \
+	    echo "test-install: readme_generate does not find the installed libkvengine:"; \
+	    env -u LD_LIBRARY_PATH ldd $$tmp/generate; exit 1; }; \
+	out=$$(env -u LD_LIBRARY_PATH $$tmp/generate $(MODEL)) || { echo "test-install: readme_generate failed"; exit 1; }; \
+	echo "test-install: readme_generate (pkg-config kvengine): $$out"; \
 	$(MAKE) --no-print-directory -s uninstall PREFIX=$$tmp/usr; \
 	left=$$(find $$tmp/usr -type f -o -type l); \
 	if [ -n "$$left" ]; then echo "test-install: uninstall left $$left"; exit 1; fi; \
 	echo "test-install: install, SONAME and links, pkg-config, shared and static builds, uninstall: ok"
 
-# The Python package into the current environment (see python/README.md).
-install-python: lib
-	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so $(PYTHON) -m pip install ./python
+# The Python package into the current environment (see python/README.md), with
+# the portable libraries (generic code for any x86-64, SIMD kernels chosen at run time).
+install-python:
+	$(PYTHON) -m pip install ./python
 
 # ---------------------------------------------------------------- fuzzing
 # Every tests/fuzz/fuzz_NAME.c is a libFuzzer target, seeded from

@@ -20,7 +20,7 @@ static void usage(void) {
     printf("usage: kvcache serve [-m MODEL.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
            "                     [--kv-type T] [--kv-pages N] [--batch-tokens N] [--api-key KEY] [-t THREADS]\n"
            "                     [--context-shift [--keep N]] [--draft-lookup N] [--session-dir DIR]\n"
-           "                     [--kv-events ENDPOINT]\n"
+           "                     [--kv-events ENDPOINT] [--cache-dir DIR [--cache-disk-size BYTES]]\n"
            "                     [--http-threads N] [--http-timeout S]\n"
            "An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions, /tokenize,\n"
            "/detokenize; GET /v1/models, /health, /metrics) with continuous batching: every step runs\n"
@@ -51,6 +51,11 @@ static void usage(void) {
            "  --kv-events ENDPOINT  publish the prefix cache's changes (BlockStored, BlockRemoved,\n"
            "                     AllBlocksCleared, vLLM's schema) on a ZeroMQ PUB socket bound there,\n"
            "                     e.g. tcp://127.0.0.1:5557 (default: off)\n"
+           "  --cache-dir DIR    a disk tier under the prefix cache (made if missing): pages the pool\n"
+           "                     reclaims, and at shutdown every named page, are written there and read\n"
+           "                     back when a prompt continues a prefix found there, after a restart too\n"
+           "  --cache-disk-size BYTES  the most the tier keeps in DIR, least recently used files\n"
+           "                     removed first (default 1073741824, 1 GiB)\n"
            "  --http-threads N   HTTP workers, each serving one open connection at a time (default\n"
            "                     2 x parallel + 112, at most 1024); more connections wait for one\n"
            "  --http-timeout S   seconds a client has to send a request's headers and body, and to\n"
@@ -72,7 +77,8 @@ static void model_id(const char *path, char *out, size_t cap) {
 
 int cmd_serve(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
-    const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL, *kv_events = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *session_dir = NULL, *kv_events = NULL, *cache_dir = NULL;
+    int64_t cache_disk_size = (int64_t)1 << 30;
     int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
     int64_t http_threads = 0, http_timeout = 10;
     int shift = 0, no_prefix = 0;
@@ -88,6 +94,8 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &api_key)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--session-dir", &session_dir)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &kv_events)) continue;
+        if (cli_opt_str(argc, argv, &i, NULL, "--cache-dir", &cache_dir)) continue;
+        if (cli_opt_int(argc, argv, &i, NULL, "--cache-disk-size", &cache_disk_size)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--keep", &keep)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--draft-lookup", &draft)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--http-threads", &http_threads)) continue;
@@ -105,7 +113,8 @@ int cmd_serve(int argc, char **argv) {
         !cli_range("serve", "--keep", keep, 0, 1 << 24, "positions a context shift keeps") ||
         !cli_range("serve", "--draft-lookup", draft, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup") ||
         !cli_range("serve", "--http-threads", http_threads, 0, 4096, "HTTP worker threads; 0: 2 x --parallel + 112") ||
-        !cli_range("serve", "--http-timeout", http_timeout, 1, 3600, "seconds a stalled or idle connection is kept"))
+        !cli_range("serve", "--http-timeout", http_timeout, 1, 3600, "seconds a stalled or idle connection is kept") ||
+        !cli_range("serve", "--cache-disk-size", cache_disk_size, 1, INT64_MAX, "bytes the disk tier keeps"))
         return 2;
     if (api_key && !*api_key) {
         fprintf(stderr, "kvcache serve: --api-key is empty: give the key clients must send\n");
@@ -154,7 +163,8 @@ int cmd_serve(int argc, char **argv) {
                      .http_timeout_ms = (int32_t)(http_timeout * 1000), .model_id = id,
                      .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
                      .no_prefix = no_prefix,
-                     .session_dir = session_dir, .kv_events = kv_events};
+                     .session_dir = session_dir, .kv_events = kv_events, .cache_dir = cache_dir,
+                     .cache_disk_size = (uint64_t)cache_disk_size};
     srv *s;
     if (srv_start(&sp, &s, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);

@@ -122,6 +122,32 @@ kv_cache_stats llm_context_stats(const llm_context *c) {
     return t;
 }
 
+int llm_context_reserve_cost(llm_context *c, const kv_batch *b, int32_t window_rows, kv_reserve_cost *cost) {
+    if (!c || !b || !cost || b->n_seqs < 0 || b->n_seqs > c->p.n_seqs || window_rows < 0) return LLM_ERR_NULL;
+    int32_t rows[b->n_seqs + 1];
+    *cost = (kv_reserve_cost){.fits = 1};
+    for (int32_t g = 0; g < c->n_caches; g++) {
+        kv_batch kb = *b;
+        if (kv_cache_get_params(c->caches[g]).window > 0 && !c->p.no_window) {
+            rows[0] = 0;
+            for (int32_t i = 0; i < b->n_seqs; i++) {
+                int32_t t = b->row_start[i + 1] - b->row_start[i];
+                rows[i + 1] = rows[i] + (t < window_rows ? t : window_rows);
+            }
+            kb.row_start = rows;
+        }
+        kv_reserve_cost k;
+        int rc = kv_batch_reserve_cost(c->caches[g], &kb, &k);
+        if (rc) return rc;
+        cost->fits &= k.fits;
+        cost->pages_taken += k.pages_taken, cost->pages_reclaimed += k.pages_reclaimed;
+        cost->pages_adopted += k.pages_adopted, cost->pages_given_back += k.pages_given_back;
+        cost->used_delta += k.used_delta, cost->shared_delta += k.shared_delta;
+        cost->free_delta += k.free_delta, cost->cached_delta += k.cached_delta;
+    }
+    return LLM_OK;
+}
+
 /* ---------------------------------------------------------------- sequences */
 
 /* Slots are taken lowest first in every cache, and every cache sees the same

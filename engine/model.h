@@ -131,6 +131,11 @@ kv_cache *llm_context_cache_at(llm_context *c, int32_t i);
 kv_cache *llm_context_cache(llm_context *c);   /* cache 0 (Llama's only one) */
 /* The caches' stats added together (bytes_per_token: of all caches). */
 kv_cache_stats llm_context_stats(const llm_context *c);
+/* kv_batch_reserve_cost in every cache, added together; fits when every
+ * cache's does. A window cache is asked about at most `window_rows` rows per
+ * sequence (one batch: it evicts as it goes, so a whole prompt at once would
+ * overstate it). */
+int llm_context_reserve_cost(llm_context *c, const kv_batch *b, int32_t window_rows, kv_reserve_cost *cost);
 
 /* ---------------------------------------------------------------- sequences */
 

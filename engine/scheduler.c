@@ -6,6 +6,7 @@
  * scheduler_impl.h. */
 #include "scheduler_impl.h"
 #include "policy.h"
+#include "tier.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -25,8 +26,7 @@ static void req_free(sched_req *r) {
     free(r->session);
     for (int32_t i = 0; i < r->n_choices; i++) {
         free(r->ch[i].tokens);
-        llm_sampler_free(&r->ch[i].sampler);
-        llm_textstream_free(r->ch[i].ts);
+        llm_choice_free(&r->ch[i].c);
     }
     free(r);
 }
@@ -122,28 +122,20 @@ int llm_sched_submit(llm_sched *s, const llm_sched_request *r, uint64_t *id, cha
     const int greedy = !(r->sampler.temp > 0);
     for (int32_t i = 0; i < r->n_choices; i++) {
         sched_seq *ch = &q->ch[i];
-        ch->seq = -1, ch->cap = cap, ch->out_row = -1, ch->max_tokens = max_tokens;
-        ch->draft_len = greedy ? s->p.draft_lookup : 0;
+        ch->seq = -1, ch->cap = cap, ch->out_row = -1;
         llm_sampler_params sp = r->sampler;
         sp.seed += (uint64_t)i;
+        llm_choice_params cp = {.sampler = &sp, .stops = r->stops, .n_stops = r->n_stops, .max_tokens = max_tokens,
+                                .draft_max = greedy ? s->p.draft_lookup : 0, .prompt = r->prompt,
+                                .n_prompt = r->n_prompt};
         ch->tokens = malloc(sizeof(int32_t) * (size_t)cap);
-        int bad = !ch->tokens;
-        if (!bad && llm_sampler_init(&ch->sampler, &sp, s->V)) {
+        int rc = ch->tokens ? llm_choice_init(&ch->c, s->m, &cp, err, errlen) : LLM_ERR_NOMEM;
+        if (rc) {
             req_free(q);
-            return refuse(err, errlen, LLM_ERR_PARAM, "bad sampling parameters (top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty >= 0, "
-                                                   "penalties in [-2, 2], logit_bias ids in the vocabulary and values in [-100, 100])", 0, 0);
-        }
-        int ts = bad ? LLM_ERR_NOMEM
-                     : llm_textstream_create(llm_model_tokenizer(s->m), r->stops, r->n_stops, max_tokens, 0, &ch->ts);
-        if (ts) {
-            req_free(q);
-            return ts == LLM_ERR_NOMEM ? refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0)
-                                       : refuse(err, errlen, LLM_ERR_PARAM, "bad stop strings (at most %ld, none empty)",
-                                                LLM_MAX_STOPS, 0);
+            return rc == LLM_ERR_NOMEM ? refuse(err, errlen, LLM_ERR_NOMEM, "out of memory", 0, 0) : rc;
         }
         memcpy(ch->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
         ch->n_tokens = r->n_prompt;
-        llm_sampler_accept_prompt(&ch->sampler, r->prompt, r->n_prompt);
     }
     pthread_mutex_lock(&s->mu);
     int rc = s->stopping ? LLM_ERR_STOPPED : s->n_inbox + s->snap.waiting >= s->p.max_waiting ? LLM_ERR_QUEUE_FULL : 0;
@@ -214,9 +206,10 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
     release(s, ch);
     llm_sched_event ev = {.choice = i, .token = -1, .text = "", .finish = why, .n_prompt = r->n_prompt,
                           .n_cached = r->n_cached_first, .n_restored = r->n_restored,
-                          .n_generated = ch->n_generated, .error = error};
+                          .n_generated = ch->c.n_generated, .error = error,
+                          .status = why != LLM_STOP_ERROR ? LLM_OK : ch->c.status ? ch->c.status : LLM_ERR_PARAM};
     if (why != LLM_STOP_STRING && why != LLM_STOP_CANCEL && why != LLM_STOP_ERROR)
-        llm_textstream_flush(ch->ts, &ev.text, &ev.text_len);
+        llm_textstream_flush(ch->c.ts, &ev.text, &ev.text_len);
     r->cb(r->user, &ev);
 }
 
@@ -224,7 +217,7 @@ static void finish_choice(llm_sched *s, sched_req *r, int32_t i, llm_stop_reason
 static void deliver_done(sched_req *r) {
     llm_sched_event ev = {.choice = -1, .token = -1, .text = "", .done = 1, .n_prompt = r->n_prompt,
                           .n_cached = r->n_cached_first, .n_restored = r->n_restored};
-    for (int32_t i = 0; i < r->n_choices; i++) ev.n_generated += r->ch[i].n_generated;
+    for (int32_t i = 0; i < r->n_choices; i++) ev.n_generated += r->ch[i].c.n_generated;
     r->cb(r->user, &ev);
     req_free(r);
 }
@@ -292,14 +285,19 @@ static int32_t choices_to_place(const sched_req *r) {
     return n;
 }
 
-int llm_sched_place(llm_sched *s, sched_seq *ch) {
+/* A new sequence for ch holding the longest prefix of its tokens the prefix
+ * cache has, one token short (it is fed: its logits choose the next token);
+ * sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence is free. */
+static int place(llm_sched *s, sched_seq *ch) {
     if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
         ch->seq = -1;
         return -1;
     }
     int32_t matched = 0;
-    if (!s->p.no_prefix && ch->n_tokens > 1 && llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK)
-        matched = 0;
+    if (!s->p.no_prefix && ch->n_tokens > 1) {   /* every cache group, then the disk tier (one group only) */
+        if (llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK) matched = 0;
+        if (s->p.tier) matched += llm_tier_extend(s->p.tier, ch->seq, ch->tokens, ch->n_tokens - 1);
+    }
     ch->n_cached = matched;
     return 0;
 }
@@ -311,21 +309,31 @@ static int try_admit(llm_sched *s, sched_req *r) {
     int32_t alive = 0;
     for (int32_t i = 0; i < r->n_choices; i++) alive += r->ch[i].stop == LLM_STOP_NONE;
     if (s->n_running >= s->p.max_running || slots_held(s) + alive > s->n_slots) return 0;
-    int32_t need = 0, queried = 0, hit = 0, n_place = choices_to_place(r);
+    int32_t need = 0, queried = 0, hit = 0, n_place = choices_to_place(r), nb = 0;
+    s->b_rows[0] = 0;
     for (int32_t i = 0, placed = 0; i < r->n_choices && placed < n_place; i++) {
         sched_seq *ch = &r->ch[i];
         if (ch->stop != LLM_STOP_NONE) continue;
         placed++;
-        if (llm_sched_place(s, ch)) goto undo;
+        if (place(s, ch)) goto undo;
         queried += ch->n_tokens - 1, hit += ch->n_cached;
-        need += pages_for(ch->n_tokens + 1, s->page_size) - ch->n_cached / s->page_size;
+        /* the rest of its tokens and the first one generated */
+        s->b_seqs[nb] = ch->seq, s->b_rows[nb + 1] = s->b_rows[nb] + ch->n_tokens + 1 - ch->n_cached, nb++;
     }
     if (s->n_running > 0) {
+        /* what reserving all of it would take, as the caches count it (a
+         * matched prefix holds pages the stats already count as used) */
+        kv_reserve_cost k;
+        kv_batch kb = {.n_seqs = nb, .seqs = s->b_seqs, .row_start = s->b_rows};
+        if (llm_context_reserve_cost(s->c, &kb, s->p.batch_tokens, &k)) goto undo;
+        need = k.used_delta;
         kv_cache_stats cs = llm_context_stats(s->c);
         /* a small watermark (vLLM's 1%): growth past it preempts the newest */
-        if (cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
+        if (!k.fits || cs.pages_free + cs.pages_cached < need + s->n_pages / 100 + 1) goto undo;
+    } else {
+        for (int32_t i = 0; i < nb; i++) need += pages_for(s->b_rows[i + 1] - s->b_rows[i], s->page_size);
     }
-    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need)) goto undo;
+    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need) && place(s, &r->ch[0])) goto undo;
     if (!r->admitted) {
         r->admitted = 1;
         r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
@@ -419,12 +427,11 @@ static void preempt_newest(llm_sched *s) {
  * the room allows (positions left in the context, tokens left to generate,
  * rows and logits rows left once every later decoder has its one row). */
 static int32_t propose(llm_sched *s, sched_seq *ch, int32_t rows, int32_t n_out, int32_t later) {
-    if (ch->draft_len <= 0) return 0;
-    int64_t lim = ch->draft_len;
-    int64_t room[] = {s->n_ctx - ch->n_tokens, s->p.batch_tokens - rows - 1 - later, s->n_out_max - n_out - 1 - later,
-                      ch->max_tokens >= 0 ? (int64_t)ch->max_tokens - ch->n_generated - 1 : lim};
-    for (int i = 0; i < 4; i++) lim = room[i] < lim ? room[i] : lim;
-    return lim > 0 ? llm_lookup_draft(ch->tokens, ch->n_tokens, (int32_t)lim, s->b_tokens + rows + 1) : 0;
+    if (ch->c.draft_len <= 0) return 0;
+    int64_t room[] = {s->n_ctx - ch->n_tokens, s->p.batch_tokens - rows - 1 - later, s->n_out_max - n_out - 1 - later};
+    int64_t lim = room[0] < room[1] ? room[0] : room[1];
+    lim = lim < room[2] ? lim : room[2];
+    return llm_choice_propose(&ch->c, ch->tokens, ch->n_tokens, lim, s->b_tokens + rows + 1);
 }
 
 /* Live, in the cache, and one token (the last sampled) to feed. */
@@ -486,24 +493,27 @@ static float logprobs_of(llm_sched *s, const float *logits, int32_t token, int32
     return (float)(logits[token] - lz);
 }
 
-/* Samples choice i of r from logits, streams its text, ends it if a stop
- * condition is met. Returns the token. */
-static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, const float *logits) {
+/* Samples choice i of r from logits (llm_choice_next), streams its text,
+ * ends it if a stop condition is met. Returns the token, -1 when none. */
+static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, float *logits) {
     sched_seq *ch = &r->ch[i];
-    int32_t token = llm_sample(&ch->sampler, logits);
-    int32_t ids[LLM_SCHED_MAX_TOP];
+    int32_t token, ids[LLM_SCHED_MAX_TOP];
     float lps[LLM_SCHED_MAX_TOP];
-    llm_sched_event ev = {.choice = i, .token = token, .text = "", .n_prompt = r->n_prompt,
-                          .n_cached = r->n_cached_first, .n_restored = r->n_restored};
+    llm_sched_event ev = {.choice = i, .n_prompt = r->n_prompt, .n_cached = r->n_cached_first,
+                          .n_restored = r->n_restored};
+    llm_stop_reason why = llm_choice_next(&ch->c, logits, &token, &ev.text, &ev.text_len);
+    ev.token = token;
+    if (why == LLM_STOP_ERROR || why == LLM_STOP_CANCEL) {
+        finish_choice(s, r, i, why, why == LLM_STOP_ERROR ? ch->c.error : NULL);
+        return -1;
+    }
     if (r->top >= 0) {
         ev.logprob = logprobs_of(s, logits, token, r->top, ids, lps);
         ev.n_top = r->top, ev.top_ids = ids, ev.top_logprobs = lps;
     }
-    llm_stop_reason why = llm_textstream_push(ch->ts, token, &ev.text, &ev.text_len);
     if (why != LLM_STOP_EOG) {
-        ch->n_generated++;
         s->st.generation_tokens++;
-        ev.n_generated = ch->n_generated;
+        ev.n_generated = ch->c.n_generated;
         ch->tokens[ch->n_tokens++] = token;
         /* a token past the context can be shown but never fed (with shifts: not before a shift) */
         if (why == LLM_STOP_NONE && !s->p.context_shift && (ch->n_tokens > s->n_ctx || ch->n_tokens >= ch->cap))
@@ -533,10 +543,11 @@ static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const 
         if (j == nd || tok != draft[j]) break;
         s->st.accepted++;
     }
-    ch->draft_len = llm_lookup_next_len(s->p.draft_lookup, nd, j);
+    llm_choice_verified(&ch->c, nd, j);
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
     if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
+            ch->c.status = LLM_ERR_WINDOW;
             finish_choice(s, r, i, LLM_STOP_ERROR, "rolling back rejected drafts failed");
             return;
         }
@@ -552,7 +563,7 @@ static void deliver(llm_sched *s, int32_t nb) {
         const int32_t before = ch->n_cached;
         ch->n_cached += ch->rows;
         if (ch->out_row < 0) continue;
-        const float *lg = s->logits + (size_t)ch->out_row * (size_t)s->V;
+        float *lg = s->logits + (size_t)ch->out_row * (size_t)s->V;
         sched_req *r = NULL;
         for (int32_t k = 0; k < s->n_running && !r; k++)
             if (ch >= s->running[k]->ch && ch < s->running[k]->ch + s->running[k]->n_choices) r = s->running[k];
@@ -564,6 +575,7 @@ static void deliver(llm_sched *s, int32_t nb) {
                 if (cj->stop != LLM_STOP_NONE) continue;
                 if (llm_seq_fork(s->c, ch->seq, &cj->seq) != LLM_OK) {
                     cj->seq = -1;
+                    cj->c.status = LLM_ERR_SEQ;
                     finish_choice(s, r, j, LLM_STOP_ERROR, "could not fork the sequence");
                     continue;
                 }
@@ -591,13 +603,13 @@ static void shift_full(llm_sched *s) {
             sched_req *r = s->running[k];
             sched_seq *ch = &r->ch[i];
             if (!decoding(ch) || ch->n_cached < s->n_ctx) continue;
-            const int32_t keep = s->p.n_keep;
-            if (keep >= ch->n_cached) {
+            int32_t keep, drop = llm_choice_shift_plan(1, s->p.n_keep, ch->n_cached, &keep);
+            if (!drop) {
                 finish_choice(s, r, i, LLM_STOP_CONTEXT, NULL);
                 continue;
             }
-            const int32_t drop = llm_shift_discard(ch->n_cached, keep);
             if (llm_context_shift(s->c, ch->seq, keep, drop) != LLM_OK) {
+                ch->c.status = LLM_ERR_OUT_OF_PAGES;
                 finish_choice(s, r, i, LLM_STOP_ERROR, "the context shift failed (out of KV pages for copies)");
                 continue;
             }
@@ -690,7 +702,9 @@ int llm_sched_step(llm_sched *s) {
         for (int32_t k = 0; k < nb; k++)
             for (int32_t q = 0; q < s->n_running; q++) {
                 sched_req *r = s->running[q];
-                if (s->b_ch[k] >= r->ch && s->b_ch[k] < r->ch + r->n_choices) end_request(s, r, LLM_STOP_ERROR, msg);
+                if (s->b_ch[k] < r->ch || s->b_ch[k] >= r->ch + r->n_choices) continue;
+                for (int32_t i = 0; i < r->n_choices; i++) r->ch[i].c.status = rc;
+                end_request(s, r, LLM_STOP_ERROR, msg);
             }
     }
     reap(s);

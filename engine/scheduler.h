@@ -23,9 +23,10 @@
  *                or more pages than the whole pool) is refused at submit.
  *   n choices    one prefill; when the prompt is in, the sequence is forked
  *                (kv_seq_fork) into n, each sampling with its own seed.
- *   text         each choice runs an llm_textstream (engine/session.h): the
- *                stop strings, max tokens, end of generation and UTF-8 rules
- *                are those of every other command.
+ *   text         each choice runs an llm_choice (engine/choice.h): the
+ *                non-finite check, sampler, stop strings, max tokens, end of
+ *                generation, UTF-8 and draft rules are those of every other
+ *                command.
  *   sessions     a request may name a session file (engine/policy.h): at its
  *                first admission the file's longest common prefix with the
  *                prompt is restored when it reaches further than the prefix
@@ -71,6 +72,10 @@ typedef struct {
      * NULL: silent. */
     void (*log)(void *user, const char *line);
     void *log_user;
+    /* A disk tier under the prefix cache (engine/tier.h), borrowed: after a
+     * prefix match, admission reads the pages that continue it from there.
+     * NULL: none. */
+    struct llm_tier *tier;
 } llm_sched_params;
 
 /* batch_tokens 512, max_running 0, max_waiting 256, no shift (n_keep 0), no drafts, no log. */
@@ -97,6 +102,7 @@ typedef struct {
     int32_t n_restored;         /* of n_cached, read from the session file (0: none) */
     int32_t n_generated;        /* this choice's tokens (done event: all choices') */
     const char *error;          /* with LLM_STOP_ERROR: what failed */
+    int status;                 /* with LLM_STOP_ERROR: the llm_status behind it */
 } llm_sched_event;
 
 typedef void (*llm_sched_cb)(void *user, const llm_sched_event *ev);

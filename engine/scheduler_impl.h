@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "choice.h"
 #include "scheduler.h"
 
 /* ---------------------------------------------------------------- records */
@@ -18,16 +19,12 @@ typedef struct {
     int32_t n_tokens;       /* tokens known */
     int32_t n_cached;       /* of those, in the cache (the rest are fed by the next steps) */
     int32_t cap;
-    int32_t n_generated;    /* tokens sampled and counted (not the end-of-generation token) */
     int32_t rows;           /* rows this sequence has in the batch being built */
     int32_t out_row;        /* its (first) logits row in that batch, or -1 */
     int32_t n_draft;        /* of its rows, drafts after the token fed (each row wants logits) */
-    int32_t draft_len;      /* drafts to propose next (llm_lookup_next_len); 0: not greedy */
-    int32_t max_tokens;     /* its text stream's limit; < 0: none */
     llm_stop_reason stop;   /* LLM_STOP_NONE while the choice lives */
     int shifted;            /* a context shift moved its cache: never saved to a session */
-    llm_sampler sampler;
-    llm_textstream *ts;     /* stop strings, max tokens, UTF-8 hold-back */
+    llm_choice c;           /* sampling, text, stop rules, draft policy (engine/choice.h) */
 } sched_seq;
 
 typedef struct sched_req {
@@ -83,16 +80,11 @@ struct llm_sched {
 
 static inline int32_t pages_for(int32_t tokens, int32_t page) { return (tokens + page - 1) / page; }
 
-/* A new sequence for ch holding the longest prefix of its tokens the prefix
- * cache has, one token short (it is fed: its logits choose the next token);
- * sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence is free. */
-int llm_sched_place(llm_sched *s, sched_seq *ch);
-
 /* Session files (scheduler_session.c), on the scheduler thread. At the first
  * admission of r, which names a session and whose choice 0 holds the prefix
  * cache's match: restores the file's prefix when it is worth reading (need:
- * the pages the admission counted on). 0, or -1 when choice 0 could not get
- * a sequence again (undo the admission). */
+ * the pages the admission counted on). 0, or 1 when choice 0 gave up its
+ * sequence and the file could not be read: the caller places it again. */
 int llm_sched_session_restore(llm_sched *s, sched_req *r, int32_t need);
 /* When choice 0 (ch) of r ends normally, before its pages go: its cached
  * tokens to the session file, unless it context-shifted. */

@@ -43,8 +43,8 @@ enum { SESSION_READ_RATIO = 32 };
  * prompt further (read from its header alone) by enough, the sequence is
  * given up and the file restored into a new one; a file that cannot be used
  * leaves the prompt to the prefix cache (matched again: the pages given up
- * stay cached). need: pages the admission counted on. Returns 0, or -1 when
- * no sequence could be had again (the caller undoes the admission). */
+ * stay cached, once the caller places choice 0 again). need: pages the
+ * admission counted on. Returns 0, or 1 when choice 0 has no sequence. */
 int llm_sched_session_restore(llm_sched *s, sched_req *r, int32_t need) {
     sched_seq *ch = &r->ch[0];
     char err[320];
@@ -76,10 +76,8 @@ int llm_sched_session_restore(llm_sched *s, sched_req *r, int32_t need) {
             } else {
                 sched_log(s, "session file ignored, the prompt runs without it: %s", err);
                 s->st.session_refused++;
-                if (llm_sched_place(s, ch)) {
-                    s->st.session_seconds += now_s() - t0;
-                    return -1;
-                }
+                s->st.session_seconds += now_s() - t0;
+                return 1;   /* choice 0 gave up its sequence: the caller places it again */
             }
         }
     } else {

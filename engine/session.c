@@ -2,10 +2,9 @@
  * common-prefix reuse, chunked prefill, then sample -> text stream ->
  * forward until a stop reason, timed per phase. */
 #include "session.h"
+#include "choice.h"
 #include "policy.h"
 
-#include <float.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,18 +148,6 @@ int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n) {
     return LLM_OK;
 }
 
-/* Whether every logit is finite: sixteen a step in an inner loop of fixed
- * length, which the compiler takes as vector operations (one at a time with
- * an early exit, Gemma 3's 262144 logits took 105 us a token; so, 24). */
-static int all_finite(const float *x, int32_t n) {
-    int bad = 0;
-    int32_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int32_t k = 0; k < 16; k++) bad |= !(fabsf(x[i + k]) <= FLT_MAX);
-    for (; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX);
-    return !bad;
-}
-
 /* Sends text to the caller; nonzero when it asks to stop. */
 static int show(const llm_gen_params *p, const char *text, size_t len) {
     return len && p->on_text ? p->on_text(p->user, text, len) : 0;
@@ -175,6 +162,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     res->eog_token = -1, res->n_prompt = n;
     if (!s || !p || !tokens || n < 1) return STOP(LLM_STOP_ERROR, LLM_ERR_NULL, "no prompt tokens"), res->status;
     const int32_t n_ctx = llm_context_get_params(s->c).n_ctx;
+    const int32_t n_batch = llm_context_get_params(s->c).n_batch;
     const llm_model *m = llm_context_model(s->c);
     const int32_t V = llm_model_n_vocab(m);
     if (p->reserve < 0 || p->n_stops < 0 || p->n_stops > LLM_MAX_STOPS)
@@ -189,34 +177,25 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         return STOP(LLM_STOP_CONTEXT, LLM_ERR_CAPACITY, "the prompt is %d tokens%s; the context holds %d", (int)n,
                     p->reserve ? " plus room for the end of turn" : "", (int)n_ctx),
                res->status;
-    llm_sampler smp;
-    if (llm_sampler_init(&smp, &p->sampler, V) != 0)
-        return STOP(LLM_STOP_ERROR, LLM_ERR_PARAM, "bad sampler parameters (or out of memory)"), res->status;
-    llm_sampler_accept_prompt(&smp, tokens, n);
-    llm_textstream *ts;
-    int rc = llm_textstream_create(llm_model_tokenizer(m), p->stops, p->n_stops, p->max_tokens,
-                                   p->ignore_eog ? LLM_STREAM_IGNORE_EOG : 0, &ts);
+    llm_choice ch;
+    llm_choice_params cp = {.sampler = &p->sampler, .stops = p->stops, .n_stops = p->n_stops,
+                            .max_tokens = p->max_tokens, .stream_flags = p->ignore_eog ? LLM_STREAM_IGNORE_EOG : 0,
+                            .draft_max = p->draft_lookup, .prompt = tokens, .n_prompt = n};
+    int rc = llm_choice_init(&ch, m, &cp, res->message, sizeof res->message);
+    if (rc != LLM_OK) return res->reason = LLM_STOP_ERROR, res->status = rc;
+    ch.on_logits = p->on_logits, ch.user = p->user;
     /* it never holds more than n_ctx tokens in the cache and one not fed yet */
     int64_t most = (int64_t)n + (p->max_tokens >= 0 ? p->max_tokens : n_ctx) + 1;
-    if (rc == LLM_OK) rc = reserve_tokens(s, most < (int64_t)n_ctx + 1 ? most : (int64_t)n_ctx + 1);
-    if (rc != LLM_OK) {
-        llm_sampler_free(&smp);
-        llm_textstream_free(ts);
-        return STOP(LLM_STOP_ERROR, rc, "%s", rc == LLM_ERR_PARAM ? "a stop string is empty" : llm_status_str(rc)),
-               res->status;
-    }
-
+    rc = reserve_tokens(s, most < (int64_t)n_ctx + 1 ? most : (int64_t)n_ctx + 1);
     /* prompt lookup: drafts [N] and the logits of a verify pass [N + 1][V] */
-    const int32_t n_draft_max = p->draft_lookup > 0 ? p->draft_lookup : 0;
+    const int32_t n_draft_max = p->draft_lookup;
     int32_t *draft = n_draft_max ? malloc(sizeof(int32_t) * (size_t)n_draft_max) : NULL;
     float *rows = n_draft_max ? malloc(sizeof(float) * (size_t)(n_draft_max + 1) * (size_t)V) : NULL;
-    if (n_draft_max && (!draft || !rows)) {
+    if (rc != LLM_OK || (n_draft_max && (!draft || !rows))) {
         free(draft), free(rows);
-        llm_sampler_free(&smp);
-        llm_textstream_free(ts);
+        llm_choice_free(&ch);
         return STOP(LLM_STOP_ERROR, LLM_ERR_NOMEM, "out of memory"), res->status;
     }
-    const int32_t n_keep = p->n_keep > 4 ? p->n_keep : 4;
 
     /* prefill what the cache does not hold yet (at least the last token, for its logits) */
     int32_t k = 0;
@@ -242,66 +221,58 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         s->n_cached = n;
     }
 
-    /* sample -> stream -> forward. With prompt lookup, a forward feeds the
-     * sampled token and up to N drafts after it ([n_cached, n_cached + 1 +
-     * vk) in the cache); the next samples come from their rows, each draft
+    /* feed -> llm_choice_next -> forward. With prompt lookup, a forward feeds
+     * the sampled token and up to N drafts after it ([n_cached, n_cached + 1
+     * + vk) in the cache); the next samples come from their rows, each draft
      * equal to its sample is already in the cache (vi counts them), and the
      * first that differs is cut off before the sample is fed. The samples
      * are those of plain decoding: row i is the model's output after the same
      * tokens. */
     float *cur = s->logits;  /* the logits to sample from */
     int32_t vk = 0, vi = 0;  /* drafts in the cache after n_cached, and how many were accepted */
-    int32_t want_draft = n_draft_max; /* drafts to propose next (llm_lookup_next_len) */
     while (rc == LLM_OK) {
         if (p->max_tokens == 0) {
             STOP(LLM_STOP_LENGTH, LLM_OK, "prefill only");
             break;
         }
-        if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx && p->context_shift && n_keep < s->n_cached && vi == vk) {
-            /* the attention sinks stay, half of the rest goes (the drafts were limited to the room
-             * left, so none is pending when the context is full) */
-            int32_t drop = llm_shift_discard(s->n_cached, n_keep);
-            rc = llm_session_shift(s, n_keep, drop);
+        /* no position for the next token: shift or stop before sampling it (the drafts were
+         * limited to the room left, so none is pending when the context is full) */
+        if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx) {
+            int32_t keep, drop = vi == vk ? llm_choice_shift_plan(p->context_shift, p->n_keep, s->n_cached, &keep) : 0;
+            if (!drop) {
+                STOP(LLM_STOP_CONTEXT, LLM_OK, "context full: %d of %d positions (prompt %d, generated %d%s)%s",
+                     (int)s->n_cached, (int)n_ctx, (int)n, (int)res->n_generated,
+                     p->reserve ? ", room kept for the end of turn" : "",
+                     p->context_shift ? "; nothing to drop after the kept positions" : "");
+                break;
+            }
+            rc = llm_session_shift(s, keep, drop);
             if (rc != LLM_OK) {
-                STOP(LLM_STOP_ERROR, rc, "context shift (keep %d, drop %d) failed: %s", (int)n_keep, (int)drop,
+                STOP(LLM_STOP_ERROR, rc, "context shift (keep %d, drop %d) failed: %s", (int)keep, (int)drop,
                      llm_status_str(rc));
                 break;
             }
             res->n_shifts++, res->n_discarded += drop;
             continue;
         }
-        if ((int64_t)s->n_cached + 1 + p->reserve > n_ctx) {
-            STOP(LLM_STOP_CONTEXT, LLM_OK, "context full: %d of %d positions (prompt %d, generated %d%s)%s",
-                 (int)s->n_cached, (int)n_ctx, (int)n, (int)res->n_generated,
-                 p->reserve ? ", room kept for the end of turn" : "",
-                 p->context_shift ? "; nothing to drop after the kept positions" : "");
-            break;
-        }
-        if (!all_finite(cur, V)) {
-            rc = LLM_ERR_NONFINITE;
-            STOP(LLM_STOP_ERROR, rc, "the logits at position %d are not finite (NaN or infinity): nothing sampled",
-                 (int)(s->n_cached - 1));
-            break;
-        }
-        if (p->on_logits && p->on_logits(p->user, cur, V)) {
+        int32_t tok;
+        const char *text;
+        size_t len;
+        llm_stop_reason why = llm_choice_next(&ch, cur, &tok, &text, &len);
+        if (why == LLM_STOP_CANCEL) {
             STOP(LLM_STOP_CANCEL, LLM_OK, "cancelled");
             break;
         }
-        int cancel = 0;
-        int32_t tok = llm_sample(&smp, cur);
-        if (p->on_token && p->on_token(p->user, tok)) cancel = 1;
-        const char *text;
-        size_t len;
-        llm_stop_reason why = llm_textstream_push(ts, tok, &text, &len);
+        if (why == LLM_STOP_ERROR) {
+            rc = ch.status;
+            STOP(why, rc, "%s", ch.error);
+            break;
+        }
+        int cancel = p->on_token && p->on_token(p->user, tok);
         if (show(p, text, len)) cancel = 1;
         if (why == LLM_STOP_EOG) {
             res->eog_token = tok;
             STOP(why, LLM_OK, "end of generation token %d", (int)tok);
-            break;
-        }
-        if (why == LLM_STOP_ERROR) {
-            rc = LLM_ERR_TOKEN;
-            STOP(why, rc, "sampled token %d cannot be rendered", (int)tok);
             break;
         }
         if (reserve_tokens(s, (int64_t)s->n + 1)) {
@@ -321,22 +292,16 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             cur = rows + (size_t)++vi * (size_t)V;
             continue;
         }
-        if (vk) want_draft = llm_lookup_next_len(n_draft_max, vk, vi);
+        if (vk) llm_choice_verified(&ch, vk, vi);
         if (vk && vi < vk && (rc = llm_seq_truncate(s->c, s->seq, s->n_cached)) != LLM_OK) { /* drafts from vi on: wrong */
             STOP(LLM_STOP_ERROR, rc, "rolling back rejected drafts failed: %s", llm_status_str(rc));
             break;
         }
         vk = vi = 0;
-        int32_t nd = 0;
-        if (n_draft_max) {
-            /* room: positions after tok, rows of one pass, tokens still wanted after tok */
-            int64_t lim = want_draft;
-            lim = lim < (int64_t)n_ctx - p->reserve - s->n_cached - 1 ? lim : (int64_t)n_ctx - p->reserve - s->n_cached - 1;
-            lim = lim < (int64_t)llm_context_get_params(s->c).n_batch - 1 ? lim : llm_context_get_params(s->c).n_batch - 1;
-            if (p->max_tokens >= 0 && lim > (int64_t)p->max_tokens - res->n_generated - 1)
-                lim = (int64_t)p->max_tokens - res->n_generated - 1;
-            if (lim > 0) nd = llm_lookup_draft(s->toks, s->n, (int32_t)lim, draft);
-        }
+        /* room: positions after tok, rows of one pass */
+        int64_t room = (int64_t)n_ctx - p->reserve - s->n_cached - 1;
+        if (room > n_batch - 1) room = n_batch - 1;
+        const int32_t nd = n_draft_max ? llm_choice_propose(&ch, s->toks, s->n, room, draft) : 0;
         res->n_passes++;
         if (nd == 0) {
             rc = llm_eval(s->c, s->seq, &tok, 1, 0, s->logits, NULL, NULL);
@@ -365,11 +330,10 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     if (res->reason != LLM_STOP_STRING) {
         const char *text;
         size_t len;
-        llm_textstream_flush(ts, &text, &len);
+        llm_textstream_flush(ch.ts, &text, &len);
         show(p, text, len);
     }
     res->t_decode = now() - t0;
-    llm_textstream_free(ts);
-    llm_sampler_free(&smp);
+    llm_choice_free(&ch);
     return res->status;
 }

@@ -1,7 +1,8 @@
 /* engine/session.h - the one generation loop: prompt in, tokens and text out.
  *
  * Two layers, so that a single-sequence command and the batching server share
- * every rule about when to stop and what text may be shown:
+ * every rule about when to stop and what text may be shown (both drive them
+ * through the per-token state machine of engine/choice.h):
  *
  *   llm_textstream   per generated sequence: token ids in, text out. It
  *                    detokenizes incrementally, holds back an incomplete UTF-8
@@ -13,7 +14,10 @@
  *                    prefix with what the sequence holds, prefill the rest in
  *                    n_batch chunks, then sample -> stream -> forward until a
  *                    stop reason, with per-phase timings. `generate`, `chat`
- *                    and `bench model` run on it.
+ *                    and `bench model` run on it: a conversation keeps its
+ *                    cache between turns, and prefill and decode are timed
+ *                    apart, which a batch shared with other requests (the
+ *                    scheduler) could not give.
  *
  * Text rules. Shown text is always valid UTF-8: a byte that cannot begin or
  * continue a character becomes U+FFFD at once; the bytes of a character split

@@ -17,6 +17,23 @@
  * positions [i*P, (i+1)*P)). Only the n_kv_heads heads are stored (GQA/MQA);
  * attention indexes the group of a query head instead of repeating KV heads.
  *
+ * Page accounting. Each page is used (held by one or more sequences; shared
+ * when by two or more), cached (held by none but named, so the prefix cache
+ * can find it; reclaimable) or free. A page whose last reference is dropped
+ * becomes cached if it is named, else free. Only these calls move pages:
+ *     kv_seq_reserve, kv_batch_reserve  see there (kv_seq_reserve_cost predicts them)
+ *     kv_seq_prefix_match   holds the matched pages: cached ones become used, used ones shared
+ *     kv_seq_fork           every page of the parent gains a reference
+ *     kv_seq_truncate       drops the references to pages wholly past the new length
+ *     kv_seq_remove         names as a reserve's step 1 does, then drops every reference
+ *     kv_seq_rerotate, kv_seq_shift   take a page for each shared one they rewrite
+ *     kv_seq_restore        takes one page per block the file holds
+ *     kv_seq_prefix_load    takes one page (or holds its named twin)
+ *     kv_prefix_clear       cached pages become free
+ * Pages are taken only by reserve, rerotate, shift, restore and prefix_load: a free page
+ * first, else the least recently used cached page (its name dropped). Every
+ * other call (append, attend, read, save, stats) leaves every page as it is.
+ *
  * A step:
  *     kv_seq_reserve(c, seq, t, tokens)         room for t new positions (all or nothing)
  *     for each layer l:
@@ -255,16 +272,39 @@ KV_API kv_cache_stats kv_cache_get_stats(const kv_cache *cache);
 
 /* Takes a free sequence slot; *seq receives its id (0 <= id < max_seqs). */
 KV_API int kv_seq_new(kv_cache *cache, int32_t *seq);
-/* Releases the sequence and its pages. */
+/* Releases the sequence and its pages: first names its full pages as step 1
+ * of kv_seq_reserve does (twins swapped in), then drops every reference it
+ * holds. Takes no page. */
 KV_API int kv_seq_remove(kv_cache *cache, int32_t seq);
 /* Length S of the sequence (positions reserved so far), or a negative status. */
 KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
-/* Makes room for n_new positions after the current length: allocates pages
- * (reclaiming least-recently-used cached pages when no free one is left),
- * copies a shared page about to be written, evicts pages a window no longer
- * needs, and advances the length. tokens [n_new] are the ids of the new
- * positions, which name full pages for the prefix cache; NULL when unknown.
- * All or nothing: KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing.
+/* Makes room for n_new positions after the current length and advances the
+ * length. tokens [n_new] are the ids of the new positions, which name full
+ * pages for the prefix cache; NULL when unknown. All or nothing:
+ * KV_ERR_OUT_OF_PAGES or KV_ERR_CAPACITY change nothing.
+ *
+ * Pages, in three steps (kv_batch_reserve: each step for every sequence of
+ * the batch, in batch order, before the next step):
+ *  1. Naming. Each full page below the current length S that is not yet
+ *     named is named when all its token ids are known and the page before it
+ *     is named. Such a page whose twin (the same tokens after the same page)
+ *     is named already is swapped for the twin: the sequence drops its page
+ *     (which becomes free if no other sequence holds it) and holds the twin
+ *     (a cached twin becomes used, a used one shared); except that a cached
+ *     twin is not taken for a page another sequence still holds (the page
+ *     then stays unnamed, and so do the pages after it). Takes no page and
+ *     never adds a used one: pages_used falls by the pages swapped away that
+ *     no other sequence held.
+ *  2. Eviction (window caches): pages wholly before the window of a query at
+ *     S are dropped.
+ *  3. Growth. A partly filled last page that another sequence shares is
+ *     copied (one page taken; the shared page loses this reference); then one
+ *     page is taken for each new block, ceil((S + n_new) / P) - ceil(S / P).
+ * Only step 3 takes pages: free ones first, then the least recently used
+ * cached pages, reclaimed (their names dropped). So pages_used grows by at
+ * most ceil((S + n_new) / P) - ceil(S / P), plus 1 when S % P != 0, and it
+ * may fall (steps 1 and 2). kv_seq_reserve_cost tells beforehand exactly what
+ * these steps will do.
  *
  * Contract: the K/V of the new positions must then be written (kv_append_*
  * or kv_step_*) in every layer before they are attended, and before the next
@@ -272,10 +312,12 @@ KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
  * visible to kv_seq_prefix_match (a reserve of n_new = 0 does only that). */
 KV_API int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
 /* Creates *child sharing every page of parent (copy-on-write: the first write
- * into a shared page copies that page only). */
+ * into a shared page copies that page only). Takes no page; every page of the
+ * parent gains a reference (and is then shared). */
 KV_API int kv_seq_fork(kv_cache *cache, int32_t parent, int32_t *child);
 /* Drops every position >= new_len (rollback for speculative decoding or
- * editing); pages no longer needed return to the pool. In a window cache,
+ * editing). Takes no page; drops the sequence's reference to each page
+ * wholly at or past new_len (see "Page accounting"). In a window cache,
  * KV_ERR_WINDOW when the keys the next query would see were evicted. */
 KV_API int kv_seq_truncate(kv_cache *cache, int32_t seq, int32_t new_len);
 
@@ -357,6 +399,46 @@ typedef void (*kv_prefix_listener)(void *user, const kv_prefix_event *ev);
  * calls that change the cache: set it before they start. */
 KV_API void kv_cache_set_prefix_listener(kv_cache *cache, kv_prefix_listener fn, void *user);
 
+/* A tier below the pool (a disk, another host): named pages leave the pool
+ * through a spill listener and come back through kv_seq_prefix_load. A page
+ * image is a named page's name (hash, chained from parent_hash; has_parent 0
+ * for a sequence's first page), its tokens [n_tokens = page_size] and its
+ * K/V exactly as stored, data [bytes = bytes_per_page], valid during the
+ * call. The listener runs on the thread that changed the cache, inside the
+ * call, and must not call back into this cache. */
+typedef struct {
+    uint64_t hash, parent_hash;
+    int has_parent;
+    const int32_t *tokens;
+    int32_t n_tokens;
+    const void *data;
+    size_t bytes;
+} kv_page_image;
+typedef void (*kv_spill_fn)(void *user, const kv_page_image *img);
+/* Sets (fn NULL: removes) the listener called with each named cached page
+ * the pool reclaims, just before its content is dropped (inside a call that
+ * takes pages). Not thread-safe against calls that change the cache. */
+KV_API void kv_cache_set_spill(kv_cache *cache, kv_spill_fn fn, void *user);
+/* Calls the spill listener with every named page, used or cached, and
+ * changes nothing (before a shutdown). KV_ERR_NULL without a cache. */
+KV_API int kv_prefix_spill_all(kv_cache *cache);
+/* The name the next page of seq would get if it held tokens [page_size]:
+ * *hash, and the name it chains from (*has_parent 0: none). KV_ERR_LENGTH
+ * unless seq's length is a multiple of page_size and every page of it is
+ * named; KV_ERR_WINDOW in a window cache (which names no prefixes). */
+KV_API int kv_seq_prefix_next(const kv_cache *cache, int32_t seq, const int32_t *tokens, uint64_t *hash,
+                              uint64_t *parent_hash, int *has_parent);
+/* Appends one full page to seq from a page image's tokens [page_size] and
+ * data [bytes_per_page], named as kv_seq_prefix_next tells, and held by seq
+ * (as if kv_seq_prefix_match had found it). Takes one page, as a reserve's
+ * growth does (none when the same page is named in the pool already: that
+ * one is held). The caller vouches that data is what this cache would have
+ * computed for these tokens after this prefix. KV_ERR_LENGTH and
+ * KV_ERR_WINDOW as kv_seq_prefix_next, KV_ERR_SHAPE when bytes is not
+ * bytes_per_page, KV_ERR_CAPACITY past max_seq_len, KV_ERR_OUT_OF_PAGES;
+ * nothing changes on failure. */
+KV_API int kv_seq_prefix_load(kv_cache *cache, int32_t seq, const int32_t *tokens, const void *data, size_t bytes);
+
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as
  * stored, for every layer), under a header naming the cache configuration and
  * a checksum. kv_seq_restore reads such a file into a new sequence (*seq):
@@ -396,6 +478,29 @@ typedef struct {
  * KV_ERR_OUT_OF_PAGES no sequence changed, so a caller can preempt one and
  * retry. */
 KV_API int kv_batch_reserve(kv_cache *cache, const kv_batch *batch, const int32_t *tokens);
+
+/* What a reserve will do to the pages, asked before calling it: the same
+ * steps worked out without changing the cache (token ids do not change the
+ * pages, so none are asked for). KV_OK with *cost filled, fits 0 when the
+ * reserve would return KV_ERR_OUT_OF_PAGES; otherwise the status the reserve
+ * would return (KV_ERR_CAPACITY, KV_ERR_SEQ, ...). Changes nothing, but must
+ * be serialized with the calls that change the cache (it uses a scratch area
+ * of the cache). Exact: a kv_batch_reserve of the same batch right after
+ * changes the stats by exactly these deltas. */
+typedef struct {
+    int32_t fits;             /* 1: the reserve succeeds */
+    int32_t pages_taken;      /* step 3: copies and new blocks */
+    int32_t pages_reclaimed;  /* of those, cached pages reclaimed when the free ones run out */
+    int32_t pages_adopted;    /* step 1: cached twins that become used */
+    int32_t pages_given_back; /* steps 1-3: used pages no sequence holds afterwards */
+    int32_t used_delta;       /* change of pages_used: taken + adopted - given_back */
+    int32_t shared_delta;     /* change of pages_shared */
+    int32_t free_delta;       /* change of pages_free */
+    int32_t cached_delta;     /* change of pages_cached */
+} kv_reserve_cost;
+
+KV_API int kv_batch_reserve_cost(kv_cache *cache, const kv_batch *batch, kv_reserve_cost *cost);
+KV_API int kv_seq_reserve_cost(kv_cache *cache, int32_t seq, int32_t n_new, kv_reserve_cost *cost);
 
 /* Writes the K and V of the T_b newest positions of every sequence of the
  * batch into `layer`: k and v are [rows, Hkv, d] (rows = row_start[n_seqs]),

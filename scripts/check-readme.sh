@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/check-readme.sh [BUILD] - keeps README.md's commands working:
-#  - its C example must be examples/readme_decode.c, which `make test` compiles
-#    and runs (the difference is printed when they drift apart);
+#  - its C examples must be examples/readme_generate.c and readme_decode.c, which
+#    `make test` compiles and runs (the difference is printed when they drift apart);
 #  - in its ```sh blocks, every `kvcache` command names a subcommand whose --help
 #    lists each option the line uses (`kvcache price` lines run as they are, and
 #    `kvcache --version`), every `make TARGET` names a target of the Makefile,
@@ -12,9 +12,14 @@ kv=$build/kvcache
 status=0
 fail() { echo "check-readme: $*" >&2; status=1; }
 
-awk '/^```c$/{on=1; next} /^```$/{on=0} on' README.md > "$build/readme_example.c"
+# the first ```c block is examples/readme_generate.c, the second examples/readme_decode.c
+awk '/^```c$/{n++; on=1; next} /^```$/{on=0} on && n == 1' README.md > "$build/readme_generate.c"
+awk '/^```c$/{n++; on=1; next} /^```$/{on=0} on && n == 2' README.md > "$build/readme_example.c"
+diff -u examples/readme_generate.c "$build/readme_generate.c" >&2 ||
+    fail "README.md's first C example differs from examples/readme_generate.c"
 diff -u examples/readme_decode.c "$build/readme_example.c" >&2 ||
-    fail "README.md's C example differs from examples/readme_decode.c"
+    fail "README.md's second C example differs from examples/readme_decode.c"
+[ "$(grep -c '^```c$' README.md)" = 2 ] || fail "README.md should have exactly two C examples"
 
 # the ```sh lines, without their comments (no README command quotes a '#')
 awk '/^```sh$/{on=1; next} /^```$/{on=0} on' README.md | sed -e 's/[[:space:]]#.*$//' -e 's/^#.*$//' \

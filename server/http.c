@@ -449,17 +449,31 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     sp.context_shift = s->p.context_shift, sp.n_keep = s->p.n_keep, sp.draft_lookup = s->p.draft_lookup;
     sp.no_prefix = s->p.no_prefix;
     sp.log = sched_log;
+    if (s->p.cache_dir) {
+        char why[256];
+        if (llm_tier_open(s->p.cache_dir, s->p.cache_disk_size, c, &s->tier, why, sizeof why))
+            return snprintf(err, errlen, "--cache-dir: %s", why), -1;
+        sp.tier = s->tier;
+    }
     int rc = llm_sched_create(c, &sp, &s->sched);
-    if (rc) return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
+    if (rc) {
+        llm_tier_close(s->tier);
+        s->tier = NULL;
+        return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
+    }
     if (s->p.kv_events && srv_events_start(s, c, s->p.kv_events, err, errlen)) {
         llm_sched_free(s->sched);
         s->sched = NULL;
+        llm_tier_close(s->tier);
+        s->tier = NULL;
         return -1;
     }
     if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {
         srv_events_stop(s);
         llm_sched_free(s->sched);
         s->sched = NULL;
+        llm_tier_close(s->tier);
+        s->tier = NULL;
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
     }
     s->sched_started = 1;
@@ -504,6 +518,7 @@ void srv_shutdown(srv *s) {
         llm_sched_stop(s->sched);             /* in-flight requests end; their workers finish the replies */
         pthread_join(s->sched_thread, NULL);
     }
+
     srv_events_stop(s);
     /* civetweb refuses writes once stopping: let the handlers write their
      * last chunks and [DONE] first (bounded: a stalled client cannot hold us) */
@@ -515,6 +530,7 @@ void srv_shutdown(srv *s) {
     mg_stop(s->mg);                           /* waits for every worker */
     if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
+    llm_tier_close(s->tier);                  /* every named page not yet on disk is written */
     llm_sched_free(s->sched);
     llm_grammar_vocab_free(s->json_vocab);
     pthread_mutex_destroy(&s->metrics.mu);

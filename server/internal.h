@@ -12,6 +12,7 @@
 #include "request.h"
 #include "server.h"
 #include "../engine/scheduler.h"
+#include "../engine/tier.h"
 
 struct mg_connection;
 struct mg_context;
@@ -74,6 +75,7 @@ struct srv {
     atomic_uint_fast64_t next_id;      /* response ids */
     srv_metrics metrics;
     struct srv_events *events;         /* --kv-events publisher, NULL when off */
+    struct llm_tier *tier;             /* --cache-dir, NULL when off */
 };
 
 /* ---------------------------------------------------------------- KV-cache events (events.c) */

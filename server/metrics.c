@@ -130,6 +130,26 @@ char *srv_metrics_page(srv *s) {
            "Session saves that failed or were skipped (after a context shift)", (double)st.session_save_failures);
     metric(&pg, "kvcache_session_io_seconds_total", "counter", "Scheduler-thread time spent reading and writing session files",
            st.session_seconds);
+    if (s->tier) {   /* --cache-dir: counted in pages and bytes */
+        llm_tier_stats ts = llm_tier_get_stats(s->tier);
+        metric(&pg, "kvcache_prefix_disk_hits_total", "counter", "Pages read back from the disk tier into the pool",
+               (double)ts.hits);
+        metric(&pg, "kvcache_prefix_disk_misses_total", "counter", "Disk-tier lookups that found no usable page",
+               (double)ts.misses);
+        metric(&pg, "kvcache_prefix_disk_damaged_total", "counter", "Of those, files that failed a check (removed)",
+               (double)ts.damaged);
+        metric(&pg, "kvcache_prefix_disk_read_bytes_total", "counter", "Bytes read from the disk tier",
+               (double)ts.bytes_read);
+        metric(&pg, "kvcache_prefix_disk_writes_total", "counter", "Pages written to the disk tier", (double)ts.writes);
+        metric(&pg, "kvcache_prefix_disk_written_bytes_total", "counter", "Bytes written to the disk tier",
+               (double)ts.bytes_written);
+        metric(&pg, "kvcache_prefix_disk_dropped_total", "counter",
+               "Pages not written (the writer's queue was full or a write failed)", (double)ts.dropped);
+        metric(&pg, "kvcache_prefix_disk_evictions_total", "counter", "Files removed to stay within --cache-disk-size",
+               (double)ts.evictions);
+        metric(&pg, "kvcache_prefix_disk_pages", "gauge", "Pages held in the disk tier", (double)ts.entries);
+        metric(&pg, "kvcache_prefix_disk_bytes", "gauge", "Bytes held in the disk tier", (double)ts.bytes);
+    }
     /* the same quantities under vLLM's names and meanings: usage counts the pages
      * live sequences hold (cached pages are reclaimable, as vLLM's free queue),
      * prefix-cache queries and hits are counted in tokens */

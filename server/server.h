@@ -33,6 +33,8 @@ typedef struct {
                                 * (DIR/NAME.kvs); NULL: a request naming one gets 400 */
     const char *kv_events;     /* --kv-events: a ZeroMQ endpoint to publish the prefix
                                 * cache's changes on (server/events.c); NULL: off */
+    const char *cache_dir;     /* --cache-dir: the prefix cache's disk tier (engine/tier.h); NULL: off */
+    uint64_t cache_disk_size;  /* --cache-disk-size: bytes the tier may keep there */
 } srv_params;
 
 typedef struct srv srv;

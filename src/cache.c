@@ -1,8 +1,8 @@
-/* src/cache.c - the page pool, sequences and their block tables, reserve
+/* src/cache.c - sequences and their block tables over the pages of
+ * src/pages.c, reserve
  * (all or nothing), fork with copy-on-write, truncate, window eviction, and
  * writing K/V in place. */
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -29,29 +29,6 @@ static int params_check(const kv_cache_params *p) {
     if ((unsigned)p->dtype > KV_Q8) return KV_ERR_DTYPE;
     if (p->window < 0 || (p->no_evict != 0 && p->no_evict != 1)) return KV_ERR_WINDOW;
     return KV_OK;
-}
-
-/* The pool, on 2 MiB pages where the kernel allows: decode streams it, and a
- * stream over 4 KiB pages makes the hardware prefetcher start over at every
- * page boundary (and fills the TLB). A large pool is mapped directly, since
- * huge pages need a 2 MiB-aligned range the allocator may not hand out;
- * *mapped receives its length (0 when it came from malloc). */
-static unsigned char *pool_alloc(size_t bytes, size_t *mapped) {
-    const size_t huge = (size_t)2 << 20;
-    *mapped = 0;
-    if (bytes < huge) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    size_t len = ((bytes + huge - 1) & ~(huge - 1)) + huge; /* room to align the start */
-    unsigned char *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) return NULL;
-    unsigned char *p = (unsigned char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
-    if (p > map) munmap(map, (size_t)(p - map)); /* keep [p, p + len - huge) */
-    size_t keep = len - huge, tail = (size_t)(map + len - (p + keep));
-    if (tail) munmap(p + keep, tail);
-#ifdef MADV_HUGEPAGE
-    madvise(p, keep, MADV_HUGEPAGE);
-#endif
-    *mapped = keep;
-    return p;
 }
 
 int kv_cache_create(const kv_cache_params *params, kv_cache **out) {
@@ -98,40 +75,6 @@ void kv_cache_free(kv_cache *c) {
     free(c);
 }
 
-/* The layout of a page, then the pool and the free stack. KV_ERR_SHAPE when
- * the pool's size does not fit in memory's address range. */
-int kv_pages_init(kv_pages *pg, const kv_cache_params *p) {
-    *pg = (kv_pages){0};
-    pg->elem = kv_dtype_size(p->dtype);
-    pg->head_bytes = (size_t)p->page_size * (size_t)p->head_dim * pg->elem;
-    pg->layer_bytes = 2 * (size_t)p->n_kv_heads * pg->head_bytes;
-    if (p->dtype == KV_Q8) pg->layer_bytes += 2 * (size_t)p->n_kv_heads * (size_t)p->page_size * sizeof(float);
-    pg->page_bytes = ((size_t)p->n_layers * pg->layer_bytes + 63) & ~(size_t)63;
-    if (pg->page_bytes / (size_t)p->n_layers < pg->layer_bytes || (size_t)p->n_pages > SIZE_MAX / pg->page_bytes)
-        return KV_ERR_SHAPE;
-    pg->pool = pool_alloc((size_t)p->n_pages * pg->page_bytes, &pg->pool_mapped);
-    pg->refcount = calloc((size_t)p->n_pages, sizeof *pg->refcount);
-    pg->free_pages = malloc((size_t)p->n_pages * sizeof *pg->free_pages);
-    if (!pg->pool || !pg->refcount || !pg->free_pages) {
-        kv_pages_free(pg);
-        return KV_ERR_NOMEM;
-    }
-    /* pop order 0, 1, 2, ...: the stack holds the highest id at the bottom */
-    for (int32_t i = 0; i < p->n_pages; i++) pg->free_pages[i] = p->n_pages - 1 - i;
-    pg->n_free = p->n_pages;
-    return KV_OK;
-}
-
-void kv_pages_free(kv_pages *pg) {
-    if (pg->pool_mapped)
-        munmap(pg->pool, pg->pool_mapped);
-    else
-        free(pg->pool);
-    free(pg->refcount);
-    free(pg->free_pages);
-    *pg = (kv_pages){0};
-}
-
 void kv_cache_set_pool(kv_cache *c, kv_pool *pool) {
     if (c) kv_attend_work_set_pool(c->work, pool);
 }
@@ -159,29 +102,6 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
     return s;
 }
 
-/* ------------------------------------------------------------------ pages */
-
-int32_t kv_page_take(kv_cache *c) {
-    int32_t page;
-    if (c->pages.n_free > 0) {
-        page = c->pages.free_pages[--c->pages.n_free];
-    } else { /* reclaim the least recently used cached page */
-        page = c->prefix.lru_head;
-        kv_lru_remove(c, page);
-        kv_prefix_unname(c, page);
-    }
-    c->pages.refcount[page] = 1;
-    return page;
-}
-
-void kv_page_release(kv_cache *c, int32_t page) {
-    if (--c->pages.refcount[page] > 0) return;
-    if (c->prefix.page_named[page])
-        kv_lru_push(c, page); /* keep its K/V while the pool can spare it */
-    else
-        c->pages.free_pages[c->pages.n_free++] = page;
-}
-
 /* ------------------------------------------------------------------ sequences */
 
 static bool seq_valid(const kv_cache *c, int32_t seq) {
@@ -207,7 +127,7 @@ int kv_seq_new(kv_cache *c, int32_t *seq) {
 int kv_seq_remove(kv_cache *c, int32_t seq) {
     if (!c) return KV_ERR_NULL;
     if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-    kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size);
+    kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, false);
     int32_t *t = kv_table(c, seq);
     for (int32_t i = 0; i < blocks_for(c, c->seqs[seq].len); i++) {
         if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
@@ -240,71 +160,13 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
     return KV_OK;
 }
 
-/* The earliest query to come, at `pos`, sees keys j > pos - W, so every
- * block whose last position is <= pos - W can go. */
+/* First block a window cache still needs when the earliest query to come sits
+ * at position `pos`: that query sees keys j > pos - W, so every block whose
+ * last position is <= pos - W can go. */
 int32_t kv_window_first_block(const kv_cache *c, int32_t pos) {
     if (c->p.window == 0 || c->p.no_evict) return 0;
     int64_t lowest_key = (int64_t)pos - c->p.window + 1;
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
-}
-
-/* What reserving n_new positions of one sequence takes, decided before
- * anything changes. */
-typedef struct {
-    int32_t first_block; /* the window's first needed block after the reserve */
-    int32_t evict_end;   /* blocks [old first_block, evict_end) go back to the pool */
-    bool cow;            /* the partly filled last page is shared: copy it first */
-    int32_t needed;      /* pages to take */
-    int32_t freed;       /* pages the eviction frees (referenced by this sequence only) */
-} reserve_plan;
-
-static reserve_plan plan_reserve(const kv_cache *c, int32_t seq, int32_t n_new) {
-    const kv_seq_state *s = &c->seqs[seq];
-    const int32_t *t = kv_table(c, seq);
-    reserve_plan pl = {0};
-    int32_t old_blocks = blocks_for(c, s->len), new_blocks = blocks_for(c, s->len + n_new);
-    pl.first_block = kv_window_first_block(c, s->len);
-    if (pl.first_block < s->first_block) pl.first_block = s->first_block;
-    pl.evict_end = pl.first_block < old_blocks ? pl.first_block : old_blocks;
-    for (int32_t i = s->first_block; i < pl.evict_end; i++)
-        if (t[i] != KV_NO_PAGE && c->pages.refcount[t[i]] == 1) pl.freed++;
-    pl.cow = s->len % c->p.page_size != 0 && old_blocks - 1 >= pl.evict_end &&
-             c->pages.refcount[t[old_blocks - 1]] > 1;
-    pl.needed = new_blocks - old_blocks + (pl.cow ? 1 : 0);
-    return pl;
-}
-
-static void apply_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens,
-                          const reserve_plan *pl) {
-    kv_seq_state *s = &c->seqs[seq];
-    int32_t *t = kv_table(c, seq);
-    const int32_t P = c->p.page_size, old_len = s->len;
-    const int32_t old_blocks = blocks_for(c, old_len), new_blocks = blocks_for(c, old_len + n_new);
-    for (int32_t i = s->first_block; i < pl->evict_end; i++) {
-        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
-        t[i] = KV_NO_PAGE;
-    }
-    s->first_block = pl->first_block;
-    if (old_len % P != 0) { /* the last page is about to change */
-        int32_t last = t[old_blocks - 1];
-        if (c->pages.refcount[last] > 1) {
-            int32_t copy = kv_page_take(c);
-            memcpy(c->pages.pool + (size_t)copy * c->pages.page_bytes, c->pages.pool + (size_t)last * c->pages.page_bytes,
-                   c->pages.page_bytes);
-            memcpy(c->prefix.page_tokens + (size_t)copy * P, c->prefix.page_tokens + (size_t)last * P,
-                   sizeof(int32_t) * (size_t)P);
-            c->pages.refcount[last]--; /* still > 0: another sequence holds it */
-            t[old_blocks - 1] = copy;
-        } else if (c->prefix.page_named[last]) {
-            kv_prefix_unname(c, last); /* its content will no longer match its name */
-        }
-    }
-    for (int32_t i = old_blocks; i < new_blocks; i++) t[i] = kv_page_take(c);
-    for (int32_t r = 0; r < n_new; r++) {
-        int32_t pos = old_len + r;
-        c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
-    }
-    s->len += n_new;
 }
 
 /* What every call taking a batch checks first: the arrays are there,
@@ -326,34 +188,113 @@ static int batch_form(const kv_cache *c, const kv_batch *b) {
     return KV_OK;
 }
 
-int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+/* A reserve of n_new positions of seq, on the view: the window's eviction. */
+static void reserve_evict(kv_cache *c, int32_t seq, bool dry) {
+    kv_seq_state *s = &c->seqs[seq];
+    int32_t *t = kv_table(c, seq);
+    int32_t first = kv_window_first_block(c, s->len), old_blocks = blocks_for(c, s->len);
+    if (first < s->first_block) first = s->first_block;
+    int32_t end = first < old_blocks ? first : old_blocks;
+    for (int32_t i = s->first_block; i < end; i++) {
+        if (t[i] != KV_NO_PAGE) kv_view_release(c, dry, t[i]);
+        if (!dry) t[i] = KV_NO_PAGE;
+    }
+    if (!dry) s->first_block = first;
+}
+
+/* Then the copy of a shared partial last page and the new blocks. */
+static void reserve_grow(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *tokens, bool dry) {
+    kv_seq_state *s = &c->seqs[seq];
+    int32_t *t = kv_table(c, seq);
+    const int32_t P = c->p.page_size, old_len = s->len;
+    const int32_t old_blocks = blocks_for(c, old_len), new_blocks = blocks_for(c, old_len + n_new);
+    if (old_len % P != 0) { /* the last page is about to change */
+        int32_t last = t[old_blocks - 1];
+        if (kv_view_refs(c, dry, last) > 1) {
+            int32_t copy = kv_view_take(c, dry);
+            kv_view_release(c, dry, last); /* still held: another sequence has it */
+            if (!dry) {
+                memcpy(c->pages.pool + (size_t)copy * c->pages.page_bytes,
+                       c->pages.pool + (size_t)last * c->pages.page_bytes, c->pages.page_bytes);
+                memcpy(c->prefix.page_tokens + (size_t)copy * P, c->prefix.page_tokens + (size_t)last * P,
+                       sizeof(int32_t) * (size_t)P);
+                t[old_blocks - 1] = copy;
+            }
+        } else if (!dry && c->prefix.page_named[last]) {
+            kv_prefix_unname(c, last); /* its content will no longer match its name */
+        }
+    }
+    for (int32_t i = old_blocks; i < new_blocks; i++) {
+        int32_t page = kv_view_take(c, dry);
+        if (!dry) t[i] = page;
+    }
+    if (dry) return;
+    for (int32_t r = 0; r < n_new; r++) {
+        int32_t pos = old_len + r;
+        c->prefix.page_tokens[(size_t)t[pos / P] * P + pos % P] = tokens ? tokens[r] : -1;
+    }
+    s->len += n_new;
+}
+
+/* A batch reserve on the view, in three passes over its sequences: name
+ * the pages written before it (swapping duplicates for named twins), evict
+ * what the windows no longer need, then copy and take. The dry run and the
+ * real one walk the same steps, so what the first counts is what the second
+ * does. */
+static void reserve_walk(kv_cache *c, const kv_batch *b, const int32_t *tokens, bool dry) {
+    for (int pass = 0; pass < 3; pass++)
+        for (int32_t i = 0; i < b->n_seqs; i++) {
+            int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
+            if (pass == 0) kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, dry); /* n_new 0: only this */
+            else if (n_new == 0) continue;
+            else if (pass == 1) reserve_evict(c, seq, dry);
+            else reserve_grow(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, dry);
+        }
+}
+
+int kv_batch_reserve_cost(kv_cache *c, const kv_batch *b, kv_reserve_cost *cost) {
     int rc = batch_form(c, b);
-    if (rc || b->n_seqs == 0) return rc;
-    int64_t needed = 0, available = (int64_t)c->pages.n_free + c->prefix.n_cached;
+    if (rc) return rc;
+    if (!cost) return KV_ERR_NULL;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
         if (n_new > c->p.max_seq_len - c->seqs[seq].len) return KV_ERR_CAPACITY;
-        if (n_new == 0) continue;
-        reserve_plan pl = plan_reserve(c, seq, n_new);
-        needed += pl.needed;
-        available += pl.freed;
     }
-    if (needed > available) return KV_ERR_OUT_OF_PAGES;
-    /* By contract everything before this reserve has been written: its full
-     * pages are named first, before a window evicts them (an evicted named
-     * page stays cached, findable until reclaimed). Naming may swap a page
-     * for its twin, which never lowers what is available, so the check above
-     * still holds; the plans are made after it. A reserve of 0 positions only
-     * names. */
-    for (int32_t i = 0; i < b->n_seqs; i++)
-        kv_prefix_publish(c, b->seqs[i], c->seqs[b->seqs[i]].len / c->p.page_size);
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
-        if (n_new == 0) continue;
-        /* planned again: an earlier sequence's copy may have unshared a page */
-        reserve_plan pl = plan_reserve(c, seq, n_new);
-        apply_reserve(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, &pl);
+    kv_sim_begin(c);
+    reserve_walk(c, b, NULL, true);
+    kv_reserve_cost k = {.pages_taken = c->pages.sim_taken};
+    int32_t to_free = 0;
+    for (int32_t i = 0; i < c->pages.n_touched; i++) {
+        int32_t page = c->pages.sim_touched[i], before = c->pages.refcount[page], after = c->pages.sim[page].rc;
+        bool named = kv_view_named(c, true, page);
+        if (before == 0 && after > 0) k.pages_adopted++;
+        if (before > 0 && after == 0) k.pages_given_back++, to_free += !named;
+        k.shared_delta += (after > 1) - (before > 1);
     }
+    /* the takes come last: from the free pages, then the cached ones */
+    int32_t free_then = c->pages.n_free + to_free;
+    int32_t cached_then = c->prefix.n_cached - k.pages_adopted + (k.pages_given_back - to_free);
+    k.fits = k.pages_taken <= free_then + cached_then;
+    k.pages_reclaimed = k.pages_taken > free_then ? k.pages_taken - free_then : 0;
+    k.used_delta = k.pages_taken + k.pages_adopted - k.pages_given_back;
+    k.free_delta = to_free - (k.pages_taken - k.pages_reclaimed);
+    k.cached_delta = -k.used_delta - k.free_delta;
+    *cost = k;
+    return KV_OK;
+}
+
+int kv_seq_reserve_cost(kv_cache *c, int32_t seq, int32_t n_new, kv_reserve_cost *cost) {
+    int32_t rows[2] = {0, n_new};
+    kv_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows};
+    return kv_batch_reserve_cost(c, &b, cost);
+}
+
+int kv_batch_reserve(kv_cache *c, const kv_batch *b, const int32_t *tokens) {
+    kv_reserve_cost k;
+    int rc = kv_batch_reserve_cost(c, b, &k);
+    if (rc || b->n_seqs == 0) return rc;
+    if (!k.fits) return KV_ERR_OUT_OF_PAGES;
+    reserve_walk(c, b, tokens, false);
     return KV_OK;
 }
 

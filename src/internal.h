@@ -38,7 +38,7 @@ typedef struct {
  * Page states: free (refcount 0, on the free stack), used (refcount > 0), or
  * cached (refcount 0, named, on the LRU list: its K/V kept for the prefix
  * cache until the pool needs the page). */
-/* The pages: the pool of K/V and each page's reference count (src/cache.c). */
+/* The pages: the pool of K/V and each page's reference count (src/pages.c). */
 typedef struct {
     size_t elem;          /* bytes per K/V element */
     size_t head_bytes;    /* P * d * elem: one head's K (or V) in one page slice */
@@ -49,7 +49,28 @@ typedef struct {
     int32_t *refcount;    /* [n_pages] sequences referencing the page */
     int32_t *free_pages;  /* [n_pages] stack of free page ids, n_free on top */
     int32_t n_free;
+    struct kv_page_sim *sim; /* [n_pages] a dry run's view (below) */
+    int32_t *sim_touched; /* [n_pages] pages whose sim entry the dry run set */
+    int32_t n_touched;
+    uint32_t sim_call;    /* the dry run under way: entries stamped otherwise are stale */
+    int32_t sim_roots;    /* first page the dry run named without a parent */
+    int32_t sim_taken;    /* pages the dry run took */
+    kv_spill_fn spill;    /* NULL unless a tier below keeps reclaimed pages */
+    void *spill_user;
 } kv_pages;
+
+/* A reserve is worked out by one code path twice: as a dry run, which reads
+ * the pages and writes only these entries (refcounts and names as they would
+ * become), then for real. An entry is live when its stamp is sim_call. */
+typedef struct kv_page_sim {
+    uint32_t stamp;
+    int32_t rc;           /* refcount the dry run reached */
+    bool named;           /* named by the dry run */
+    uint64_t hash;        /* its name, when named by the dry run */
+    int32_t parent;
+    int32_t next;         /* next page the dry run named after the same parent */
+    int32_t children;     /* first page the dry run named after this one */
+} kv_page_sim;
 
 int kv_pages_init(kv_pages *pg, const kv_cache_params *p);
 void kv_pages_free(kv_pages *pg);
@@ -59,9 +80,8 @@ void kv_pages_free(kv_pages *pg);
 typedef struct {
     int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
     uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
+    uint64_t *parent_hash; /* [n_pages] page_hash of its parent when it was named (0: none) */
     int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
-    uint64_t *parent_hash; /* [n_pages] page_hash of that parent when this page was named (0: none):
-                            * a window's page outlives its parent, so a resume is confirmed by it */
     uint32_t *page_gen;   /* [n_pages] bumped each time the page is named: a reused page is new */
     uint32_t *parent_gen; /* [n_pages] page_gen of the parent when this page was named */
     bool *page_named;     /* [n_pages] findable through the hash table */
@@ -118,19 +138,41 @@ static inline float *kv_page_scales(const kv_cache *c, int32_t page, int32_t lay
     return (float *)s + ((size_t)kv * (size_t)c->p.n_kv_heads + (size_t)head) * (size_t)c->p.page_size;
 }
 
-/* Pages (src/cache.c, src/prefix.c). */
+/* Pages (src/pages.c). */
 int32_t kv_page_take(kv_cache *c);                 /* a free page, else the LRU cached one */
 void kv_page_release(kv_cache *c, int32_t page);   /* drop one reference */
 void kv_prefix_unname(kv_cache *c, int32_t page);  /* forget a page's name */
 void kv_lru_remove(kv_cache *c, int32_t page);
 void kv_lru_push(kv_cache *c, int32_t page);       /* as most recently used */
+
+/* The same moves on a view of the pages: the real ones when dry is false,
+ * else the dry run's entries (kv_sim_begin starts a dry run). */
+void kv_sim_begin(kv_cache *c);
+kv_page_sim *kv_sim_of(kv_cache *c, int32_t page); /* its entry, made live */
+int32_t kv_view_refs(kv_cache *c, bool dry, int32_t page);
+void kv_view_hold(kv_cache *c, bool dry, int32_t page);    /* one more reference (a cached page becomes used) */
+void kv_view_release(kv_cache *c, bool dry, int32_t page);
+/* kv_page_take, or in a dry run a count of it (KV_NO_PAGE). */
+int32_t kv_view_take(kv_cache *c, bool dry);
+
+/* Home slot of name hash h in the prefix index's open-addressing table. */
+static inline uint32_t kv_name_slot(const kv_cache *c, uint64_t h) {
+    return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
+}
+
+/* Calls the spill listener with the image of a named page. */
+void kv_page_spill(kv_cache *c, int32_t page);
+
+/* Prefix index (src/prefix.c). */
 /* Names the full, written blocks of seq below `upto` that are not yet named;
  * a block whose twin (same tokens after the same parent) is named already is
  * swapped for that twin in the block table. */
-void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto);
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry);
 /* First block a window cache still needs when the earliest query to come sits
  * at `pos` (0 for a full cache or one that does not evict). */
 int32_t kv_window_first_block(const kv_cache *c, int32_t pos);
+/* Whether the page is named, in the view. */
+bool kv_view_named(kv_cache *c, bool dry, int32_t page);
 
 /* Validates a batch against the cache: ids live and distinct, rows well formed,
  * T_b <= S_b, and the window's keys still present. *rows receives the total. */

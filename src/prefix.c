@@ -22,15 +22,15 @@ int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
     while (px->hash_cap < 2 * (uint32_t)n_pages) px->hash_cap *= 2;
     px->page_tokens = malloc((size_t)n_pages * (size_t)page_size * sizeof *px->page_tokens);
     px->page_hash = calloc((size_t)n_pages, sizeof *px->page_hash);
-    px->page_parent = calloc((size_t)n_pages, sizeof *px->page_parent);
     px->parent_hash = calloc((size_t)n_pages, sizeof *px->parent_hash);
+    px->page_parent = calloc((size_t)n_pages, sizeof *px->page_parent);
     px->page_gen = calloc((size_t)n_pages, sizeof *px->page_gen);
     px->parent_gen = calloc((size_t)n_pages, sizeof *px->parent_gen);
     px->page_named = calloc((size_t)n_pages, sizeof *px->page_named);
     px->lru_prev = malloc((size_t)n_pages * sizeof *px->lru_prev);
     px->lru_next = malloc((size_t)n_pages * sizeof *px->lru_next);
     px->hash_slots = malloc(px->hash_cap * sizeof *px->hash_slots);
-    if (!px->page_tokens || !px->page_hash || !px->page_parent || !px->parent_hash || !px->page_gen || !px->parent_gen ||
+    if (!px->page_tokens || !px->page_hash || !px->parent_hash || !px->page_parent || !px->page_gen || !px->parent_gen ||
         !px->page_named || !px->lru_prev || !px->lru_next || !px->hash_slots) {
         kv_prefix_free(px);
         return KV_ERR_NOMEM;
@@ -45,8 +45,8 @@ int kv_prefix_init(kv_prefix_index *px, int32_t n_pages, int32_t page_size) {
 void kv_prefix_free(kv_prefix_index *px) {
     free(px->page_tokens);
     free(px->page_hash);
-    free(px->page_parent);
     free(px->parent_hash);
+    free(px->page_parent);
     free(px->page_gen);
     free(px->parent_gen);
     free(px->page_named);
@@ -70,17 +70,13 @@ static uint64_t chain_hash(const kv_cache *c, uint64_t prev, const int32_t *toke
     return h & c->prefix.hash_mask;
 }
 
-static uint32_t home_slot(const kv_cache *c, uint64_t h) {
-    return (uint32_t)(h ^ (h >> 32)) & (c->prefix.hash_cap - 1);
-}
-
 static const int32_t *tokens_of(const kv_cache *c, int32_t page) {
     return c->prefix.page_tokens + (size_t)page * (size_t)c->p.page_size;
 }
 
 /* The named page with this hash, parent and tokens, or KV_NO_PAGE. */
 static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t *tokens) {
-    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
+    for (uint32_t i = kv_name_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
         int32_t p = c->prefix.hash_slots[i];
         if (p == KV_NO_PAGE) return KV_NO_PAGE;
         if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] == parent &&
@@ -93,7 +89,7 @@ static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t
 /* The named page with this hash and tokens whose parent had hash ph, whether
  * or not that parent is still there, or KV_NO_PAGE. */
 static int32_t find_after(const kv_cache *c, uint64_t h, uint64_t ph, const int32_t *tokens) {
-    for (uint32_t i = home_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
+    for (uint32_t i = kv_name_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
         int32_t p = c->prefix.hash_slots[i];
         if (p == KV_NO_PAGE) return KV_NO_PAGE;
         if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] != KV_NO_PAGE && c->prefix.parent_hash[p] == ph &&
@@ -105,11 +101,11 @@ static int32_t find_after(const kv_cache *c, uint64_t h, uint64_t ph, const int3
 static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
     c->prefix.page_hash[page] = h;
     c->prefix.page_parent[page] = parent;
-    c->prefix.parent_hash[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
     c->prefix.parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_gen[parent];
+    c->prefix.parent_hash[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
     c->prefix.page_gen[page]++;
     c->prefix.page_named[page] = true;
-    uint32_t i = home_slot(c, h);
+    uint32_t i = kv_name_slot(c, h);
     while (c->prefix.hash_slots[i] != KV_NO_PAGE) i = (i + 1) & (c->prefix.hash_cap - 1);
     c->prefix.hash_slots[i] = page;
     if (c->prefix.listener)   /* once per full page, never per token */
@@ -118,79 +114,81 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
                                               parent != KV_NO_PAGE, tokens_of(c, page), c->p.page_size});
 }
 
-void kv_prefix_unname(kv_cache *c, int32_t page) {
-    if (!c->prefix.page_named[page]) return;
-    const uint32_t mask = c->prefix.hash_cap - 1;
-    uint32_t i = home_slot(c, c->prefix.page_hash[page]);
-    while (c->prefix.hash_slots[i] != page) i = (i + 1) & mask;
-    /* backward-shift deletion: pull later entries of the run into the hole
-     * unless their home slot lies cyclically in (hole, entry] */
-    for (uint32_t j = (i + 1) & mask; c->prefix.hash_slots[j] != KV_NO_PAGE; j = (j + 1) & mask) {
-        uint32_t home = home_slot(c, c->prefix.page_hash[c->prefix.hash_slots[j]]);
-        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-        if (!stays) {
-            c->prefix.hash_slots[i] = c->prefix.hash_slots[j];
-            i = j;
-        }
-    }
-    c->prefix.hash_slots[i] = KV_NO_PAGE;
-    c->prefix.page_named[page] = false;
-    if (c->prefix.listener)
-        c->prefix.listener(c->prefix.listener_user,
-                           &(kv_prefix_event){.kind = KV_PREFIX_REMOVED, .hash = c->prefix.page_hash[page]});
-}
-
-/* ------------------------------------------------------------------ LRU */
-
-void kv_lru_remove(kv_cache *c, int32_t page) {
-    int32_t prev = c->prefix.lru_prev[page], next = c->prefix.lru_next[page];
-    if (prev != KV_NO_PAGE) c->prefix.lru_next[prev] = next; else c->prefix.lru_head = next;
-    if (next != KV_NO_PAGE) c->prefix.lru_prev[next] = prev; else c->prefix.lru_tail = prev;
-    c->prefix.n_cached--;
-}
-
-void kv_lru_push(kv_cache *c, int32_t page) {
-    c->prefix.lru_prev[page] = c->prefix.lru_tail;
-    c->prefix.lru_next[page] = KV_NO_PAGE;
-    if (c->prefix.lru_tail != KV_NO_PAGE) c->prefix.lru_next[c->prefix.lru_tail] = page; else c->prefix.lru_head = page;
-    c->prefix.lru_tail = page;
-    c->prefix.n_cached++;
-}
-
 /* ------------------------------------------------------------------ naming */
 
-void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto) {
+bool kv_view_named(kv_cache *c, bool dry, int32_t page) {
+    if (c->prefix.page_named[page]) return true;
+    const kv_page_sim *e = &c->pages.sim[page];
+    return dry && e->stamp == c->pages.sim_call && e->named;
+}
+
+/* The name of a named page in the view. */
+static uint64_t view_hash(kv_cache *c, bool dry, int32_t page) {
+    return c->prefix.page_named[page] || !dry ? c->prefix.page_hash[page] : c->pages.sim[page].hash;
+}
+
+/* find() in the view: a dry run also sees the names it gave. */
+static int32_t view_find(kv_cache *c, bool dry, uint64_t h, int32_t parent, const int32_t *tokens) {
+    int32_t p = find(c, h, parent, tokens);
+    if (p != KV_NO_PAGE || !dry) return p;
+    if (parent != KV_NO_PAGE && c->pages.sim[parent].stamp != c->pages.sim_call) return KV_NO_PAGE;
+    for (p = parent == KV_NO_PAGE ? c->pages.sim_roots : c->pages.sim[parent].children; p != KV_NO_PAGE;
+         p = c->pages.sim[p].next)
+        if (c->pages.sim[p].hash == h && memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
+            return p;
+    return KV_NO_PAGE;
+}
+
+static void view_name(kv_cache *c, bool dry, int32_t page, uint64_t h, int32_t parent) {
+    if (!dry) {
+        name_page(c, page, h, parent);
+        return;
+    }
+    kv_page_sim *e = kv_sim_of(c, page);
+    e->named = true, e->hash = h, e->parent = parent;
+    int32_t *head = parent == KV_NO_PAGE ? &c->pages.sim_roots : &kv_sim_of(c, parent)->children;
+    e->next = *head, *head = page;
+}
+
+/* Names one full block (page, after parent) in the view, or finds its named
+ * twin and holds that instead. Returns the page the block holds then. */
+static int32_t publish_block(kv_cache *c, bool dry, int32_t page, int32_t parent) {
+    if (kv_view_named(c, dry, page)) return page; /* shared from a fork or a prefix hit */
+    if (parent != KV_NO_PAGE && !kv_view_named(c, dry, parent)) return page; /* the chain is broken */
+    const int32_t *tok = tokens_of(c, page);
+    for (int32_t j = 0; j < c->p.page_size; j++)
+        if (tok[j] < 0) return page;
+    uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : view_hash(c, dry, parent), tok);
+    int32_t twin = view_find(c, dry, h, parent, tok);
+    if (twin == KV_NO_PAGE) {
+        view_name(c, dry, page, h, parent);
+        return page;
+    }
+    /* The same tokens after the same parent are named already (the sequence
+     * prefilled without a lookup): hold the named twin instead, so the chain
+     * goes on through it and this block's successors can be named and found.
+     * Not when that would add a used page (a cached twin for a duplicate
+     * another sequence keeps): naming never makes pages_used grow. */
+    if (kv_view_refs(c, dry, twin) == 0 && kv_view_refs(c, dry, page) > 1) return page;
+    kv_view_hold(c, dry, twin);
+    kv_view_release(c, dry, page);
+    return twin;
+}
+
+void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry) {
     kv_seq_state *s = &c->seqs[seq];
     if (upto <= s->named_blocks) return;
     int32_t *t = kv_table(c, seq);
+    int32_t parent = s->named_blocks > 0 ? t[s->named_blocks - 1] : KV_NO_PAGE;
     for (int32_t i = s->named_blocks; i < upto; i++) {
-        int32_t page = t[i], parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
-        if (page == KV_NO_PAGE || (i > 0 && parent == KV_NO_PAGE)) continue; /* evicted unnamed (a restore) */
-        if (c->prefix.page_named[page]) continue; /* shared from a fork or a prefix hit */
-        if (parent != KV_NO_PAGE && !c->prefix.page_named[parent]) continue; /* the chain is broken */
-        const int32_t *tok = tokens_of(c, page);
-        bool known = true;
-        for (int32_t j = 0; j < c->p.page_size; j++) known &= tok[j] >= 0;
-        if (!known) continue;
-        uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok);
-        int32_t twin = find(c, h, parent, tok);
-        if (twin != KV_NO_PAGE) {
-            /* The same tokens after the same parent are named already (the
-             * sequence prefilled without a lookup): hold the named twin
-             * instead, so the chain goes on through it and this block's
-             * successors can be named and found. Not when that would take a
-             * cached page and free none (a page a fork shares): a reserve
-             * names before it takes pages, counting on no fewer. */
-            if (c->pages.refcount[twin] == 0 && c->pages.refcount[page] > 1) continue;
-            if (c->pages.refcount[twin] == 0) kv_lru_remove(c, twin);
-            c->pages.refcount[twin]++;
-            t[i] = twin;
-            kv_page_release(c, page);
+        if (t[i] == KV_NO_PAGE || (i > 0 && parent == KV_NO_PAGE)) { /* evicted unnamed: the chain is broken */
+            parent = KV_NO_PAGE;
             continue;
         }
-        name_page(c, page, h, parent);
+        parent = publish_block(c, dry, t[i], parent);
+        if (!dry) t[i] = parent;
     }
-    s->named_blocks = upto;
+    if (!dry) s->named_blocks = upto;
 }
 
 /* The longest page-aligned point m <= n (and <= max_seq_len) at which the
@@ -241,12 +239,8 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
     int32_t m = prefix_scan(c, tokens, n, t), scanned = (n < c->p.max_seq_len ? n : c->p.max_seq_len) / P;
     int32_t first = kv_window_first_block(c, m), k = m / P;
     for (int32_t i = 0; i < scanned; i++) {
-        if (i < first || i >= k) {
-            t[i] = KV_NO_PAGE;
-            continue;
-        }
-        if (c->pages.refcount[t[i]] == 0) kv_lru_remove(c, t[i]);
-        c->pages.refcount[t[i]]++;
+        if (i < first || i >= k) t[i] = KV_NO_PAGE;
+        else kv_view_hold(c, false, t[i]);
     }
     s->len = m;
     s->first_block = first;
@@ -274,5 +268,73 @@ int kv_prefix_clear(kv_cache *c) {
     for (int32_t i = 0; i < c->p.max_seqs; i++) c->seqs[i].named_blocks = 0;
     c->prefix.listener = fn;
     if (fn) fn(c->prefix.listener_user, &(kv_prefix_event){.kind = KV_PREFIX_CLEARED});
+    return KV_OK;
+}
+
+/* ------------------------------------------------------------------ a tier below */
+
+void kv_cache_set_spill(kv_cache *c, kv_spill_fn fn, void *user) {
+    if (!c) return;
+    c->pages.spill = fn, c->pages.spill_user = user;
+}
+
+int kv_prefix_spill_all(kv_cache *c) {
+    if (!c) return KV_ERR_NULL;
+    if (!c->pages.spill) return KV_OK;
+    for (int32_t page = 0; page < c->p.n_pages; page++)
+        if (c->prefix.page_named[page]) kv_page_spill(c, page);
+    return KV_OK;
+}
+
+/* Where seq's next page would chain from: KV_OK when seq ends on a named
+ * page boundary, with *parent its last page (KV_NO_PAGE: none). */
+static int next_parent(const kv_cache *c, int32_t seq, int32_t *parent) {
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    if (c->p.window > 0) return KV_ERR_WINDOW;
+    const kv_seq_state *s = &c->seqs[seq];
+    const int32_t P = c->p.page_size, n = s->len / P;
+    if (s->len % P != 0 || s->named_blocks != n) return KV_ERR_LENGTH;
+    *parent = n > 0 ? kv_table(c, seq)[n - 1] : KV_NO_PAGE;
+    if (*parent != KV_NO_PAGE && !c->prefix.page_named[*parent]) return KV_ERR_LENGTH;
+    return KV_OK;
+}
+
+int kv_seq_prefix_next(const kv_cache *c, int32_t seq, const int32_t *tokens, uint64_t *hash, uint64_t *parent_hash,
+                       int *has_parent) {
+    if (!c || !tokens || !hash || !parent_hash || !has_parent) return KV_ERR_NULL;
+    int32_t parent;
+    int rc = next_parent(c, seq, &parent);
+    if (rc) return rc;
+    *parent_hash = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
+    *has_parent = parent != KV_NO_PAGE;
+    *hash = chain_hash(c, *parent_hash, tokens);
+    return KV_OK;
+}
+
+int kv_seq_prefix_load(kv_cache *c, int32_t seq, const int32_t *tokens, const void *data, size_t bytes) {
+    if (!c || !tokens || !data) return KV_ERR_NULL;
+    int32_t parent;
+    int rc = next_parent(c, seq, &parent);
+    if (rc) return rc;
+    if (bytes != c->pages.page_bytes) return KV_ERR_SHAPE;
+    const int32_t P = c->p.page_size;
+    kv_seq_state *s = &c->seqs[seq];
+    if (s->len > c->p.max_seq_len - P) return KV_ERR_CAPACITY;
+    for (int32_t j = 0; j < P; j++)
+        if (tokens[j] < 0) return KV_ERR_SHAPE;
+    uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tokens);
+    int32_t page = find(c, h, parent, tokens);
+    if (page != KV_NO_PAGE) {
+        kv_view_hold(c, false, page);
+    } else {
+        if (c->pages.n_free + c->prefix.n_cached == 0) return KV_ERR_OUT_OF_PAGES;
+        page = kv_page_take(c);
+        memcpy(c->pages.pool + (size_t)page * c->pages.page_bytes, data, bytes);
+        memcpy(c->prefix.page_tokens + (size_t)page * P, tokens, sizeof(int32_t) * (size_t)P);
+        name_page(c, page, h, parent);
+    }
+    kv_table(c, seq)[s->len / P] = page;
+    s->len += P;
+    s->named_blocks++;
     return KV_OK;
 }

@@ -7,6 +7,7 @@
  * conversations sharing a prefill in flight and resuming their history on
  * Llama and Gemma 3. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@
 #include "gguf_writer.h"
 #include "../engine/model.h"
 #include "../engine/scheduler.h"
+#include "../engine/session.h"
 
 enum { MAX_OUT = 64, MAX_REQ = 24, PAGE = 4, CTX = 96 };
 
@@ -29,6 +31,8 @@ typedef struct {
     int32_t usage_prompt, usage_cached, usage_generated;
     llm_sched *sched;                       /* when set: its counters as the done event came */
     llm_sched_stats at_done;
+    int status;                             /* choice 0's, with LLM_STOP_ERROR */
+    char error[192];
 } record;
 
 static void on_event(void *user, const llm_sched_event *ev) {
@@ -46,6 +50,8 @@ static void on_event(void *user, const llm_sched_event *ev) {
         if (ev->choice == 0) r->logprob[k] = ev->logprob, r->top0[k] = ev->n_top ? ev->top_ids[0] : -1;
     }
     if (ev->finish != LLM_STOP_NONE) r->finish[ev->choice] = ev->finish, r->n_finish++;
+    if (ev->finish == LLM_STOP_ERROR && ev->choice == 0)
+        r->status = ev->status, snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "");
 }
 
 static llm_context *make_ctx(const llm_model *m, int32_t seqs, int32_t pages, int32_t batch) {
@@ -272,6 +278,47 @@ TEST(sched_cancel_frees_pages_on_the_next_step) {
     llm_sched_stats st = llm_sched_get_stats(s);
     CHECK_EQ_INT(st.running, 0);
     CHECK_EQ_INT(st.pages_used, 0);
+    llm_sched_free(s);
+    llm_context_free(c);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* Non-finite logits (a NaN in the final norm makes every logit NaN) end a
+ * request in the scheduler as they end llm_session_generate: an error with
+ * LLM_ERR_NONFINITE that says the logits were not finite, no token sampled,
+ * and its pages back in the pool. Both loops run engine/choice.c. */
+TEST(sched_and_session_stop_alike_on_non_finite_logits) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.type = GW_F32, .seed = 3, .nan_norm = "output_norm.weight"}, &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) { fx_free(&fx); return; }
+    llm_context *c = make_ctx(m, 2, 0, 32);
+    int32_t p[10];
+    test_rng g = {5};
+    random_prompt(&g, p, 10);
+    llm_session *ss;
+    CHECK_EQ_INT(llm_session_create(c, &ss), LLM_OK);
+    llm_gen_params gp = llm_gen_default_params();
+    gp.max_tokens = 8, gp.sampler.temp = 0;
+    llm_gen_result res;
+    CHECK_EQ_INT(llm_session_generate(ss, p, 10, &gp, &res), LLM_ERR_NONFINITE);
+    CHECK_EQ_INT(res.n_generated, 0);
+    llm_session_free(ss);
+    llm_sched *s;
+    CHECK_EQ_INT(llm_sched_create(c, NULL, &s), LLM_OK);
+    record a = {0};
+    llm_sched_request ra = request(p, 10, 8, &a);
+    CHECK_EQ_INT(llm_sched_submit(s, &ra, NULL, NULL, 0), 0);
+    for (int i = 0; i < 4 && !a.done; i++) llm_sched_step(s);
+    CHECK(a.done);
+    CHECK_EQ_INT(a.finish[0], LLM_STOP_ERROR);
+    CHECK_EQ_INT(a.status, LLM_ERR_NONFINITE);
+    CHECK_EQ_INT(a.n[0], 0);
+    CHECK_EQ_INT(a.usage_generated, 0);
+    if (!strstr(a.error, "not finite") || !strstr(res.message, "not finite"))
+        test_fail(__FILE__, __LINE__, "messages: scheduler '%s', session '%s'", a.error, res.message);
+    CHECK_EQ_INT(kv_cache_get_stats(llm_context_cache(c)).pages_used, 0);
     llm_sched_free(s);
     llm_context_free(c);
     llm_model_free(m);

@@ -11,13 +11,15 @@ The seed's three pieces, `attention(q, k, v)`, `KVCache(...).append(k, v)` and
 
 Library failures raise KVCacheError (status code + the library's message);
 wrong shapes or dtypes raise ValueError/TypeError before any C call.
-See python/README.md and docs/API.md.
+Generation from GGUF models: kvcache.Model (over libkvengine, include/kvengine.h).
+See python/README.md, docs/API.md and docs/ENGINE_API.md.
 """
 from ._ffi import lib_path
 from .attention import (DTYPES, Rope, attention, dtype_size, price_per_token, price_tokens, simd_name,
                         simd_select)
 from .cache import Batch, KVCache, Stats, step
 from .errors import KVCacheError, Status, status_str
+from .model import Completion, EngineError, Model
 from .threads import Pool
 
 __version__ = "0.1.0"
@@ -25,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "attention", "step", "KVCache", "Batch", "Rope", "Pool", "Stats", "KVCacheError", "Status",
     "status_str", "price_per_token", "price_tokens", "dtype_size", "DTYPES", "lib_path", "simd_name",
-    "simd_select",
+    "simd_select", "Model", "EngineError", "Completion",
 ]

@@ -133,6 +133,12 @@ class Batch(ctypes.Structure):
     _fields_ = [("n_seqs", c_int32), ("seqs", P_int32), ("row_start", P_int32)]
 
 
+class ReserveCost(ctypes.Structure):
+    _fields_ = [(name, c_int32) for name in (
+        "fits", "pages_taken", "pages_reclaimed", "pages_adopted", "pages_given_back",
+        "used_delta", "shared_delta", "free_delta", "cached_delta")]
+
+
 class Layer(ctypes.Structure):
     _fields_ = [
         ("layer", c_int32),
@@ -147,7 +153,8 @@ class Layer(ctypes.Structure):
 
 
 STRUCTS = {"kv_rope_params": RopeParams, "kv_rope": Rope, "kv_cache_params": CacheParams,
-           "kv_cache_stats": CacheStats, "kv_batch": Batch, "kv_layer": Layer}
+           "kv_cache_stats": CacheStats, "kv_batch": Batch, "kv_layer": Layer,
+           "kv_reserve_cost": ReserveCost}
 
 # ------------------------------------------------------------------ functions
 
@@ -197,11 +204,18 @@ PROTOTYPES = {
     "kv_prefix_lookup": (c_int, [P_cache, P_int32, c_int32, P_int32]),
     "kv_prefix_clear": (c_int, [P_cache]),
     "kv_cache_set_prefix_listener": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers
+    "kv_cache_set_spill": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers
+    "kv_prefix_spill_all": (c_int, [P_cache]),
+    "kv_seq_prefix_next": (c_int, [P_cache, c_int32, P_int32, ctypes.POINTER(c_uint64), ctypes.POINTER(c_uint64),
+                                   ctypes.POINTER(c_int)]),
+    "kv_seq_prefix_load": (c_int, [P_cache, c_int32, P_int32, c_void_p, ctypes.c_size_t]),
     "kv_seq_save": (c_int, [P_cache, c_int32, c_char_p]),
     "kv_seq_restore": (c_int, [P_cache, c_char_p, P_int32]),
     "kv_seq_save_file": (c_int, [P_cache, c_int32, c_void_p]),     # FILE *: for C callers
     "kv_seq_restore_file": (c_int, [P_cache, c_void_p, P_int32]),
     "kv_batch_reserve": (c_int, [P_cache, P_batch, P_int32]),
+    "kv_batch_reserve_cost": (c_int, [P_cache, P_batch, ctypes.POINTER(ReserveCost)]),
+    "kv_seq_reserve_cost": (c_int, [P_cache, c_int32, c_int32, ctypes.POINTER(ReserveCost)]),
     "kv_append_f64": (c_int, [P_cache, c_int32, P_batch, P_double, P_double]),
     "kv_append_f32": (c_int, [P_cache, c_int32, P_batch, P_float, P_float]),
     "kv_read_f64": (c_int, [P_cache, c_int32, c_int32, c_int32, c_int32, P_double, P_double]),

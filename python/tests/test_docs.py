@@ -48,3 +48,10 @@ def test_man_page_documents_every_subcommand():
 def test_man_page_renders_without_warnings():
     r = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", MAN], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_engine_api_md_describes_every_engine_function():
+    from test_abi import engine_declared
+    text = open(os.path.join(ROOT, "docs", "ENGINE_API.md")).read()
+    missing = [f for f in engine_declared() if not re.search(rf"`{f}\b|\b{f}\(", text)]
+    assert not missing, f"docs/ENGINE_API.md does not describe: {missing}"

@@ -23,7 +23,8 @@ MODEL = os.environ.get("KVCACHE_SERVE_MODEL", os.path.join(ROOT, "models", "Smol
 
 
 class Server:
-    def __init__(self, *args, model=MODEL):
+    def __init__(self, *args, model=None):
+        model = model or MODEL
         assert os.access(model, os.R_OK), f"{model} is missing: run `make model`"
         # stderr (a line per request) goes to a file: a pipe nobody reads would fill and block the server
         self.log = tempfile.TemporaryFile(mode="w+")

@@ -1,0 +1,284 @@
+/* kvengine.h - text generation from GGUF models: the public header of
+ * libkvengine (beside kvcache.h, whose cache it runs on).
+ *
+ *     kve_model    a loaded GGUF file: weights, tokenizer, chat template.
+ *                  Read-only once loaded; any thread may use it.
+ *     kve_context  a model at work: a paged KV pool for n_seqs sequences and
+ *                  one scheduler thread that batches every running request
+ *                  into shared forward passes (continuous batching, prefix
+ *                  reuse, preemption; the engine behind `kvcache serve`).
+ *     kve_request  one generation submitted to a context: a prompt (text,
+ *                  token ids or chat messages), sampling and stop settings;
+ *                  its tokens and text come as they are made, through a
+ *                  callback (on the scheduler thread) and/or by polling.
+ *
+ *     kve_model *m;  kve_context *c;  kve_request *r;
+ *     kve_model_load("model.gguf", &m, err, sizeof err);
+ *     kve_context_params cp = kve_context_default_params();
+ *     kve_context_create(m, &cp, &c, err, sizeof err);
+ *     kve_request_params rp = kve_request_default_params();
+ *     rp.prompt = "The capital of France is";
+ *     kve_submit(c, &rp, &r, err, sizeof err);
+ *     for (kve_output o; kve_request_poll(r, -1, &o) == KVE_OK;) {
+ *         fwrite(o.text, 1, o.text_len, stdout);
+ *         if (o.stop != KVE_STOP_NONE) break;
+ *     }
+ *     kve_request_free(r); kve_context_free(c); kve_model_free(m);
+ *
+ * Text rules. Output text is valid UTF-8: a character split across tokens
+ * waits until it is complete. Stop strings are matched in that text; the
+ * text before the earliest match is given, the match and what follows never
+ * are. An end-of-generation token (end of turn) ends the request and is not
+ * given as text.
+ *
+ * Greedy requests (temperature <= 0) give the same tokens alone or batched
+ * with others, up to a rounding tie: a logit computed in another batch shape
+ * may move in its last bits, and a greedy choice between two tokens whose
+ * log-probabilities are that close (well under 0.01) can go the other way.
+ *
+ * Errors. Every call that can fail returns a kve_status (0 or negative);
+ * kve_status_str() names it. kvcache.h's codes pass through with their
+ * values. Each code says what state the failed call left:
+ *
+ *     nothing changed   the call had no effect: fix the argument, call again
+ *     retry             nothing changed; the same call may succeed later
+ *     ended             the request ended (KVE_STOP_ERROR): read why, free it
+ *
+ * Calls that build something (kve_model_load, kve_context_create,
+ * kve_submit) also write one line into the caller's err buffer (err may be
+ * NULL) saying what was wrong, with the numbers; on failure nothing is
+ * allocated and *out is NULL.
+ *
+ * Threads. kve_submit, kve_request_poll, kve_request_cancel and
+ * kve_request_free may be called from any thread, concurrently (a request is
+ * polled by one thread at a time). The model functions (tokenize,
+ * detokenize, chat template) may run anywhere at any time. */
+#ifndef KVENGINE_H
+#define KVENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the exported functions: libkvengine is built with
+ * -fvisibility=hidden, so these and kvcache.h's KV_API ones are its ABI. */
+#ifndef KVE_API
+#if defined(__GNUC__)
+#define KVE_API __attribute__((visibility("default")))
+#else
+#define KVE_API
+#endif
+#endif
+
+typedef enum {
+    KVE_OK = 0,
+    /* kvcache.h's kv_status codes (-1 .. -17) with their values and meanings; from the
+     * engine's calls: */
+    KVE_ERR_NULL = KV_ERR_NULL,       /* a required pointer was NULL; nothing changed */
+    KVE_ERR_NOMEM = KV_ERR_NOMEM,     /* allocation failed; nothing changed */
+    KVE_ERR_IO = KV_ERR_IO,           /* a file could not be read; nothing changed */
+    KVE_ERR_TOKEN = -100,     /* a token id outside [0, n_vocab); nothing changed */
+    KVE_ERR_PARAM = -101,     /* a parameter out of range; nothing changed, err says which */
+    KVE_ERR_MODEL = -102,     /* the file cannot be run as a model (not GGUF, an unknown
+                               * architecture, a missing or misshapen tensor); nothing
+                               * allocated, err says what */
+    KVE_ERR_NONFINITE = -103, /* ended: the model's logits held NaN or infinity (bad weights
+                               * or an overflow); nothing was sampled from them */
+    KVE_ERR_QUEUE_FULL = -201, /* retry: too many requests are waiting; nothing queued */
+    KVE_ERR_TOO_LARGE = -202,  /* the request can never fit the context or the KV pool (a
+                                * prompt of n_ctx tokens or more); nothing queued */
+    KVE_ERR_STOPPED = -203,    /* the context is being freed; nothing queued */
+    KVE_ERR_TEMPLATE = -301,   /* chat messages for a model without a chat template this
+                                * engine knows; nothing changed */
+    KVE_ERR_TIMEOUT = -302,    /* kve_request_poll: nothing new within the time given; retry */
+    KVE_ERR_SPACE = -303,      /* the output buffer is too small: nothing written, the size
+                                * needed is given; call again with that much room */
+} kve_status;
+
+/* One sentence for any kve_status or kv_status code (never NULL). */
+KVE_API const char *kve_status_str(int status);
+
+/* Why a request ended. */
+typedef enum {
+    KVE_STOP_NONE = 0,   /* still generating */
+    KVE_STOP_EOG,        /* the model ended its turn (end-of-generation token, not given) */
+    KVE_STOP_STRING,     /* a stop string appeared; the text before it was given */
+    KVE_STOP_LENGTH,     /* max_tokens generated */
+    KVE_STOP_CONTEXT,    /* the sequence filled the context */
+    KVE_STOP_CANCEL,     /* kve_request_cancel, or the context was freed */
+    KVE_STOP_ERROR,      /* generation failed; kve_output.status and .error say why */
+} kve_stop_reason;
+
+/* "end of turn", "stop string", "token limit", "context full", "cancelled", "error". */
+KVE_API const char *kve_stop_reason_str(kve_stop_reason r);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct kve_model kve_model;
+
+/* Loads a GGUF file (Llama, Qwen 2/3, Phi 3, Gemma 3 architectures; see
+ * docs/ENGINE_API.md). KVE_OK, KVE_ERR_MODEL or KVE_ERR_NOMEM. */
+KVE_API int kve_model_load(const char *path, kve_model **out, char *err, size_t errlen);
+/* Frees m; every context made from it must be freed first. */
+KVE_API void kve_model_free(kve_model *m);
+
+KVE_API int32_t kve_model_n_vocab(const kve_model *m);
+KVE_API int32_t kve_model_n_ctx_train(const kve_model *m);    /* the context it was trained for */
+KVE_API const char *kve_model_name(const kve_model *m);        /* general.name, or the file name */
+KVE_API int kve_model_has_chat_template(const kve_model *m);   /* 1: chat messages are accepted */
+
+/* The "out of room" rule of the three calls below: *n_out (or *len) is always
+ * set to the size of the whole result; when it does not fit in cap, nothing
+ * is written and KVE_ERR_SPACE is returned (call again with that much room;
+ * out may be NULL with cap 0 to ask for the size). */
+
+/* Token ids of text[0..len) into out[0..cap), *n_out of them: add_special
+ * adds BOS as the model asks; parse_special reads control tokens written in
+ * the text ("<|im_end|>") as such, else they are plain text. KVE_OK,
+ * KVE_ERR_SPACE, KVE_ERR_NULL, KVE_ERR_NOMEM. Any bytes tokenize. */
+KVE_API int kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
+                         int32_t *out, int32_t cap, int32_t *n_out);
+/* The text of ids[0..n) (control tokens as their text when render_special),
+ * NUL-terminated into out[0..cap), *len bytes before the NUL. KVE_OK,
+ * KVE_ERR_SPACE, KVE_ERR_TOKEN (an id outside the vocabulary; *len 0),
+ * KVE_ERR_NULL. */
+KVE_API int kve_detokenize(const kve_model *m, const int32_t *ids, int32_t n, int render_special, char *out,
+                           size_t cap, size_t *len);
+
+/* One chat message. */
+typedef struct {
+    const char *role;     /* "system", "user", "assistant" */
+    const char *content;  /* NUL-terminated text */
+} kve_chat_message;
+
+/* The model's chat template applied to msgs[0..n) (add_assistant: ending
+ * with the header that opens the assistant's turn), NUL-terminated into
+ * out[0..cap), *len bytes before the NUL. KVE_OK, KVE_ERR_SPACE,
+ * KVE_ERR_TEMPLATE (the model has none this engine knows), KVE_ERR_PARAM (no
+ * message, or one without role or content), KVE_ERR_NULL. */
+KVE_API int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
+                           size_t cap, size_t *len);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct {
+    int32_t n_ctx;        /* positions one request may hold (prompt and output); 0: the
+                           * model's training context, at most 4096 */
+    int32_t n_seqs;       /* requests decoded together; more wait their turn (default 8) */
+    int32_t n_threads;    /* threads for the forward pass; 0: one per core (default) */
+    int32_t n_batch;      /* rows one forward pass takes at most (default 512) */
+    kv_dtype kv_type;     /* K/V storage: KV_F32, KV_F16 (default), KV_BF16, KV_Q8 */
+    int32_t n_pages;      /* KV pool pages; 0: room for n_seqs full contexts (default) */
+    int32_t max_waiting;  /* kve_submit refuses (KVE_ERR_QUEUE_FULL) past this many waiting
+                           * requests (default 256) */
+} kve_context_params;
+
+KVE_API kve_context_params kve_context_default_params(void);
+
+typedef struct kve_context kve_context;
+
+/* A context for m, its scheduler thread started. KVE_OK, KVE_ERR_PARAM
+ * (err names the field), KVE_ERR_NOMEM. */
+KVE_API int kve_context_create(const kve_model *m, const kve_context_params *p, kve_context **out, char *err,
+                               size_t errlen);
+/* Ends every request still running (KVE_STOP_CANCEL), stops the thread,
+ * frees. Requests not freed yet stay readable until kve_request_free. */
+KVE_API void kve_context_free(kve_context *c);
+KVE_API kve_context_params kve_context_get_params(const kve_context *c);   /* n_ctx, n_threads resolved */
+
+/* ---------------------------------------------------------------- requests */
+
+enum { KVE_MAX_STOPS = 8, KVE_MAX_TOP = 20 };
+
+typedef struct kve_request kve_request;
+
+/* What a callback receives: one per token, then one with stop set. */
+typedef struct {
+    int32_t token;         /* the token, or -1 (the last event) */
+    const char *text;      /* [text_len] text now safe to show; may be empty */
+    size_t text_len;
+    float logprob;         /* log p(token) under the model, with top_logprobs >= 0 */
+    kve_stop_reason stop;  /* KVE_STOP_NONE, or why the request ended (the last event) */
+} kve_event;
+
+/* Called on the context's scheduler thread, in order; it must not block for
+ * long (every request waits for it) and must not call kve_request_free. */
+typedef void (*kve_event_fn)(void *user, const kve_event *ev);
+
+typedef struct {
+    /* the prompt: exactly one of */
+    const char *prompt;                  /* text (tokenized with BOS, control tokens as text) */
+    const int32_t *tokens;               /* [n_tokens] token ids (copied) */
+    int32_t n_tokens;
+    const kve_chat_message *messages;    /* [n_messages]: the chat template applied, the
+                                          * assistant's turn opened */
+    int32_t n_messages;
+    /* generation */
+    int32_t max_tokens;        /* tokens to generate at most, >= 1 (default 128); < 0: until the
+                                * context is full */
+    float temperature;         /* <= 0: greedy (default 0.8) */
+    int32_t top_k;             /* 0: all (default 40) */
+    float top_p;               /* (0, 1], 1: all (default 0.95) */
+    float min_p;               /* [0, 1], 0: off (default) */
+    float repeat_penalty;      /* 0 or 1: off (default 1) */
+    float presence_penalty;    /* OpenAI's, [-2, 2] (default 0) */
+    float frequency_penalty;   /* OpenAI's, [-2, 2] (default 0) */
+    uint64_t random_state;     /* the sampling stream: one value, one sequence of draws
+                                * (default 1) */
+    const char *const *stops;  /* [n_stops] stop strings, at most KVE_MAX_STOPS, none empty */
+    int32_t n_stops;
+    int32_t top_logprobs;      /* < 0: no log-probabilities (default); 0 .. KVE_MAX_TOP: the
+                                * token's and that many alternatives' */
+    kve_event_fn on_event;     /* or NULL: poll */
+    void *user;
+} kve_request_params;
+
+/* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
+ * penalties, random_state 1, no stops, no log-probabilities, no callback. */
+KVE_API kve_request_params kve_request_default_params(void);
+
+/* Queues a request on c. KVE_OK with *out; or, nothing queued and *out NULL:
+ * KVE_ERR_PARAM (no prompt or more than one, bad sampling or stop settings;
+ * err says which), KVE_ERR_TEMPLATE, KVE_ERR_TOKEN, KVE_ERR_TOO_LARGE,
+ * KVE_ERR_QUEUE_FULL, KVE_ERR_STOPPED, KVE_ERR_NOMEM. */
+KVE_API int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, char *err, size_t errlen);
+
+/* What kve_request_poll gives: the output made since the last poll. Every
+ * pointer is valid until the next poll or free of the request. */
+typedef struct {
+    const char *text;             /* [text_len] new text (valid UTF-8) */
+    size_t text_len;
+    const int32_t *tokens;        /* [n_tokens] new tokens */
+    int32_t n_tokens;
+    const float *logprobs;        /* [n_tokens] with top_logprobs >= 0, else NULL */
+    const int32_t *top_ids;       /* [n_tokens][n_top] alternatives, best first, or NULL */
+    const float *top_logprobs;    /* [n_tokens][n_top] */
+    int32_t n_top;
+    kve_stop_reason stop;         /* KVE_STOP_NONE: still running */
+    int status;                   /* with KVE_STOP_ERROR: the cause (KVE_ERR_NONFINITE, ...) */
+    const char *error;            /* with KVE_STOP_ERROR: what happened; else "" */
+    int32_t n_prompt;             /* prompt tokens */
+    int32_t n_cached;             /* of those, reused from earlier requests (not prefilled) */
+    int32_t n_generated;          /* tokens generated so far (an end-of-turn token not counted) */
+} kve_output;
+
+/* Waits up to timeout_ms (< 0: as long as it takes; 0: not at all) until r
+ * has output not polled yet or has ended, and gives it. KVE_OK (out filled;
+ * out->stop says whether it ended: later polls then give nothing new and
+ * the same stop), KVE_ERR_TIMEOUT (out filled with nothing new), KVE_ERR_NULL. */
+KVE_API int kve_request_poll(kve_request *r, int timeout_ms, kve_output *out);
+/* Ends r at the next step (KVE_STOP_CANCEL) unless it has ended. */
+KVE_API void kve_request_cancel(kve_request *r);
+/* Cancels r if it is running, waits until the scheduler lets it go, frees it. */
+KVE_API void kve_request_free(kve_request *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,132 @@
+"""Loading libkvengine and declaring include/kvengine.h for ctypes.
+
+The structs mirror the header field by field (tests/test_abi.py compiles the
+header and compares every offset). Nothing here is public; kvcache.Model
+wraps it.
+
+Where the library is found, first hit wins:
+    1. $KVCACHE_ENGINE_LIB, a path to libkvengine.so (an error if it cannot be loaded)
+    2. libkvengine.so next to this package (`pip install ./python` puts it there)
+    3. build/libkvengine.so of the source tree this package sits in (python/../build)
+    4. the system loader's search path (`make install` into a prefix it knows)
+
+The library is loaded on first use, so `import kvcache` works without it."""
+import ctypes
+import ctypes.util
+import os
+import threading
+
+from ._ffi import P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
+
+LIB_NAME = "libkvengine.so"
+
+
+class ContextParams(ctypes.Structure):
+    _fields_ = [("n_ctx", c_int32), ("n_seqs", c_int32), ("n_threads", c_int32), ("n_batch", c_int32),
+                ("kv_type", c_int), ("n_pages", c_int32), ("max_waiting", c_int32)]
+
+
+class ChatMessage(ctypes.Structure):
+    _fields_ = [("role", c_char_p), ("content", c_char_p)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("token", c_int32), ("text", c_void_p), ("text_len", c_size_t), ("logprob", c_float),
+                ("stop", c_int)]
+
+
+EVENT_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.POINTER(Event))
+
+
+class RequestParams(ctypes.Structure):
+    _fields_ = [
+        ("prompt", c_char_p), ("tokens", P_int32), ("n_tokens", c_int32),
+        ("messages", ctypes.POINTER(ChatMessage)), ("n_messages", c_int32),
+        ("max_tokens", c_int32), ("temperature", c_float), ("top_k", c_int32), ("top_p", c_float),
+        ("min_p", c_float), ("repeat_penalty", c_float), ("presence_penalty", c_float),
+        ("frequency_penalty", c_float), ("random_state", c_uint64),
+        ("stops", ctypes.POINTER(c_char_p)), ("n_stops", c_int32), ("top_logprobs", c_int32),
+        ("on_event", c_void_p), ("user", c_void_p),
+    ]
+
+
+class Output(ctypes.Structure):
+    _fields_ = [
+        ("text", c_void_p), ("text_len", c_size_t), ("tokens", P_int32), ("n_tokens", c_int32),
+        ("logprobs", P_float), ("top_ids", P_int32), ("top_logprobs", P_float), ("n_top", c_int32),
+        ("stop", c_int), ("status", c_int), ("error", c_char_p),
+        ("n_prompt", c_int32), ("n_cached", c_int32), ("n_generated", c_int32),
+    ]
+
+
+STRUCTS = {"kve_context_params": ContextParams, "kve_chat_message": ChatMessage, "kve_event": Event,
+           "kve_request_params": RequestParams, "kve_output": Output}
+
+PP = ctypes.POINTER(c_void_p)
+# name: (restype, argtypes), in the header's order
+PROTOTYPES = {
+    "kve_status_str": (c_char_p, [c_int]),
+    "kve_stop_reason_str": (c_char_p, [c_int]),
+    "kve_model_load": (c_int, [c_char_p, PP, c_char_p, c_size_t]),
+    "kve_model_free": (None, [c_void_p]),
+    "kve_model_n_vocab": (c_int32, [c_void_p]),
+    "kve_model_n_ctx_train": (c_int32, [c_void_p]),
+    "kve_model_name": (c_char_p, [c_void_p]),
+    "kve_model_has_chat_template": (c_int, [c_void_p]),
+    "kve_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, c_int, P_int32, c_int32, P_int32]),
+    "kve_detokenize": (c_int, [c_void_p, P_int32, c_int32, c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+    "kve_chat_apply": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int, c_char_p, c_size_t,
+                               ctypes.POINTER(c_size_t)]),
+    "kve_context_default_params": (ContextParams, []),
+    "kve_context_create": (c_int, [c_void_p, ctypes.POINTER(ContextParams), PP, c_char_p, c_size_t]),
+    "kve_context_free": (None, [c_void_p]),
+    "kve_context_get_params": (ContextParams, [c_void_p]),
+    "kve_request_default_params": (RequestParams, []),
+    "kve_submit": (c_int, [c_void_p, ctypes.POINTER(RequestParams), PP, c_char_p, c_size_t]),
+    "kve_request_poll": (c_int, [c_void_p, c_int, ctypes.POINTER(Output)]),
+    "kve_request_cancel": (None, [c_void_p]),
+    "kve_request_free": (None, [c_void_p]),
+}
+
+STOP_NAMES = ["none", "eog", "string", "length", "context", "cancel", "error"]
+KVE_ERR_TIMEOUT = -302
+KVE_ERR_SPACE = -303
+
+_lock = threading.Lock()
+_lib = None
+lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("KVCACHE_ENGINE_LIB")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, LIB_NAME), os.path.join(os.path.dirname(os.path.dirname(here)), "build", LIB_NAME)], False
+
+
+def lib():
+    """libkvengine with every prototype declared; ImportError when it cannot be found."""
+    global _lib, lib_path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, from_env = _candidates()
+        found = None
+        if from_env:
+            found = paths[0]
+        else:
+            found = next((p for p in paths if os.path.exists(p)), None) or ctypes.util.find_library("kvengine")
+        if not found:
+            raise ImportError("kvcache: libkvengine.so not found. Build it with `make lib` in the source tree, set "
+                              "KVCACHE_ENGINE_LIB=/path/to/libkvengine.so, or `pip install ./python`. Looked in: "
+                              + ", ".join(paths) + " and the system library path")
+        try:
+            handle = ctypes.CDLL(found)
+        except OSError as e:
+            raise ImportError(f"kvcache: {found} could not be loaded: {e}") from e
+        for name, (res, args) in PROTOTYPES.items():
+            f = getattr(handle, name)
+            f.restype, f.argtypes = res, args
+        _lib, lib_path = handle, found
+        return _lib
