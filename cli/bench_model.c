@@ -206,6 +206,8 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
         cli_progress(label, r, b->reps);
         if (n_prompt) { /* one batched pass over n_prompt tokens after the depth */
             gp.max_tokens = 0;
+            for (int32_t g = 0; g < llm_context_n_caches(b->c); g++) /* measured, not reused from the last run */
+                kv_prefix_clear(llm_context_cache_at(b->c, g));
             st = llm_session_generate(b->s, b->toks, (int32_t)(depth + n_prompt), &gp, &res);
             b->x[r] = (double)n_prompt / res.t_prefill;
         } else { /* n_gen forward passes of one token: the first fed as a one-token prompt, the rest sampled */

@@ -43,6 +43,7 @@ static void usage(void) {
            "  --draft-lookup N   greedy requests (temperature 0) decode by prompt lookup: up to N\n"
            "                     tokens from the prompt and output verified in one step; the same\n"
            "                     tokens as without it (default 0: off; at most 64)\n"
+           "  --no-prefix-cache  prefill every prompt in full, reusing no cached page (for comparisons)\n"
            "  --session-dir DIR  keep sessions on disk (made if missing): a request with \"session\": \"NAME\"\n"
            "                     (1-128 of A-Z a-z 0-9 . _ -, not starting with '.') restores DIR/NAME.kvs\n"
            "                     when its tokens begin the prompt, and saves its sequence there when it\n"
@@ -80,7 +81,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t cache_disk_size = (int64_t)1 << 30;
     int64_t port = 8080, parallel = 8, batch_tokens = 512, max_queue = 256, keep = 4, draft = 0;
     int64_t http_threads = 0, http_timeout = 10;
-    int shift = 0;
+    int shift = 0, no_prefix = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &batch_tokens)) continue;
@@ -100,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
         if (cli_opt_int(argc, argv, &i, NULL, "--http-threads", &http_threads)) continue;
         if (cli_opt_int(argc, argv, &i, NULL, "--http-timeout", &http_timeout)) continue;
         if (!strcmp(argv[i], "--context-shift")) { shift = 1; continue; }
+        if (!strcmp(argv[i], "--no-prefix-cache")) { no_prefix = 1; continue; }
         fprintf(stderr, "kvcache serve: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
@@ -160,6 +162,7 @@ int cmd_serve(int argc, char **argv) {
                                                             : 2 * parallel + 112 > 1024 ? 1024 : 2 * parallel + 112),
                      .http_timeout_ms = (int32_t)(http_timeout * 1000), .model_id = id,
                      .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
+                     .no_prefix = no_prefix,
                      .session_dir = session_dir, .kv_events = kv_events, .cache_dir = cache_dir,
                      .cache_disk_size = (uint64_t)cache_disk_size};
     srv *s;

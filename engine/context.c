@@ -201,6 +201,44 @@ int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child) {
     return rc;
 }
 
+/* Each cache's longest point <= the last answer, until they agree: a full
+ * group serves every point up to its match, a window group only the points
+ * whose window pages it still has, so the answers only decrease. */
+int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
+    if (!c || !n_matched || (!tokens && n > 0)) return LLM_ERR_NULL;
+    *n_matched = 0;
+    int32_t m = n;
+    for (;;) {   /* a round in which no answer is below m: every cache agrees */
+        int32_t lo = m;
+        for (int32_t g = 0; g < c->n_caches; g++) {
+            int rc = kv_prefix_lookup(c->caches[g], tokens, lo, &lo);
+            if (rc) return rc;
+        }
+        if (lo == m) break;
+        m = lo;
+    }
+    for (int32_t g = 0; g < c->n_caches && m > 0; g++) {
+        int32_t got;
+        int rc = kv_seq_prefix_match(c->caches[g], seq, tokens, m, &got);
+        if (rc == KV_OK && got != m) rc = LLM_ERR_SEQ;   /* cannot happen: nothing changed since the lookup */
+        if (rc) {
+            for (int32_t k = 0; k <= g; k++) kv_seq_truncate(c->caches[k], seq, 0);
+            return rc;
+        }
+    }
+    *n_matched = m;
+    return LLM_OK;
+}
+
+int llm_seq_publish(llm_context *c, int32_t seq) {
+    if (!c) return LLM_ERR_NULL;
+    for (int32_t g = 0; g < c->n_caches; g++) {
+        int rc = kv_seq_reserve(c->caches[g], seq, 0, NULL);
+        if (rc) return rc;
+    }
+    return LLM_OK;
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 /* kv_batch_reserve in every cache, all or nothing. Full caches go first: if

@@ -147,6 +147,15 @@ int llm_seq_remove(llm_context *c, int32_t seq);
 int32_t llm_seq_length(const llm_context *c, int32_t seq); /* or a negative status */
 int llm_seq_truncate(llm_context *c, int32_t seq, int32_t new_len);
 int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child);
+/* Prefix reuse across every cache group: on an empty sequence, the longest
+ * page-aligned point <= n that every cache can resume tokens at (a full
+ * group: every page below it; a window group: the pages covering the last W
+ * positions before it), matched in each cache. *n_matched positions are then
+ * cached; pass n - 1 to keep a token to feed for its logits. */
+int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched);
+/* Makes the full pages seq has written so far findable by prefix matches
+ * now, rather than at its next forward (kv_seq_reserve of 0 positions). */
+int llm_seq_publish(llm_context *c, int32_t seq);
 
 /* ---------------------------------------------------------------- running */
 

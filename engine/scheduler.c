@@ -37,7 +37,7 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     llm_sched_params p = pp ? *pp : llm_sched_default_params();
     llm_context_params cp = llm_context_get_params(c);
     if (p.batch_tokens < 1 || p.max_running < 0 || p.max_waiting < 0) return LLM_ERR_PARAM;
-    if ((p.context_shift != 0 && p.context_shift != 1) || p.n_keep < 0 || p.draft_lookup < 0 ||
+    if ((p.context_shift != 0 && p.context_shift != 1) || (p.no_prefix != 0 && p.no_prefix != 1) || p.n_keep < 0 || p.draft_lookup < 0 ||
         p.draft_lookup > LLM_MAX_DRAFT)
         return LLM_ERR_PARAM;
     if (p.n_keep < 4) p.n_keep = 4;
@@ -48,7 +48,6 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     kv_cache_params kp = kv_cache_get_params(s->cache);
     s->n_ctx = cp.n_ctx, s->n_slots = kp.max_seqs, s->page_size = kp.page_size, s->n_pages = kp.n_pages;
     s->V = llm_model_n_vocab(s->m);
-    s->prefix = llm_context_n_caches(c) == 1;
     if (!s->p.max_running || s->p.max_running > s->n_slots) s->p.max_running = s->n_slots;
     size_t ns = (size_t)s->n_slots, nr = (size_t)p.batch_tokens;
     s->running = calloc(ns, sizeof *s->running);
@@ -295,8 +294,8 @@ static int place(llm_sched *s, sched_seq *ch) {
         return -1;
     }
     int32_t matched = 0;
-    if (s->prefix && ch->n_tokens > 1) {
-        kv_seq_prefix_match(s->cache, ch->seq, ch->tokens, ch->n_tokens - 1, &matched);
+    if (!s->p.no_prefix && ch->n_tokens > 1) {   /* every cache group, then the disk tier (one group only) */
+        if (llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK) matched = 0;
         if (s->p.tier) matched += llm_tier_extend(s->p.tier, ch->seq, ch->tokens, ch->n_tokens - 1);
     }
     ch->n_cached = matched;
@@ -352,12 +351,59 @@ undo:
     return 0;
 }
 
+/* Tokens a and b have in common from the start. */
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb) {
+    int32_t k = 0, n = na < nb ? na : nb;
+    while (k < n && a[k] == b[k]) k++;
+    return k;
+}
+
+/* Requests in flight share a prefix (SGLang's in-batch prefix caching): a
+ * waiting request whose prompt begins with at least one full page that a
+ * running request is prefilling now, beyond what the prefix cache holds,
+ * steps aside until that prefill has passed those pages, then matches them
+ * from the cache instead of computing them again. Deferring costs the
+ * deferred request at most the rest of that one prefill, which it would
+ * otherwise have spent computing the same pages beside it in the same
+ * steps. Returns 1 when r should wait. */
+static int shares_prefill(llm_sched *s, const sched_req *r) {
+    if (r->forked || s->p.no_prefix) return 0;   /* forked: a preempted request, recomputed as it is */
+    const sched_seq *mine = &r->ch[0];
+    for (int32_t k = 0; k < s->n_running; k++) {
+        const sched_seq *ch = &s->running[k]->ch[0];
+        if (ch->seq < 0 || ch->stop != LLM_STOP_NONE || s->running[k]->forked) continue;
+        int32_t prompt = s->running[k]->n_prompt;
+        if (ch->n_cached >= prompt - 1) continue;   /* its prompt is in: nothing in flight */
+        int32_t shared = common_prefix(mine->tokens, mine->n_tokens - 1, ch->tokens, prompt - 1);
+        if (shared / s->page_size > ch->n_cached / s->page_size) return 1;
+    }
+    return 0;
+}
+
+/* The running requests' full pages written so far become findable before
+ * anyone is admitted, so that a request admitted now matches a prefill that
+ * ended in the step just run. */
+static void publish_running(llm_sched *s) {
+    for (int32_t k = 0; k < s->n_running; k++)
+        for (int32_t i = 0; i < s->running[k]->n_choices; i++)
+            if (s->running[k]->ch[i].seq >= 0) llm_seq_publish(s->c, s->running[k]->ch[i].seq);
+}
+
+/* Oldest first, no overtaking, except past a request that waits for a
+ * prefill in flight (shares_prefill). */
 static void admit(llm_sched *s) {
-    while (s->wait_head) {
-        sched_req *r = s->wait_head;
-        if (!try_admit(s, r)) break;   /* first come, first served: no overtaking */
-        s->wait_head = r->next;
-        if (!s->wait_head) s->wait_tail = NULL;
+    publish_running(s);
+    for (sched_req **pp = &s->wait_head, *prev = NULL; *pp;) {
+        sched_req *r = *pp;
+        if (shares_prefill(s, r)) {
+            s->st.prefill_waits += !r->deferred;
+            r->deferred = 1;
+            prev = r, pp = &r->next;
+            continue;
+        }
+        if (!try_admit(s, r)) break;
+        *pp = r->next;
+        if (s->wait_tail == r) s->wait_tail = prev;
         r->next = NULL;
         s->n_waiting--;
     }

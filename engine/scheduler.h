@@ -10,8 +10,12 @@
  * last one is fed, sample the next token from its logits.
  *
  *   admission    oldest waiting request first; its sequence reuses the
- *                cached pages of the longest known prefix (kv_seq_prefix_match)
- *                and is admitted only when the pool has room for the rest.
+ *                cached pages of the longest prefix every cache group can
+ *                resume at (llm_seq_prefix_match) and is admitted only when
+ *                the pool has room for the rest. A request whose prompt
+ *                begins with full pages a running request is prefilling now
+ *                waits (later ones may pass it) until those pages are in the
+ *                cache, and then reuses them.
  *   preemption   when kv_batch_reserve is out of pages, the newest running
  *                request gives up its pages (its tokens are kept) and waits at
  *                the head of the queue, to be recomputed when there is room.
@@ -56,6 +60,8 @@ typedef struct {
                              * on; a request without max_tokens then ends after n_ctx tokens
                              * (LLM_STOP_LENGTH). 0: it ends with LLM_STOP_CONTEXT */
     int32_t n_keep;         /* positions a shift keeps (the attention sinks); fewer than 4 count as 4 */
+    int no_prefix;          /* 1: never reuse the prefix cache (every prompt computed in full;
+                             * for comparisons: `kvcache serve --no-prefix-cache`) */
     int32_t draft_lookup;   /* N > 0: greedy choices (temperature <= 0) decode by prompt lookup:
                              * up to N drafts (llm_lookup_draft) ride in the step as N more rows
                              * of the choice, the ones the model disagrees with are cut off by
@@ -135,6 +141,7 @@ typedef struct {
     uint64_t prompt_tokens;             /* prompt tokens of admitted requests */
     uint64_t generation_tokens;         /* tokens sampled */
     uint64_t preemptions;
+    uint64_t prefill_waits;             /* requests that waited for another's prefill of their prefix */
     uint64_t steps;                     /* forward passes run */
     uint64_t rows;                      /* rows those passes took */
     uint64_t shifts;                    /* context shifts made */

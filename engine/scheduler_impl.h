@@ -37,6 +37,7 @@ typedef struct sched_req {
     int32_t top;                /* top_logprobs, < 0: none */
     int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
     int admitted;               /* has been admitted once (n_cached_first is known) */
+    int deferred;               /* has waited for another request's prefill (counted once) */
     int32_t n_cached_first;     /* prompt tokens reused at first admission (prefix cache or session) */
     int32_t n_restored;         /* of those, restored from the session file */
     char *session;              /* the session file's path, or NULL */
@@ -50,7 +51,6 @@ struct llm_sched {
     kv_cache *cache;
     llm_sched_params p;
     int32_t n_ctx, n_slots, page_size, n_pages, V;
-    int prefix;                 /* one cache: prefix matching keeps every cache in step */
 
     /* owned by the scheduler thread */
     sched_req **running;        /* [n_slots] admitted requests, oldest first */

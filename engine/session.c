@@ -69,6 +69,7 @@ static int reserve_tokens(llm_session *s, int64_t n) {
  * over, empty. */
 static void cut_cache(llm_session *s, int32_t k) {
     if (k < s->n_cached) {
+        llm_seq_publish(s->c, s->seq);   /* what is cut stays findable in the prefix cache */
         if (llm_seq_truncate(s->c, s->seq, k) != LLM_OK) {
             llm_seq_remove(s->c, s->seq);
             llm_seq_new(s->c, &s->seq); /* takes the slot just freed */
@@ -196,7 +197,11 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
     if (k == n) k = n - 1;
     cut_cache(s, k);
     k = s->n;
-    memcpy(s->toks + k, tokens + k, sizeof(int32_t) * (size_t)(n - k));
+    if (k == 0) {   /* an empty sequence: the prefix cache may hold the start (a /reset, a window cut) */
+        int32_t hit;
+        if (llm_seq_prefix_match(s->c, s->seq, tokens, n - 1, &hit) == LLM_OK) k = s->n_cached = hit;
+    }
+    memcpy(s->toks, tokens, sizeof(int32_t) * (size_t)n);
     s->n = n;
     res->n_reused = k;
     double t0 = llm_pass_clock();

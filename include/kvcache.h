@@ -313,7 +313,7 @@ KV_API int32_t kv_seq_length(const kv_cache *cache, int32_t seq);
  * Contract: the K/V of the new positions must then be written (kv_append_*
  * or kv_step_*) in every layer before they are attended, and before the next
  * reserve or remove of this sequence, which is when its full pages become
- * visible to kv_seq_prefix_match. */
+ * visible to kv_seq_prefix_match (a reserve of n_new = 0 does only that). */
 KV_API int kv_seq_reserve(kv_cache *cache, int32_t seq, int32_t n_new, const int32_t *tokens);
 /* Creates *child sharing every page of parent (copy-on-write: the first write
  * into a shared page copies that page only). Takes no page; every page of the
@@ -357,9 +357,26 @@ KV_API int kv_seq_shift(kv_cache *cache, int32_t seq, int32_t n_keep, int32_t n_
  * confirmed by comparing the tokens and the page before, so a hash collision
  * never returns wrong K/V. *n_matched (a multiple of page_size) positions are
  * then cached and need no prefill; pass n - 1 to keep at least one token to
- * prefill for its logits. Window caches never match. */
+ * prefill for its logits.
+ *
+ * A window cache (window W, evicting) resumes at a point m from the pages
+ * covering (m - W, m] alone, so *n_matched is the longest page-aligned m <= n
+ * whose pages it still has, chained (a window whose older pages were
+ * reclaimed serves only from points it still covers; the sequence's blocks
+ * below the window stay empty). The first of those pages is confirmed by its
+ * tokens and the 64-bit chained hash of every token before it, the others by
+ * their tokens and the page before. A page is named once written (at the
+ * next reserve), also when the window evicts it later: evicted named pages
+ * are cached (reclaimable), not held, so a live sequence still holds about W
+ * positions. */
 KV_API int kv_seq_prefix_match(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n,
                                int32_t *n_matched);
+/* What kv_seq_prefix_match would match for tokens [n] on an empty sequence,
+ * changing nothing: *n_found, a multiple of page_size. A caller holding
+ * several caches (one per layer group) asks each in turn for the longest
+ * point <= the previous answer, until all agree, then matches that point in
+ * each. */
+KV_API int kv_prefix_lookup(const kv_cache *cache, const int32_t *tokens, int32_t n, int32_t *n_found);
 /* Empties the prefix cache: every cached page becomes free, and no page can be
  * found any more. Pages in use stay with their sequences, whose next reserve
  * or remove names their full pages again. KV_ERR_NULL for a NULL cache. */

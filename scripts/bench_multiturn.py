@@ -102,6 +102,9 @@ def main():
             xs.sort()
             print(f"turn {t}: TTFT p50 {statistics.median(xs) * 1000:.0f} ms  p90 {xs[int(0.9 * (len(xs) - 1))] * 1000:.0f} ms"
                   f"  ({len(xs)} requests)")
+    later = sorted(x for xs in by_turn[1:] for x in xs)
+    if later:
+        print(f"later turns: TTFT p50 {statistics.median(later) * 1000:.0f} ms  ({len(later)} requests)")
     if replicas and marks:
         (q1, h1), (q, h) = marks[0], prefix_counters(replicas)
         print(f"prefix cache, first turns: {h1 - h0:.0f} of {q1 - q0:.0f} prompt tokens hit "

@@ -356,6 +356,7 @@ int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
     if (s->p.batch_tokens > 0) sp.batch_tokens = s->p.batch_tokens;
     if (s->p.max_waiting > 0) sp.max_waiting = s->p.max_waiting;
     sp.context_shift = s->p.context_shift, sp.n_keep = s->p.n_keep, sp.draft_lookup = s->p.draft_lookup;
+    sp.no_prefix = s->p.no_prefix;
     sp.log = sched_log;
     if (s->p.cache_dir) {
         char why[256];

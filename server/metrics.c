@@ -111,6 +111,8 @@ char *srv_metrics_page(srv *s) {
     metric(&pg, "kvcache_generation_tokens_total", "counter", "Tokens generated", (double)st.generation_tokens);
     metric(&pg, "kvcache_preemptions_total", "counter", "Requests preempted (pages freed, recomputed later)",
            (double)st.preemptions);
+    metric(&pg, "kvcache_prefill_waits_total", "counter",
+           "Requests that waited for another's prefill of their first pages, to reuse them", (double)st.prefill_waits);
     metric(&pg, "kvcache_steps_total", "counter", "Batched forward passes", (double)st.steps);
     metric(&pg, "kvcache_context_shifts_total", "counter", "Context shifts (--context-shift)", (double)st.shifts);
     metric(&pg, "kvcache_draft_tokens_total", "counter", "Prompt-lookup draft tokens verified (--draft-lookup)",

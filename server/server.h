@@ -28,6 +28,7 @@ typedef struct {
     int context_shift;         /* scheduler's cache policies (engine/scheduler.h llm_sched_params) */
     int32_t n_keep;
     int32_t draft_lookup;
+    int no_prefix;             /* --no-prefix-cache */
     const char *session_dir;   /* --session-dir: requests may name a session kept there
                                 * (DIR/NAME.kvs); NULL: a request naming one gets 400 */
     const char *kv_events;     /* --kv-events: a ZeroMQ endpoint to publish the prefix

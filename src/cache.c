@@ -163,7 +163,7 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
 /* First block a window cache still needs when the earliest query to come sits
  * at position `pos`: that query sees keys j > pos - W, so every block whose
  * last position is <= pos - W can go. */
-static int32_t window_first_block(const kv_cache *c, int32_t pos) {
+int32_t kv_window_first_block(const kv_cache *c, int32_t pos) {
     if (c->p.window == 0 || c->p.no_evict) return 0;
     int64_t lowest_key = (int64_t)pos - c->p.window + 1;
     return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
@@ -192,7 +192,7 @@ static int batch_form(const kv_cache *c, const kv_batch *b) {
 static void reserve_evict(kv_cache *c, int32_t seq, bool dry) {
     kv_seq_state *s = &c->seqs[seq];
     int32_t *t = kv_table(c, seq);
-    int32_t first = window_first_block(c, s->len), old_blocks = blocks_for(c, s->len);
+    int32_t first = kv_window_first_block(c, s->len), old_blocks = blocks_for(c, s->len);
     if (first < s->first_block) first = s->first_block;
     int32_t end = first < old_blocks ? first : old_blocks;
     for (int32_t i = s->first_block; i < end; i++) {
@@ -245,8 +245,8 @@ static void reserve_walk(kv_cache *c, const kv_batch *b, const int32_t *tokens, 
     for (int pass = 0; pass < 3; pass++)
         for (int32_t i = 0; i < b->n_seqs; i++) {
             int32_t seq = b->seqs[i], n_new = b->row_start[i + 1] - b->row_start[i];
-            if (n_new == 0) continue;
-            if (pass == 0) kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, dry);
+            if (pass == 0) kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, dry); /* n_new 0: only this */
+            else if (n_new == 0) continue;
             else if (pass == 1) reserve_evict(c, seq, dry);
             else reserve_grow(c, seq, n_new, tokens ? tokens + b->row_start[i] : NULL, dry);
         }
@@ -310,7 +310,7 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
     kv_seq_state *s = &c->seqs[seq];
     if (new_len < 0 || new_len > s->len) return KV_ERR_LENGTH;
     /* the next query sits at new_len; the keys it sees must still be here */
-    if (new_len > 0 && new_len < s->len && window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
+    if (new_len > 0 && new_len < s->len && kv_window_first_block(c, new_len) < s->first_block) return KV_ERR_WINDOW;
     int32_t *t = kv_table(c, seq);
     for (int32_t i = blocks_for(c, new_len); i < blocks_for(c, s->len); i++) {
         if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
@@ -332,7 +332,7 @@ int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
         int32_t T = b->row_start[i + 1] - b->row_start[i];
         const kv_seq_state *s = &c->seqs[b->seqs[i]];
         if (T > s->len) return KV_ERR_LENGTH;
-        if (T > 0 && window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
+        if (T > 0 && kv_window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
     }
     *rows = b->row_start[b->n_seqs];
     return KV_OK;

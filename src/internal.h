@@ -180,6 +180,9 @@ void kv_page_spill(kv_cache *c, int32_t page);
  * a block whose twin (same tokens after the same parent) is named already is
  * swapped for that twin in the block table. */
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry);
+/* First block a window cache still needs when the earliest query to come sits
+ * at `pos` (0 for a full cache or one that does not evict). */
+int32_t kv_window_first_block(const kv_cache *c, int32_t pos);
 /* Whether the page is named, in the view. */
 bool kv_view_named(kv_cache *c, bool dry, int32_t page);
 

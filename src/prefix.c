@@ -5,7 +5,11 @@
  *
  * A name alone is never trusted: a hit must also have the same tokens and the
  * same parent page (in the same generation, since a reclaimed page is reused
- * for other content), so a hash collision costs a miss, never wrong K/V. */
+ * for other content), so a hash collision costs a miss, never wrong K/V.
+ * A window cache resumes at a point p from the pages of (p - W, p] alone,
+ * whose first page's parent may be long gone: that page is confirmed by its
+ * tokens and the parent's chained hash (a wrong hit would take two token
+ * histories with the same 64-bit hash), the pages after it by identity. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -77,6 +81,18 @@ static int32_t find(const kv_cache *c, uint64_t h, int32_t parent, const int32_t
         if (p == KV_NO_PAGE) return KV_NO_PAGE;
         if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] == parent &&
             (parent == KV_NO_PAGE || c->prefix.parent_gen[p] == c->prefix.page_gen[parent]) &&
+            memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
+            return p;
+    }
+}
+
+/* The named page with this hash and tokens whose parent had hash ph, whether
+ * or not that parent is still there, or KV_NO_PAGE. */
+static int32_t find_after(const kv_cache *c, uint64_t h, uint64_t ph, const int32_t *tokens) {
+    for (uint32_t i = kv_name_slot(c, h);; i = (i + 1) & (c->prefix.hash_cap - 1)) {
+        int32_t p = c->prefix.hash_slots[i];
+        if (p == KV_NO_PAGE) return KV_NO_PAGE;
+        if (c->prefix.page_hash[p] == h && c->prefix.page_parent[p] != KV_NO_PAGE && c->prefix.parent_hash[p] == ph &&
             memcmp(tokens_of(c, p), tokens, sizeof(int32_t) * (size_t)c->p.page_size) == 0)
             return p;
     }
@@ -161,14 +177,54 @@ static int32_t publish_block(kv_cache *c, bool dry, int32_t page, int32_t parent
 
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry) {
     kv_seq_state *s = &c->seqs[seq];
-    if (c->p.window > 0 || upto <= s->named_blocks) return; /* windows evict: no prefixes */
+    if (upto <= s->named_blocks) return;
     int32_t *t = kv_table(c, seq);
     int32_t parent = s->named_blocks > 0 ? t[s->named_blocks - 1] : KV_NO_PAGE;
     for (int32_t i = s->named_blocks; i < upto; i++) {
+        if (t[i] == KV_NO_PAGE || (i > 0 && parent == KV_NO_PAGE)) { /* evicted unnamed: the chain is broken */
+            parent = KV_NO_PAGE;
+            continue;
+        }
         parent = publish_block(c, dry, t[i], parent);
         if (!dry) t[i] = parent;
     }
     if (!dry) s->named_blocks = upto;
+}
+
+/* The longest page-aligned point m <= n (and <= max_seq_len) at which the
+ * cache can resume tokens: a full cache needs the pages of every block
+ * below m, a window cache those of blocks kv_window_first_block(m) .. m/P - 1,
+ * chained. One pass over the blocks keeps the page found for the one before
+ * and where the present run of chained pages began; table, when not NULL,
+ * receives the page found for each block (KV_NO_PAGE for none). */
+static int32_t prefix_scan(const kv_cache *c, const int32_t *tokens, int32_t n, int32_t *table) {
+    const int32_t P = c->p.page_size;
+    const bool window = c->p.window > 0 && !c->p.no_evict;
+    int32_t blocks = (n < c->p.max_seq_len ? n : c->p.max_seq_len) / P, best = 0, run = -1, prev = KV_NO_PAGE;
+    uint64_t h_prev = 0;
+    for (int32_t i = 0; i < blocks; i++) {
+        const int32_t *tok = tokens + (size_t)i * P;
+        uint64_t h = chain_hash(c, h_prev, tok);
+        int32_t page = i == 0 || prev != KV_NO_PAGE ? find(c, h, prev, tok) : KV_NO_PAGE;
+        if (page != KV_NO_PAGE && i == 0) run = 0;
+        if (page == KV_NO_PAGE && i > 0 && window && (page = find_after(c, h, h_prev, tok)) != KV_NO_PAGE) run = i;
+        if (page == KV_NO_PAGE) {
+            run = -1;
+            if (!window) break;
+        }
+        if (table) table[i] = page;
+        prev = page, h_prev = h;
+        if (run >= 0 && run <= kv_window_first_block(c, (i + 1) * P)) best = (i + 1) * P;
+    }
+    return best;
+}
+
+int kv_prefix_lookup(const kv_cache *c, const int32_t *tokens, int32_t n, int32_t *n_found) {
+    if (!c || !n_found) return KV_ERR_NULL;
+    if (n < 0) return KV_ERR_SHAPE;
+    if (n > 0 && !tokens) return KV_ERR_NULL;
+    *n_found = prefix_scan(c, tokens, n, NULL);
+    return KV_OK;
 }
 
 int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
@@ -178,22 +234,18 @@ int kv_seq_prefix_match(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t
     if (n > 0 && !tokens) return KV_ERR_NULL;
     kv_seq_state *s = &c->seqs[seq];
     if (s->len != 0) return KV_ERR_LENGTH;
-    *n_matched = 0;
-    if (c->p.window > 0) return KV_OK;
     const int32_t P = c->p.page_size;
     int32_t *t = kv_table(c, seq);
-    int32_t i = 0;
-    for (; (int64_t)(i + 1) * P <= n && (int64_t)(i + 1) * P <= c->p.max_seq_len; i++) {
-        int32_t parent = i > 0 ? t[i - 1] : KV_NO_PAGE;
-        const int32_t *tok = tokens + (size_t)i * P;
-        int32_t page = find(c, chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tok), parent, tok);
-        if (page == KV_NO_PAGE) break;
-        kv_view_hold(c, false, page);
-        t[i] = page;
+    int32_t m = prefix_scan(c, tokens, n, t), scanned = (n < c->p.max_seq_len ? n : c->p.max_seq_len) / P;
+    int32_t first = kv_window_first_block(c, m), k = m / P;
+    for (int32_t i = 0; i < scanned; i++) {
+        if (i < first || i >= k) t[i] = KV_NO_PAGE;
+        else kv_view_hold(c, false, t[i]);
     }
-    s->len = i * P;
-    s->named_blocks = i;
-    *n_matched = i * P;
+    s->len = m;
+    s->first_block = first;
+    s->named_blocks = k;
+    *n_matched = m;
     return KV_OK;
 }
 

@@ -3,8 +3,9 @@
  * window of 8 positions, pages of 4) against the fixture's independent float64
  * forward: every position of a prompt longer than the window, cached decoding
  * that evicts window pages against recomputation, chunked prefill across the
- * window boundary, the window cache's memory staying flat, thread counts, the
- * Gemma chat format, and the loader's errors.
+ * window boundary, the window cache's memory staying flat, prefix reuse over
+ * both cache groups (window pages reclaimed, a session's /reset), thread
+ * counts, the Gemma chat format, and the loader's errors.
  *
  * Tolerance as in test_model_tiny.c: f32 against f64 over six layers agrees
  * to a few 1e-7 of the largest logit; we allow 1e-5. A wrong window bound, a
@@ -18,6 +19,7 @@
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
 #include "../engine/arch.h"
+#include "../engine/session.h"
 
 enum { N = 24, W = 8, PAGE = 4 };
 
@@ -321,4 +323,95 @@ TEST(gemma3_load_names_what_is_wrong) {
     fx_check_load_error(GEMMA(.type = GW_F32, .skip_tensor = "blk.5.post_ffw_norm.weight"), "blk.5.post_ffw_norm.weight");
     fx_check_load_error(GEMMA(.type = GW_F32, .untied = 1), "output.weight");
     fx_check_load_error(GEMMA(.type = GW_Q8_0, .bad_tensor = "blk.0.attn_q.weight"), "blk.0.attn_q.weight has shape");
+}
+
+/* Prefix reuse over both cache groups. One context (one sequence, batches
+ * of 5): its window cache has 5 pages, (W + 5) / 4 + 1, so prefilling 40
+ * tokens (10 pages) reclaims the 5 oldest evicted ones, blocks 0 .. 4, while
+ * the full cache keeps all 10. A window group resumes at m from blocks
+ * (m - W + 1) / 4 .. m / 4 - 1, so only m >= 28 can be served: the prompt
+ * sharing 30 tokens resumes at 28 (and its logits equal the f64 reference
+ * over the whole prompt), the one sharing 26 at 0, although the full group
+ * alone holds 24. */
+static llm_context *after_prefill(const llm_model *m, const int32_t *toks, int32_t n) {
+    llm_context *c = make_ctx(m, 1, 5, KV_F32);
+    int32_t seq;
+    CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+    CHECK_EQ_INT(llm_eval(c, seq, toks, n, 0, NULL, NULL, NULL), LLM_OK);
+    CHECK_EQ_INT(llm_seq_remove(c, seq), LLM_OK);
+    return c;
+}
+
+TEST(gemma3_tiny_prefix_reuse_over_full_and_window_groups_equals_f64_reference) {
+    enum { NA = 40, NB = 40 };
+    fx_model fx;
+    if (fx_build(GEMMA(.type = GW_F32, .seed = 8), &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    const int32_t V = fx.vocab;
+    int32_t a[NA], b[NB];
+    prompt(a, NA, 8);
+    const int32_t shared[] = {30, 26, 40}, expect[] = {28, 0, 36};
+    float *lg = malloc(sizeof(float) * NB * V);
+    double *ref = malloc(sizeof(double) * NB * V);
+    for (int k = 0; k < 3; k++) {
+        prompt(b, NB, 9);
+        memcpy(b, a, sizeof(int32_t) * (size_t)shared[k]);
+        llm_context *c = after_prefill(m, a, NA);
+        kv_cache *global = llm_context_cache_at(c, 0), *local = llm_context_cache_at(c, 1);
+        CHECK_EQ_INT(kv_cache_get_stats(local).pages_cached, 5);   /* 5 of 10 reclaimed */
+        CHECK_EQ_INT(kv_cache_get_stats(global).pages_cached, NA / PAGE);
+        int32_t full_only, got, seq;
+        CHECK_EQ_INT(kv_prefix_lookup(global, b, NB - 1, &full_only), KV_OK);
+        CHECK_EQ_INT(full_only, (shared[k] < NB - 1 ? shared[k] : NB - 1) / PAGE * PAGE);
+        CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+        CHECK_EQ_INT(llm_seq_prefix_match(c, seq, b, NB - 1, &got), LLM_OK);
+        CHECK_EQ_INT(got, expect[k]);
+        CHECK_EQ_INT(llm_seq_length(c, seq), got);
+        /* the window cache holds only the pages of the last W positions */
+        CHECK(kv_cache_get_stats(local).pages_used <= (W + PAGE - 1) / PAGE + 1);
+        CHECK_EQ_INT(llm_eval(c, seq, b + got, NB - got, 1, lg, NULL, NULL), LLM_OK);
+        fx_reference(&fx, b, NB, ref);
+        double r = rel_diff(lg, ref + (size_t)got * V, (int64_t)(NB - got) * V);
+        printf("     %d shared: resumed at %d (full group alone %d), vs f64 %.2e\n", (int)shared[k], (int)got,
+               (int)full_only, r);
+        if (!(r <= 1e-5)) test_fail(__FILE__, __LINE__, "after resuming at %d: %g from f64", (int)got, r);
+        llm_context_free(c);
+    }
+    free(lg), free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* `chat`'s loop: a session that starts over (/reset) resumes the same
+ * prompt from the prefix cache in both groups (30 tokens: 28 reused, the
+ * window's pages included), and generates what it generated the first time. */
+TEST(gemma3_tiny_session_after_a_reset_resumes_from_the_prefix_cache) {
+    enum { NP = 30, OUT = 8 };
+    fx_model fx;
+    if (fx_build(GEMMA(.type = GW_Q8_0, .seed = 10), &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    llm_context *c = make_ctx(m, 1, 64, KV_F32);
+    llm_session *s;
+    CHECK_EQ_INT(llm_session_create(c, &s), LLM_OK);
+    int32_t toks[NP], first[NP + OUT], n1, n2;
+    prompt(toks, NP, 10);
+    llm_gen_params gp = llm_gen_default_params();
+    gp.max_tokens = OUT, gp.sampler.temp = 0, gp.ignore_eog = 1;
+    llm_gen_result res;
+    CHECK_EQ_INT(llm_session_generate(s, toks, NP, &gp, &res), LLM_OK);
+    CHECK_EQ_INT(res.n_reused, 0);
+    const int32_t *held = llm_session_tokens(s, &n1);
+    CHECK_EQ_INT(n1, NP + OUT);
+    memcpy(first, held, sizeof(int32_t) * (size_t)n1);
+    llm_session_reset(s);
+    CHECK_EQ_INT(llm_session_generate(s, toks, NP, &gp, &res), LLM_OK);
+    CHECK_EQ_INT(res.n_reused, 28);
+    held = llm_session_tokens(s, &n2);
+    CHECK(n2 == n1 && !memcmp(held, first, sizeof(int32_t) * (size_t)n1));
+    llm_session_free(s);
+    llm_context_free(c);
+    llm_model_free(m);
+    fx_free(&fx);
 }

@@ -164,7 +164,7 @@ static void run_model(unsigned long long seed, int window, int n_ops, uint64_t h
             if (past.len > 0 && test_rng_int(&r, 0, 1)) {
                 int32_t n = test_rng_int(&r, 1, past.len), got;
                 CHECK_EQ_INT(kv_seq_prefix_match(c, slot->id, past.tokens, n, &got), KV_OK);
-                CHECK(got % PAGE == 0 && got <= n && (window == 0 || got == 0));
+                CHECK(got % PAGE == 0 && got <= n);   /* a window: from the pages of its last W only */
                 memcpy(slot->tokens, past.tokens, sizeof(int32_t) * (size_t)got);
                 slot->len = got;
                 hits += got > 0;
@@ -209,7 +209,7 @@ static void run_model(unsigned long long seed, int window, int n_ops, uint64_t h
     kv_cache_stats st = kv_cache_get_stats(c);
     CHECK_EQ_INT(st.pages_used, 0);
     CHECK_EQ_INT(st.pages_free + st.pages_cached, PAGES);
-    if (window == 0) CHECK(hits > 10); /* the prefix cache was really exercised */
+    CHECK(hits > 10); /* the prefix cache was really exercised */
     printf("     window %d: %d ops (%d new, %d remove, %d fork, %d truncate), %d prefix hits\n", window,
            n_ops, counts[0], counts[1], counts[2], counts[3], hits);
     kv_cache_free(c);

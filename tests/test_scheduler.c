@@ -3,7 +3,9 @@
  * lengths through a pool small enough to force preemption, each compared with
  * a solo run of the same request written here (llm_eval on a context of its
  * own, one token at a time, the sampler chosen by hand); pages all back in
- * the pool; refusal of what can never fit; cancellation; n choices; logprobs. */
+ * the pool; refusal of what can never fit; cancellation; n choices; logprobs;
+ * conversations sharing a prefill in flight and resuming their history on
+ * Llama and Gemma 3. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,3 +441,78 @@ TEST(scheduler_every_engine_status_has_its_own_message) {
     }
     CHECK(strstr(llm_status_str(LLM_ERR_QUEUE_FULL), "later") != NULL);
 }
+
+/* Eight conversations over one shared 28-token system prompt, on Llama and
+ * on Gemma 3 (a full and a window cache group): the first turns arrive
+ * together, then each sends its history and a new line. Every reply equals a
+ * solo run of the same prompt. The first turns compute the shared pages
+ * once: one is prefilled while the others wait for it (prefill_waits), so
+ * the rows run are far fewer than the prompt tokens; every later turn
+ * resumes from its own history in both groups. */
+static void conversations(const char *arch, uint64_t seed) {
+    enum { CONV = 8, SYS = 28, OWN = 5, NEW = 3, OUT = 6 };
+    fx_model fx;
+    if (fx_build(&(fx_spec){.arch = arch, .type = GW_Q8_0, .seed = seed}, &fx)) return;
+    llm_model *m;
+    char err[256];
+    if (llm_model_load(fx.path, &m, err, sizeof err) != 0) {
+        test_fail(__FILE__, __LINE__, "load: %s", err);
+        return fx_free(&fx);
+    }
+    llm_context *c = make_ctx(m, CONV, 0, 32), *ref = make_ctx(m, 1, 0, 64);
+    llm_sched_params sp = llm_sched_default_params();
+    sp.batch_tokens = 32;
+    llm_sched *s = NULL;
+    CHECK_EQ_INT(llm_sched_create(c, &sp, &s), KV_OK);
+    test_rng g = {seed};
+    static int32_t p1[CONV][SYS + OWN], p2[CONV][SYS + OWN + OUT + NEW];
+    static record r1[CONV], r2[CONV];
+    memset(r1, 0, sizeof r1), memset(r2, 0, sizeof r2);
+    random_prompt(&g, p1[0], SYS + OWN);
+    for (int i = 0; i < CONV; i++) {
+        memcpy(p1[i], p1[0], sizeof(int32_t) * SYS);
+        for (int j = SYS; j < SYS + OWN; j++) p1[i][j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+        llm_sched_request r = request(p1[i], SYS + OWN, OUT, &r1[i]);
+        CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, NULL, 0), 0);
+    }
+    for (int k = 0; k < 200 && llm_sched_step(s) > 0; k++) {}
+    llm_sched_stats st1 = llm_sched_get_stats(s);
+    int32_t n2[CONV];
+    for (int i = 0; i < CONV; i++) {
+        CHECK(r1[i].done);
+        memcpy(p2[i], p1[i], sizeof(int32_t) * (SYS + OWN));
+        memcpy(p2[i] + SYS + OWN, r1[i].tokens[0], sizeof(int32_t) * (size_t)r1[i].n[0]);
+        n2[i] = SYS + OWN + r1[i].n[0];
+        for (int j = 0; j < NEW; j++) p2[i][n2[i]++] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+        llm_sched_request r = request(p2[i], n2[i], OUT, &r2[i]);
+        CHECK_EQ_INT(llm_sched_submit(s, &r, NULL, NULL, 0), 0);
+    }
+    for (int k = 0; k < 200 && llm_sched_step(s) > 0; k++) {}
+    llm_sched_stats st2 = llm_sched_get_stats(s);
+    printf("     %s: first turns %llu rows for %d prompt tokens, %llu waited for a prefill; later turns %llu rows"
+           " for %d prompt tokens\n", arch, (unsigned long long)st1.rows, CONV * (SYS + OWN),
+           (unsigned long long)st1.prefill_waits, (unsigned long long)(st2.rows - st1.rows), (int)(n2[0] * CONV));
+    CHECK(st1.prefill_waits >= CONV - 1);
+    CHECK(st1.rows < (uint64_t)(SYS + CONV * (OWN + 4 + OUT)));   /* the system prompt once (whole pages shared) */
+    for (int i = 0; i < CONV; i++) {
+        llm_sampler_params greedy = llm_sampler_default_params();
+        greedy.temp = 0;
+        int32_t want[MAX_OUT];
+        int32_t n = solo(ref, p1[i], SYS + OWN, OUT, &greedy, want, NULL);
+        if (r1[i].n[0] != n || memcmp(r1[i].tokens[0], want, sizeof(int32_t) * (size_t)n))
+            test_fail(__FILE__, __LINE__, "%s first turn %d differs from its solo run", arch, i);
+        n = solo(ref, p2[i], n2[i], OUT, &greedy, want, NULL);
+        if (r2[i].n[0] != n || memcmp(r2[i].tokens[0], want, sizeof(int32_t) * (size_t)n))
+            test_fail(__FILE__, __LINE__, "%s later turn %d differs from its solo run", arch, i);
+        /* resumed from its own first turn: all its full pages but the last token's */
+        CHECK(r2[i].usage_cached >= (SYS + OWN + r1[i].n[0] - 1) / PAGE * PAGE - PAGE);
+    }
+    CHECK_EQ_INT(llm_context_stats(c).pages_used, 0);
+    llm_sched_free(s);
+    llm_context_free(c), llm_context_free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+TEST(sched_conversations_share_a_prefix_in_flight_and_resume_their_history_llama) { conversations("llama", 31); }
+TEST(sched_conversations_share_a_prefix_in_flight_and_resume_their_history_gemma3) { conversations("gemma3", 32); }

@@ -217,7 +217,7 @@ TEST(session_greedy_tokens_equal_a_plain_decode_loop_and_stop_at_the_token_limit
     CHECK_EQ_INT(res.reason, LLM_STOP_LENGTH);
     CHECK_EQ_INT(res.n_generated, 8);
     CHECK_EQ_INT(res.n_prompt, 10);
-    CHECK_EQ_INT(res.n_reused, 0);
+    CHECK_EQ_INT(res.n_reused, 8);   /* the reference's two full pages, from the prefix cache */
     CHECK(res.t_prefill > 0 && res.t_decode > 0);
     CHECK_EQ_INT(w.n_got, 8);
     for (int i = 0; i < 8; i++) CHECK_EQ_INT(w.got[i], ref[i]);

@@ -202,6 +202,7 @@ PROTOTYPES = {
     "kv_seq_rerotate": (c_int, [P_cache, c_int32, c_int32, c_int32, c_int32, P_rope]),
     "kv_seq_shift": (c_int, [P_cache, c_int32, c_int32, c_int32, P_rope]),
     "kv_seq_prefix_match": (c_int, [P_cache, c_int32, P_int32, c_int32, P_int32]),
+    "kv_prefix_lookup": (c_int, [P_cache, P_int32, c_int32, P_int32]),
     "kv_prefix_clear": (c_int, [P_cache]),
     "kv_cache_set_prefix_listener": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers
     "kv_cache_set_spill": (None, [P_cache, c_void_p, c_void_p]),   # a C function pointer: for C callers

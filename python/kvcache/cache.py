@@ -315,6 +315,15 @@ class KVCache(Closing):
         self._call("kv_seq_prefix_match", self._seq(seq), ptr(tok), tok.shape[0], ctypes.byref(out))
         return out.value
 
+    @reads
+    def prefix_lookup(self, tokens):
+        """How many positions prefix_match would reuse for tokens, changing
+        nothing (kv_prefix_lookup)."""
+        tok = int32_array(tokens, "tokens")
+        out = ctypes.c_int32()
+        self._call("kv_prefix_lookup", ptr(tok), tok.shape[0], ctypes.byref(out))
+        return out.value
+
     @writes
     def prefix_clear(self):
         """Empties the prefix cache (kv_prefix_clear): cached pages become free

@@ -77,6 +77,8 @@ def test_prefix_match_reuses_full_pages(rng):
     s = c.stats()
     assert s.pages_cached >= 1 and s.pages_used == 0
     b = c.new_seq()
+    assert c.prefix_lookup(tokens) == 8 and c.prefix_lookup(tokens[:7]) == 4   # asks, takes nothing
+    assert c.stats().pages_used == 0
     n = c.prefix_match(tokens, b)
     assert n == 8 and c.length(b) == 8
     K, V = c.read(b)
