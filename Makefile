@@ -49,7 +49,7 @@ CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -g $(WARN) -fPIC -Iinclude 
 LDLIBS_ALL := -lpthread -lm
 
 LIB_SRC    := $(wildcard src/*.c)
-ENGINE_SRC := $(wildcard engine/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/*/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
 SERVER_SRC := $(wildcard server/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
@@ -84,8 +84,8 @@ $(BUILD)/engine/%_avx512vnni.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -m
                                    -mf16c $(KERNEL_FLAGS)
 # The int8-activation kernels promise the scalar reference's bits: no mul+add
 # may be fused into an FMA behind their back (clang fuses by default).
-$(BUILD)/engine/quant%.o: CFLAGS_ALL += -ffp-contract=off
-$(BUILD)/engine/quant_avx512.o $(BUILD)/engine/quant_avx512vnni.o: engine/quant_avx2.c engine/quant_act_avx2.c
+$(BUILD)/engine/weights/quant%.o: CFLAGS_ALL += -ffp-contract=off
+$(BUILD)/engine/weights/quant_avx512.o $(BUILD)/engine/weights/quant_avx512vnni.o: engine/weights/quant_avx2.c engine/weights/quant_act_avx2.c
 
 # Only server/ (and so the kvcache binary) uses these Debian-packaged
 # libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships
@@ -110,7 +110,7 @@ $(BUILD)/cli/main.o: Makefile
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h cli/*.h server/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h engine/*.h engine/*/*.h cli/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 

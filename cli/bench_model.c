@@ -5,7 +5,7 @@
  * every P of -p, N of -n and D of --depth (comma-separated lists), printing
  * each row as soon as it is measured. Each depth is prefilled once, untimed,
  * and every timed run starts from it again (truncated back to D). Both run
- * on the engine's generation loop (engine/session.h), greedy, not stopping
+ * on the engine's generation loop (engine/gen/session.h), greedy, not stopping
  * at end-of-turn tokens. Before the decode rows it measures read bandwidth
  * with the same threads, and each decode row carries its floor: every
  * decoded token streams all weights (every tensor of the file: an upper
@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/quant.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/weights/quant.h"
+#include "../engine/gen/session.h"
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvcache bench model|attention [options]   (kvcache bench model --help)\n"

@@ -1,7 +1,7 @@
 /* cli/chat.c - `kvcache chat`: an interactive conversation that keeps its KV
  * cache across turns. Each turn renders only what follows the messages the
  * cache already holds (llm_chat_render_continuation), so only the new user
- * turn is prefilled; the engine's session (engine/session.h) generates the
+ * turn is prefilled; the engine's session (engine/gen/session.h) generates the
  * reply; the stats line after each reply says how many tokens were new and
  * how many were reused from the cache. A line of any length is one turn; a
  * turn too long for the context is refused whole and the conversation kept. */
@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/policy.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/policy.h"
+#include "../engine/gen/session.h"
 
 static void usage(void) {
     printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"

@@ -113,7 +113,7 @@ int32_t *cli_chat_tokens(const struct llm_model *m, const char *system, const ch
 int cli_print_text(void *user, const char *text, size_t len);
 /* ---- sampling and length, for generate and chat ---- */
 
-#include "../engine/session.h" /* llm_sampler_params, LLM_MAX_STOPS */
+#include "../engine/gen/session.h" /* llm_sampler_params, LLM_MAX_STOPS */
 
 typedef struct {
     int64_t n_gen;   /* -n, --tokens: at most this many tokens */
@@ -166,9 +166,9 @@ int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm
                      llm_grammar_vocab **v);
 void cli_grammar_free(llm_gbnf *g, llm_grammar_vocab *v);
 
-/* ---- cache policies (engine/policy.h), for generate and chat ---- */
+/* ---- cache policies (engine/gen/policy.h), for generate and chat ---- */
 
-#include "../engine/session.h" /* llm_session, llm_gen_result */
+#include "../engine/gen/session.h" /* llm_session, llm_gen_result */
 
 typedef struct {
     int context_shift;    /* --context-shift: a full context drops old positions and goes on */

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 cli_model_opts cli_model_opts_default(void) {
     const char *env = getenv("KVCACHE_MODEL");

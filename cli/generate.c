@@ -1,5 +1,5 @@
 /* cli/generate.c - `kvcache generate`: one prompt through the engine's
- * generation loop (engine/session.h), the text streamed as it comes, then
+ * generation loop (engine/gen/session.h), the text streamed as it comes, then
  * the speed of each phase, why it stopped, and the cache in use. */
 #include <errno.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/session.h"
 
 static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"

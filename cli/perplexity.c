@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/sampler.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/sampler.h"
 
 static void usage(void) {
     printf("usage: kvcache perplexity [-m MODEL.gguf] -f TEXT [--ctx N] [--chunks N] [--kv-type T]\n"

@@ -1,15 +1,15 @@
 /* cli/policy.c - the cache-policy options generate and chat share
  * (--context-shift, --keep, --session, --draft-lookup) and the lines that
  * report what each did. The policies themselves are the engine's
- * (engine/policy.h, engine/session.h); this only parses and reports. */
+ * (engine/gen/policy.h, engine/gen/session.h); this only parses and reports. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/session.h"
 
 cli_policy_opts cli_policy_opts_default(void) { return (cli_policy_opts){.keep = -1}; }
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 /* Published shapes; params count every weight (bf16 weights: 2 B each). */
 static const struct {

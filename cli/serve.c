@@ -1,6 +1,6 @@
 /* cli/serve.c - `kvcache serve`: options, then listen (health says "loading"),
  * load the model, serve until SIGINT or SIGTERM, shut down cleanly. The HTTP
- * and scheduling work is in server/ and engine/scheduler.c. */
+ * and scheduling work is in server/ and engine/gen/scheduler.c. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/policy.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/policy.h"
+#include "../engine/gen/session.h"
 #include "../server/server.h"
 
 static void usage(void) {

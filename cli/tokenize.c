@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/tokenizer.h"
+#include "../engine/model/model.h"
+#include "../engine/text/tokenizer.h"
 
 static void usage(void) {
     printf("usage: kvcache tokenize -m MODEL (-p TEXT | -f FILE) [options]\n\n"

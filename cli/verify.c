@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model.h"
-#include "../engine/sampler.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/sampler.h"
 #include "verify.h"
 
 #define DEFAULT_PROMPT "The history of the printing press begins"

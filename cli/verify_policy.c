@@ -1,5 +1,5 @@
 /* cli/verify_policy.c - `kvcache verify` for the cache policies a generation
- * loop applies (engine/policy.h):
+ * loop applies (engine/gen/policy.h):
  *
  *   shift    greedy decoding in a small context that shifts whenever it is
  *            full (keep --keep positions, drop half of the rest). After each
@@ -25,9 +25,9 @@
 #include <unistd.h>
 
 #include "verify.h"
-#include "../engine/model.h"
-#include "../engine/policy.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/policy.h"
+#include "../engine/gen/session.h"
 
 /* The model, and a context of n_seqs sequences of n_ctx positions with the
  * options' K/V type and threads. 0, or an exit status after a message. */

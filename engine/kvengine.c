@@ -5,10 +5,10 @@
  * reads (and are passed to the caller's callback as they come). */
 #include "kvengine.h"
 
-#include "chat.h"
-#include "model.h"
-#include "scheduler.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "model/model.h"
+#include "gen/scheduler.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -52,7 +52,7 @@ typedef enum {
                                  was allocated, err says what */
     LLM_ERR_NONFINITE = -103, /* the logits hold NaN or infinity (bad weights or an overflow):
                                  no token was sampled; the sequence holds what was fed so far */
-    /* ---- the scheduler's refusals of a request (engine/scheduler.h); nothing was queued */
+    /* ---- the scheduler's refusals of a request (engine/gen/scheduler.h); nothing was queued */
     LLM_ERR_QUEUE_FULL = -201, /* too many requests waiting: try later (HTTP 503) */
     LLM_ERR_TOO_LARGE = -202,  /* the request can never fit the context or the pool */
     LLM_ERR_STOPPED = -203,    /* the scheduler is shutting down */

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 enum { MAX_ROWS = 16, N_SIZES = 5 };
 

@@ -11,8 +11,8 @@
 
 #include "request.h"
 #include "server.h"
-#include "../engine/scheduler.h"
-#include "../engine/tier.h"
+#include "../engine/gen/scheduler.h"
+#include "../engine/gen/tier.h"
 
 struct mg_connection;
 struct mg_context;

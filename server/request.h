@@ -15,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/chat.h"
-#include "../engine/gbnf.h"
-#include "../engine/session.h"
+#include "../engine/text/chat.h"
+#include "../engine/text/gbnf.h"
+#include "../engine/gen/session.h"
 
 typedef enum {
     SRV_CHAT = 0,        /* POST /v1/chat/completions: messages */

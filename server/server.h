@@ -1,5 +1,5 @@
 /* server/server.h - `kvcache serve`: an OpenAI-compatible HTTP server over the
- * continuous-batching scheduler (engine/scheduler.h), on civetweb and jansson.
+ * continuous-batching scheduler (engine/gen/scheduler.h), on civetweb and jansson.
  *
  *   srv_start      listen (GET /health answers 503 "loading" from now on)
  *   srv_attach     hand it the loaded model and context: the scheduler thread
@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 typedef struct {
     const char *host;          /* address to bind, default "127.0.0.1" */
@@ -25,7 +25,7 @@ typedef struct {
     int32_t http_timeout_ms;   /* a request's headers and body must arrive, and each write
                                 * complete, within this; slower or idle clients are dropped */
     const char *model_id;      /* the name /v1/models reports */
-    int context_shift;         /* scheduler's cache policies (engine/scheduler.h llm_sched_params) */
+    int context_shift;         /* scheduler's cache policies (engine/gen/scheduler.h llm_sched_params) */
     int32_t n_keep;
     int32_t draft_lookup;
     int no_prefix;             /* --no-prefix-cache */
@@ -33,7 +33,7 @@ typedef struct {
                                 * (DIR/NAME.kvs); NULL: a request naming one gets 400 */
     const char *kv_events;     /* --kv-events: a ZeroMQ endpoint to publish the prefix
                                 * cache's changes on (server/events.c); NULL: off */
-    const char *cache_dir;     /* --cache-dir: the prefix cache's disk tier (engine/tier.h); NULL: off */
+    const char *cache_dir;     /* --cache-dir: the prefix cache's disk tier (engine/gen/tier.h); NULL: off */
     uint64_t cache_disk_size;  /* --cache-disk-size: bytes the tier may keep there */
 } srv_params;
 

@@ -376,7 +376,7 @@ static void quant_q6_k(const float *x, uint8_t *b) {
     for (int e = 0; e < 256; e++) {
         float step = d * scales[e / 16];
         int q = (step != 0 ? clampi(lrintf(x[e] / step), -32, 31) : 0) + 32;
-        /* element e = 128h + 32s + l: see the order in engine/quant.h's table */
+        /* element e = 128h + 32s + l: see the order in engine/weights/quant.h's table */
         int h = e / 128, s = (e % 128) / 32, l = e % 32;
         int li = 64 * h + l + (s & 1) * 32;         /* s = 0, 2 low nibble; 1, 3 offset 32 */
         ql[li] |= (uint8_t)((q & 15) << ((s >= 2) * 4));

@@ -12,7 +12,7 @@
  * Values are copied when added; tensors are laid out in the order added, each
  * at the next multiple of the alignment. Quantized tensors are made with the
  * simple reference quantizers below (written from the format definitions,
- * independent of engine/quant.c): valid blocks, not the most accurate ones.
+ * independent of engine/weights/quant.c): valid blocks, not the most accurate ones.
  *
  * Errors (out of memory, a type that cannot hold the dims in
  * gw_add_tensor_f32, a missing tensor name) are sticky: later calls do nothing, gw_to_memory/gw_write_file fail, gw_error

@@ -2,7 +2,7 @@
  * quant_oracle.h). */
 #include "quant_oracle.h"
 #include "gguf_writer.h"
-#include "../engine/quant.h"
+#include "../engine/weights/quant.h"
 
 #include <math.h>
 #include <string.h>

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "test.h"
-#include "../engine/sampler.h"
+#include "../engine/gen/sampler.h"
 
 llm_model *rm_load(const char *path, const char *fetch_arg) {
     if (access(path, R_OK) != 0) {

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 /* The model at path; when the file is missing, first runs
  * `sh scripts/fetch-model.sh [fetch_arg] path` (fetch_arg: NULL for the
@@ -18,7 +18,7 @@ llm_model *rm_load(const char *path, const char *fetch_arg);
 
 /* A context of one sequence; the test fails when it cannot be made. */
 llm_context *rm_context(const llm_model *m, int32_t threads, int32_t n_ctx, int32_t n_batch, kv_dtype kv);
-/* The same with the weight products' activations chosen (engine/quant.h: 0 is
+/* The same with the weight products' activations chosen (engine/weights/quant.h: 0 is
  * the f32 reference path, -1 the engine's default). A cache check compares two
  * ways of computing attention; on integer activations a last-bit difference in
  * attention can move a product input across a rounding boundary, so such

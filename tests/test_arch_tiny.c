@@ -17,7 +17,7 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/arch.h"
+#include "../engine/model/arch.h"
 
 enum { N = 24, PAGE = 4 };
 

@@ -1,4 +1,4 @@
-/* tests/test_chat.c - chat prompt formats (engine/chat.h).
+/* tests/test_chat.c - chat prompt formats (engine/text/chat.h).
  *
  * The renderings are checked against the models' own Jinja templates run by
  * jinja2 (tests/data/chat_cases.txt, from tests/data/gen_chat_refs.py) over
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/chat.h"
-#include "../engine/model.h"
+#include "../engine/text/chat.h"
+#include "../engine/model/model.h"
 #include "real_model.h"
 #include "test.h"
 

@@ -13,7 +13,7 @@
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
 #include "real_model.h"
-#include "../engine/tokenizer.h"
+#include "../engine/text/tokenizer.h"
 
 typedef struct {
     int status;   /* exit status, or -1 when it did not exit normally */

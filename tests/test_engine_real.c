@@ -10,7 +10,7 @@
 
 #include "real_model.h"
 #include "test.h"
-#include "../engine/sampler.h"
+#include "../engine/gen/sampler.h"
 
 #define REAL_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 

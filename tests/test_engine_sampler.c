@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "test.h"
-#include "../engine/fastexp.h"
-#include "../engine/sampler.h"
+#include "../engine/model/fastexp.h"
+#include "../engine/gen/sampler.h"
 
 static llm_sampler make(float temp, int32_t top_k, float top_p, uint64_t seed, int32_t V) {
     llm_sampler s;

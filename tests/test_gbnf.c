@@ -10,8 +10,8 @@
 #include <time.h>
 
 #include "test.h"
-#include "../engine/gbnf.h"
-#include "../engine/sampler.h"
+#include "../engine/text/gbnf.h"
+#include "../engine/gen/sampler.h"
 #include "real_model.h"
 
 static llm_gbnf *compile(const char *text) {
@@ -109,7 +109,7 @@ static llm_gbnf *schema(const char *s) {
 }
 
 /* A schema's documents are JSON (checked by the independent JSON recognizer
- * of engine/grammar.h) and match the schema. */
+ * of engine/text/grammar.h) and match the schema. */
 TEST(gbnf_json_schema_accepts_and_rejects_documents) {
     llm_gbnf *g = schema("{\"type\":\"object\",\"properties\":{"
                          "\"name\":{\"type\":\"string\"},"

@@ -13,8 +13,8 @@
 
 #include "real_model.h"
 #include "test.h"
-#include "../engine/arch.h"
-#include "../engine/sampler.h"
+#include "../engine/model/arch.h"
+#include "../engine/gen/sampler.h"
 
 #define GEMMA3_MODEL "models/gemma-3-270m-Q4_K_M.gguf"
 

@@ -18,8 +18,8 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/arch.h"
-#include "../engine/session.h"
+#include "../engine/model/arch.h"
+#include "../engine/gen/session.h"
 
 enum { N = 24, W = 8, PAGE = 4 };
 

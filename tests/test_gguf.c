@@ -3,8 +3,8 @@
  * crash, never a read outside the buffer: inputs are copied into exact-size
  * heap blocks so the sanitizer build sees any overrun). */
 #include "test.h"
-#include "../engine/gguf.h"
-#include "../engine/quant.h"
+#include "../engine/gguf/gguf.h"
+#include "../engine/weights/quant.h"
 #include "gguf_writer.h"
 
 #include <stdint.h>

@@ -9,8 +9,8 @@
 #include <time.h>
 
 #include "test.h"
-#include "../engine/grammar.h"
-#include "../engine/sampler.h"
+#include "../engine/text/grammar.h"
+#include "../engine/gen/sampler.h"
 #include "real_model.h"
 
 static int accepts(const char *doc, llm_json_root root) {

@@ -12,9 +12,9 @@
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
 #include "kvengine.h"
-#include "../engine/model.h"
-#include "../engine/sampler.h"
-#include "../engine/tokenizer.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/sampler.h"
+#include "../engine/text/tokenizer.h"
 
 enum { N_GEN = 12 };
 

@@ -10,7 +10,7 @@
 
 #include "gguf_writer.h"
 #include "test.h"
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 /* ---------------------------------------------------------------- decoding */
 

@@ -5,7 +5,7 @@
  * The fixture quantizes each matrix with the test-side GGUF writer, writes
  * those exact bytes into the file, and decodes them again with its own
  * decoder (written from the block format definitions, sharing no code with
- * engine/quant.c), so the reference sees exactly the weights the engine
+ * engine/weights/quant.c), so the reference sees exactly the weights the engine
  * reads. The reference forward is the textbook computation, one position at a
  * time, in double, with explicit softmax attention over all earlier
  * positions: no cache, no paging, no online softmax.
@@ -42,7 +42,7 @@
 
 #include <stdint.h>
 
-#include "../engine/model.h"
+#include "../engine/model/model.h"
 
 /* What to build. Zero fields take the defaults noted. */
 typedef struct {

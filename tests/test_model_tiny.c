@@ -16,8 +16,8 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/quant.h"
-#include "../engine/arch.h"
+#include "../engine/weights/quant.h"
+#include "../engine/model/arch.h"
 
 enum { N_TOK = 12, STEPS = 32 };
 
@@ -210,7 +210,7 @@ TEST(model_tiny_results_are_bit_identical_for_1_2_3_threads_and_any_prefill_chun
     check_bit_identical_threads_and_chunking();
 }
 
-/* ---- integer activations (engine/quant.h llm_act): the same promises on
+/* ---- integer activations (engine/weights/quant.h llm_act): the same promises on
  * the int16 (the engine's default) and int8 paths. The f64 bounds are
  * measured with a margin, not derived: random tiny weights give activation
  * blocks with large outliers, and the error compounds over layers (int16:

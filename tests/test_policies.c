@@ -1,4 +1,4 @@
-/* tests/test_policies.c - the engine's cache policies (engine/policy.h) on
+/* tests/test_policies.c - the engine's cache policies (engine/gen/policy.h) on
  * tiny random models (tests/test_model_fixture.h): a context shift against a
  * float64 oracle that forgets positions from an explicit list instead of
  * re-rotating anything; prompt-lookup drafting on hand-made histories;
@@ -17,8 +17,8 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/model.h"
-#include "../engine/policy.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/policy.h"
 
 static llm_context *make_ctx(const llm_model *m, kv_dtype kv, int32_t n_ctx) {
     llm_context_params p = llm_context_default_params();
@@ -509,7 +509,7 @@ TEST(policy_corrupt_truncated_or_foreign_session_files_are_refused_and_change_no
 
 /* ---------------------------------------------------------------- in the generation loop */
 
-#include "../engine/session.h"
+#include "../engine/gen/session.h"
 
 typedef struct {
     int32_t toks[1024];

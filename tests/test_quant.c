@@ -5,7 +5,7 @@
  * from the format definition (which byte, which nibble, which scale) and
  * decodes in float64, one element at a time, sharing no code with engine/. */
 #include "test.h"
-#include "../engine/quant.h"
+#include "../engine/weights/quant.h"
 #include "gguf_writer.h"
 #include "quant_oracle.h"
 

@@ -4,7 +4,7 @@
  * quantization, and the bit-for-bit promises: scalar == SIMD kernels, any row
  * split, decode (one X row) == prefill (many). */
 #include "test.h"
-#include "../engine/quant.h"
+#include "../engine/weights/quant.h"
 #include "quant_oracle.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* tests/test_sched_policies.c - the cache policies in the continuous-batching
- * scheduler (engine/scheduler.h), on tiny random-weight models: context shift
+ * scheduler (engine/gen/scheduler.h), on tiny random-weight models: context shift
  * against the float64 oracle that forgets positions (tests/test_model_fixture.c,
  * written apart from the engine), prompt-lookup drafts riding in the ragged
  * batch against the same scheduler without them, under preemption, and
@@ -14,9 +14,9 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/model.h"
-#include "../engine/policy.h"
-#include "../engine/scheduler.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/policy.h"
+#include "../engine/gen/scheduler.h"
 
 enum { OUT = 200, REQS = 12 };
 

@@ -1,4 +1,4 @@
-/* tests/test_scheduler.c - continuous batching (engine/scheduler.h) on tiny
+/* tests/test_scheduler.c - continuous batching (engine/gen/scheduler.h) on tiny
  * random-weight models: many requests with random arrival, prompt and output
  * lengths through a pool small enough to force preemption, each compared with
  * a solo run of the same request written here (llm_eval on a context of its
@@ -14,9 +14,9 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/model.h"
-#include "../engine/scheduler.h"
-#include "../engine/session.h"
+#include "../engine/model/model.h"
+#include "../engine/gen/scheduler.h"
+#include "../engine/gen/session.h"
 
 enum { MAX_OUT = 64, MAX_REQ = 24, PAGE = 4, CTX = 96 };
 
@@ -287,7 +287,7 @@ TEST(sched_cancel_frees_pages_on_the_next_step) {
 /* Non-finite logits (a NaN in the final norm makes every logit NaN) end a
  * request in the scheduler as they end llm_session_generate: an error with
  * LLM_ERR_NONFINITE that says the logits were not finite, no token sampled,
- * and its pages back in the pool. Both loops run engine/choice.c. */
+ * and its pages back in the pool. Both loops run engine/gen/choice.c. */
 TEST(sched_and_session_stop_alike_on_non_finite_logits) {
     fx_model fx;
     if (fx_build(&(fx_spec){.type = GW_F32, .seed = 3, .nan_norm = "output_norm.weight"}, &fx)) return;

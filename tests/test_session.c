@@ -1,4 +1,4 @@
-/* tests/test_session.c - the generation loop (engine/session.h): the text
+/* tests/test_session.c - the generation loop (engine/gen/session.h): the text
  * stream's UTF-8 and stop-string hold-back on the tiny fixture vocabulary
  * (byte tokens, so one character's bytes can be split across tokens), and
  * every stop reason of a session forced on a tiny random-weight model
@@ -12,7 +12,7 @@
 #include "test.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/session.h"
+#include "../engine/gen/session.h"
 
 enum { EOS = 2, HE = FX_BYTE0 + 257 }; /* the fixture's <|im_end|> and merged "he" */
 #define B(c) (FX_BYTE0 + (unsigned char)(c))

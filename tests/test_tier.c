@@ -1,6 +1,6 @@
 /* tests/test_tier.c - a tier below the pool: the library's spill listener
  * and page loads (kv_cache_set_spill, kv_seq_prefix_next, kv_seq_prefix_load),
- * and the engine's disk tier (engine/tier.h) on a tiny model: pages written
+ * and the engine's disk tier (engine/gen/tier.h) on a tiny model: pages written
  * at close found again by a new context, continued to the logits of a cold
  * run and of the float64 reference; a damaged file a miss; the size bound. */
 #include <dirent.h>
@@ -11,8 +11,8 @@
 #include "helpers.h"
 #include "test_model_fixture.h"
 #include "gguf_writer.h"
-#include "../engine/quant.h"
-#include "../engine/tier.h"
+#include "../engine/weights/quant.h"
+#include "../engine/gen/tier.h"
 
 enum { P = 4, D = 8 };
 

@@ -1,4 +1,4 @@
-/* tests/test_tokenizer.c - the engine's tokenizers (engine/tokenizer.h).
+/* tests/test_tokenizer.c - the engine's tokenizers (engine/text/tokenizer.h).
  *
  * Hand-built vocabularies where the right answer follows from the
  * construction (merge order, byte fallback, special tokens, space rules);
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/chat.h"
-#include "../engine/tokenizer.h"
+#include "../engine/text/chat.h"
+#include "../engine/text/tokenizer.h"
 #include "test.h"
 
 #ifndef SMOLLM2_PATH

@@ -15,10 +15,10 @@
 
 #include "real_model.h"
 #include "test.h"
-#include "../engine/chat.h"
-#include "../engine/gguf.h"
-#include "../engine/tokenizer.h"
-#include "../engine/tokenizer_gguf.h"
+#include "../engine/text/chat.h"
+#include "../engine/gguf/gguf.h"
+#include "../engine/text/tokenizer.h"
+#include "../engine/text/tokenizer_gguf.h"
 
 #define CORPUS "tests/data/tokenizer/"
 #define SMOLLM2_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,15 +1,15 @@
 /* tests/fuzz/fuzz_gbnf.c - libFuzzer target: any bytes into the grammar
- * compiler and the JSON Schema compiler (engine/gbnf.c, json_schema.c),
+ * compiler and the JSON Schema compiler (engine/text/gbnf.c, json_schema.c),
  * then a document into the recognizer. The input is a text, a NUL, and a
  * document; the first byte's low bit picks the compiler. Never a crash;
  * a schema's grammar text always compiles; a document fed whole or in two
  * pieces ends alike; a document a schema accepts is JSON (the recognizer
- * of engine/grammar.h agrees) when it nests little enough for that one. */
+ * of engine/text/grammar.h agrees) when it nests little enough for that one. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/gbnf.h"
+#include "../../engine/text/gbnf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

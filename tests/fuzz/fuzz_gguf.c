@@ -7,13 +7,13 @@
  * come with a message. Any crash, sanitizer report or trap is a bug.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Iengine \
- *       tests/fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c engine/quant_avx2.c \
+ *       tests/fuzz/fuzz_gguf.c engine/gguf/gguf.c engine/weights/quant.c engine/weights/quant_avx2.c \
  *       -lm -o /tmp/fuzz_gguf
  *   /tmp/fuzz_gguf -max_total_time=60 tests/fuzz/corpus_gguf
  *
  * (add -march=native to fuzz the SIMD decoders instead of the scalar ones) */
-#include "gguf.h"
-#include "quant.h"
+#include "../../engine/gguf/gguf.h"
+#include "../../engine/weights/quant.h"
 
 #include <stdint.h>
 #include <stdio.h>

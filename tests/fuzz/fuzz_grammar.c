@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_grammar.c - libFuzzer target: any bytes into the JSON
- * recognizer (engine/grammar.c), whole and split at the first byte's
+ * recognizer (engine/text/grammar.c), whole and split at the first byte's
  * offset. Feeding in two pieces must end in the same state as in one; a
  * refused input stays refused; an accepted complete object must still be
  * one after trailing whitespace; never a crash. */
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/grammar.h"
+#include "../../engine/text/grammar.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

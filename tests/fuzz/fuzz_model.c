@@ -9,8 +9,8 @@
  * trap is a bug. Seeds: tests/fuzz/corpus_model (tiny valid models).
  *
  *   make fuzz   (builds every tests/fuzz target with clang's libFuzzer) */
-#include "model.h"
-#include "sampler.h"
+#include "../../engine/model/model.h"
+#include "../../engine/gen/sampler.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -18,8 +18,8 @@
  *
  *   make fuzz   (builds every tests/fuzz target with clang's libFuzzer) */
 #define _GNU_SOURCE
-#include "model.h"
-#include "policy.h"
+#include "../../engine/model/model.h"
+#include "../../engine/gen/policy.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -75,7 +75,7 @@ static size_t fix_sequence(uint8_t *p, size_t n) {
     return end + 8;
 }
 
-/* The engine's header (engine/session_file.c), then its sequences. */
+/* The engine's header (engine/gen/session_file.c), then its sequences. */
 static void fix_session(uint8_t *p, size_t n) {
     enum { HEAD = 8 + 4 + 4 + 8 + 128 + 4 * 4 };
     if (n < HEAD) return;

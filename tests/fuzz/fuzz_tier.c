@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_tier.c - libFuzzer target for the disk tier's page files
- * (engine/tier.h, llm_tier_parse), untrusted input read back at admission.
+ * (engine/gen/tier.h, llm_tier_parse), untrusted input read back at admission.
  *
  * What a lookup expects is taken from the input's own header where it has
  * one (group, fingerprint, names, token count, data size, tokens), so that
@@ -10,7 +10,7 @@
  * Seeds: tests/fuzz/corpus_tier (files written by the tier).
  *
  *   make fuzz */
-#include "tier.h"
+#include "../../engine/gen/tier.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
  * templates.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Iengine \
- *       tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c engine/tokenizer_encode.c \
- *       engine/pretok.c engine/unicode.c engine/chat.c engine/status.c -lm -o /tmp/fuzz_tok
+ *       tests/fuzz/fuzz_tokenizer.c engine/text/tokenizer.c engine/text/tokenizer_encode.c \
+ *       engine/text/pretok.c engine/text/unicode.c engine/text/chat.c engine/status.c -lm -o /tmp/fuzz_tok
  *   /tmp/fuzz_tok -max_total_time=60
  *
  * The first byte picks what the rest of the input drives:
@@ -23,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "tokenizer.h"
+#include "../../engine/text/chat.h"
+#include "../../engine/text/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -3,7 +3,7 @@
 A copy of the real model with one NaN in output_norm.weight makes every
 logit NaN (the final norm multiplies each hidden element by its weight, and
 every logit reads them all). `kvcache generate` (the session loop) and
-`kvcache serve` (the scheduler) both drive engine/choice.c, which checks the
+`kvcache serve` (the scheduler) both drive engine/gen/choice.c, which checks the
 logits before sampling: neither may print or send a token, and both must say
 the logits were not finite."""
 import json

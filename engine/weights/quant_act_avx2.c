@@ -1,0 +1,1108 @@
+/* engine/weights/quant_act_avx2.c - integer-activation dot products for AVX2: each
+ * weight block becomes 32 bytes in element order, multiplied with the
+ * activation's 32 int8 quants by vpmaddubsw (unsigned x signed byte pairs
+ * into int16) and vpmaddwd (into int32), or widened to int16 and multiplied
+ * with 16-bit quants by vpmaddwd alone, all exact. Rows packed in groups of
+ * 8 (llm_pack_rows; the kernels at the end) are one stream, and the 8 rows'
+ * sums of one block become the 8 lanes of one vector. A plain weight row is
+ * read in memory order (one stream per row: this CPU family's prefetchers
+ * lose pace with 8 interleaved rows), 8 blocks at a time: their exact block
+ * sums S_b become the 8 lanes of one vector. Either way the float part
+ * d_b * ((float)S_b * wa_b + (float)B_b * wb_b) runs on those lanes by the
+ * scalar reference's operations in its order (quant_act.c), so the results
+ * equal it bit for bit. Compiled with -mavx2 -mfma -mf16c (and once more
+ * with AVX-512 flags by quant_avx512.c); chosen after a CPUID check. The
+ * Makefile builds these files with -ffp-contract=off: no mul+add here may
+ * become an FMA, or the bits would differ from the scalar reference. */
+#include "quant_kern.h"
+#include "quant_simd.h"
+
+#include <math.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+/* lane i of the result = the sum of the 8 int32 lanes of v[i] (exact) */
+static inline __m256i hsum8_epi32(const __m256i v[8]) {
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);   /* 128-bit halves: lanes 0-3, 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+static inline __m256i join(__m128i lo, __m128i hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* all-ones in lanes 0 .. n-1 (n <= 8), zero above */
+static inline __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
+static inline int64_t block32_bytes(const int type) {
+    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
+         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
+}
+
+/* The 32 quants of a Q4_0, Q4_1, Q5_0 or Q8_0 block as the integer vectors
+ * the products take: with W16 as int16 (elements 0..15 in *w0, 16..31 in
+ * *w1), else as 32 bytes in *w0 (unsigned quants; Q8_0 signed). rest: the
+ * block's bytes after its scale halves, laid out alike in plain rows and in
+ * packed groups; Q4_0's and Q5_0's offsets are taken off the sums later. */
+static inline __attribute__((always_inline)) void
+block32_quants(const int type, const uint8_t *rest, const int W16, __m256i *w0, __m256i *w1) {
+    if (type == LLM_TYPE_Q8_0) {
+        if (W16) {
+            *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rest));
+            *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rest + 16)));
+        } else {
+            *w0 = _mm256_loadu_si256((const __m256i *)rest);
+        }
+        return;
+    }
+    __m128i lo, hi;
+    if (type == LLM_TYPE_Q5_0) {
+        q5_0_bits(rest, rest + 4, &lo, &hi);
+    } else if (W16) {   /* Q4_0, Q4_1: each nibble byte widened once, split in the int16 lanes */
+        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rest));
+        *w0 = _mm256_and_si256(q, _mm256_set1_epi16(15));
+        *w1 = _mm256_srli_epi16(q, 4);
+        return;
+    } else {
+        __m128i q = _mm_loadu_si128((const __m128i *)rest), m4 = _mm_set1_epi8(15);
+        lo = _mm_and_si128(q, m4);
+        hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    }
+    if (W16) {
+        *w0 = _mm256_cvtepu8_epi16(lo);
+        *w1 = _mm256_cvtepu8_epi16(hi);
+    } else {
+        *w0 = join(lo, hi);
+    }
+}
+
+/* Block b of one weight row: its 32 weight bytes in element order (unsigned
+ * quants for the formats with an offset, signed values for Q8_0 and Q6_K)
+ * and (Q6_K) the int16 sub-block scales for vpmaddwd; the scales come by
+ * chunk_scales. */
+static inline __attribute__((always_inline)) __m256i
+wbytes(const int type, const uint8_t *row, int64_t b, __m256i *sc16) {
+    switch (type) {
+    case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: case LLM_TYPE_Q5_0: case LLM_TYPE_Q8_0: {
+        __m256i v, unused;
+        block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 0, &v, &unused);
+        return v;
+    }
+    case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
+        int five = type == LLM_TYPE_Q5_K, sub = (int)(b % 8), g = sub / 2;
+        const uint8_t *p = row + (b / 8) * (five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k));
+        __m256i q = _mm256_loadu_si256((const __m256i *)(p + (five ? offsetof(llm_block_q5_k, qs)
+                                                                  : offsetof(llm_block_q4_k, qs)) + 32 * g));
+        __m256i v = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(15));
+        if (five) {   /* bit `sub` of qh[l] is element l's fifth bit */
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q5_k, qh)));
+            __m256i bit = _mm256_set1_epi8((char)(1 << sub));
+            v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                    _mm256_set1_epi8(16)));
+        }
+        return v;
+    }
+    default: {   /* Q6_K: elements 32s..32s+31 of half h */
+        const uint8_t *p = row + (b / 8) * sizeof(llm_block_q6_k);
+        int e0 = (int)(b % 8) * 32, h = e0 / 128, s = (e0 % 128) / 32;
+        __m256i l = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, ql) + 64 * h + 32 * (s & 1)));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, qh) + 32 * h));
+        __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(15));
+        /* bits 2s, 2s+1 of qh[l] to bits 4, 5 (16-bit shifts; the mask drops strays) */
+        __m256i hi2 = 2 * s >= 4 ? _mm256_srli_epi16(hb, 2 * s - 4) : _mm256_slli_epi16(hb, 4 - 2 * s);
+        hi2 = _mm256_and_si256(hi2, _mm256_set1_epi8(0x30));
+        const int8_t *sc = (const int8_t *)(p + offsetof(llm_block_q6_k, scales)) + e0 / 16;
+        *sc16 = join(_mm_set1_epi16(sc[0]), _mm_set1_epi16(sc[1]));
+        return _mm256_sub_epi8(_mm256_or_si256(lo, hi2), _mm256_set1_epi8(32));
+    }
+    }
+}
+
+/* acc + the sums of int16 pairs w * x (x: one pair, in every lane), and
+ * acc + the sums of u8 x s8 quads; exact either way (vpdpwssd and vpdpbusd
+ * with VNNI, which add without saturating) */
+static inline __attribute__((always_inline)) __m256i dp_pairs(__m256i acc, __m256i w, __m256i x) {
+#ifdef QK_VNNI
+    return _mm256_dpwssd_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+static inline __attribute__((always_inline)) __m256i dp_quads(__m256i acc, __m256i u8, __m256i s8) {
+#ifdef QK_VNNI
+    return _mm256_dpbusd_epi32(acc, u8, s8);
+#else   /* two products of at most 31 * 127 each (unsigned quants of 5 bits at most): no int16 saturation */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* int32 lanes summing to sum_k w[k] * x[k] (Q6_K: times the sub-block scales) */
+static inline __attribute__((always_inline)) __m256i dot32(const int type, __m256i wv, __m256i xv, __m256i sc16) {
+    if (type == LLM_TYPE_Q8_0 || type == LLM_TYPE_Q6_K) {   /* signed weights: |w| times x with w's sign */
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        return _mm256_madd_epi16(p, type == LLM_TYPE_Q6_K ? sc16 : _mm256_set1_epi16(1));
+    }
+    return dp_quads(_mm256_setzero_si256(), wv, xv);
+}
+
+/* Int32 lanes summing to the block sum of weights (w0, w1), as
+ * block32_quants or widen16 give them, against the activation block (xa, xb) */
+static inline __attribute__((always_inline)) __m256i
+wdot(const int type, __m256i w0, __m256i w1, __m256i xa, __m256i xb, const int W16) {
+    if (W16) return dp_pairs(_mm256_madd_epi16(w0, xa), w1, xb);
+    return dot32(type, w0, xa, _mm256_setzero_si256());
+}
+
+/* The weight bytes of wbytes widened to int16, elements 0..15 in *lo and
+ * 16..31 in *hi (Q6_K: times its sub-block scales, at most 32 * 128 in size) */
+static inline __attribute__((always_inline)) void widen16(const int type, __m256i wv, __m256i sc16, __m256i *lo,
+                                                          __m256i *hi) {
+    __m128i w0 = _mm256_castsi256_si128(wv), w1 = _mm256_extracti128_si256(wv, 1);
+    int sgn = type == LLM_TYPE_Q8_0 || type == LLM_TYPE_Q6_K;
+    *lo = sgn ? _mm256_cvtepi8_epi16(w0) : _mm256_cvtepu8_epi16(w0);
+    *hi = sgn ? _mm256_cvtepi8_epi16(w1) : _mm256_cvtepu8_epi16(w1);
+    if (type == LLM_TYPE_Q6_K) {
+        *lo = _mm256_mullo_epi16(*lo, _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)));
+        *hi = _mm256_mullo_epi16(*hi, _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1)));
+    }
+}
+
+/* The sum of dot32 against 16-bit quants xl (elements 0..15) and xh (16..31),
+ * by vpmaddwd */
+static inline __attribute__((always_inline)) __m256i
+dot32w(const int type, __m256i wv, __m256i xl, __m256i xh, __m256i sc16) {
+    __m256i lo, hi;
+    widen16(type, wv, sc16, &lo, &hi);
+    return wdot(type, lo, hi, xl, xh, 1);
+}
+
+/* For the 16-bit path, Q4_0/Q4_1/Q8_0 widen straight from memory (each byte
+ * of nibbles to one int16 lane: low nibble and >> 4), cheaper than the bytes
+ * of wbytes widened after; 0 for the other types. */
+static inline int words_direct(const int type) {
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q8_0;
+}
+static inline __attribute__((always_inline)) int
+wwords(const int type, const uint8_t *row, int64_t b, __m256i *lo, __m256i *hi) {
+    if (!words_direct(type)) return 0;
+    block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 1, lo, hi);
+    return 1;
+}
+
+static inline int rd32(const uint8_t *p) { int h; memcpy(&h, p, 4); return h; }
+
+
+/* The scale and offset of block b of one weight row as the reference's
+ * weight_block gives them */
+static inline void plain_scales(const int type, const uint8_t *row, int64_t b, float *wa, float *wb) {
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K) {
+        const size_t kb = type == LLM_TYPE_Q6_K ? sizeof(llm_block_q6_k)
+                        : type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+        const uint8_t *sb = row + (b / 8) * kb;
+        if (type == LLM_TYPE_Q6_K) {
+            *wa = half_at(sb + offsetof(llm_block_q6_k, d)), *wb = 0.0f;
+            return;
+        }
+        uint8_t sc, mn;
+        llm_k_scale_min(sb + offsetof(llm_block_q4_k, scales), (int)(b % 8), &sc, &mn);
+        *wa = half_at(sb + offsetof(llm_block_q4_k, d)) * (float)sc;   /* exact: 11 x 6 bits */
+        *wb = -(half_at(sb + offsetof(llm_block_q4_k, dmin)) * (float)mn);
+        return;
+    }
+    const uint8_t *p = row + b * block32_bytes(type);
+    *wa = half_at(p);
+    *wb = type == LLM_TYPE_Q4_1 ? half_at(p + offsetof(llm_block_q4_1, m)) : 0.0f;
+}
+
+/* Scale and offset (wa, wb) of blocks b0 .. b0+7 of one weight row as the
+ * reference's weight_block gives them, one lane per block; lanes >= nv are 0.
+ * The 32-bit formats' headers (scale half, then Q4_1's offset half) come in
+ * one gather; K-quant sub-block scales unpacked in registers, once a chunk. */
+static inline __attribute__((always_inline)) void
+chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
+    /* K-quants: chunks start at multiples of 8 blocks, so one chunk is one
+     * super-block. The lanes are built in registers: eight scalar stores read
+     * back as one vector cannot be forwarded, and that stall was a tenth of
+     * the K-quant products. */
+    if (type == LLM_TYPE_Q6_K) {   /* the sub-block scales go in the integer sums (sc16) */
+        *wa = _mm256_set1_ps(half_at(row + (b0 / 8) * sizeof(llm_block_q6_k) + offsetof(llm_block_q6_k, d)));
+        *wb = _mm256_setzero_ps();
+        return;
+    }
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K) {   /* plain_scales, llm_k_scale_min on 8 lanes */
+        const size_t kb = type == LLM_TYPE_Q5_K ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+        const uint8_t *sb = row + (b0 / 8) * kb;
+        uint32_t s03, m03, hi;
+        memcpy(&s03, sb + offsetof(llm_block_q4_k, scales), 4);
+        memcpy(&m03, sb + offsetof(llm_block_q4_k, scales) + 4, 4);
+        memcpy(&hi, sb + offsetof(llm_block_q4_k, scales) + 8, 4);
+        const uint32_t sc47 = (hi & 0x0f0f0f0fu) | ((s03 >> 6) & 0x03030303u) << 4;
+        const uint32_t mn47 = (hi >> 4 & 0x0f0f0f0fu) | ((m03 >> 6) & 0x03030303u) << 4;
+        const __m128i sc = _mm_cvtsi64_si128((long long)((uint64_t)(s03 & 0x3f3f3f3fu) | (uint64_t)sc47 << 32));
+        const __m128i mn = _mm_cvtsi64_si128((long long)((uint64_t)(m03 & 0x3f3f3f3fu) | (uint64_t)mn47 << 32));
+        const __m256 d = _mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, d)));
+        const __m256 dmin = _mm256_set1_ps(half_at(sb + offsetof(llm_block_q4_k, dmin)));
+        *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));   /* exact: 11 x 6 bits */
+        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
+        return;
+    }
+    const int bb = (int)block32_bytes(type);
+    const uint8_t *p = row + b0 * bb;
+    __m256i g;
+    if (nv == 8) {
+        g = _mm256_setr_epi32(rd32(p), rd32(p + bb), rd32(p + 2 * bb), rd32(p + 3 * bb), rd32(p + 4 * bb),
+                              rd32(p + 5 * bb), rd32(p + 6 * bb), rd32(p + 7 * bb));
+    } else {   /* lanes past the row: 0, unread */
+        _Alignas(32) int h[8] = {0};
+        for (int i = 0; i < nv; i++) h[i] = rd32(p + i * bb);
+        g = _mm256_load_si256((const __m256i *)h);
+    }
+    __m256i lo = _mm256_and_si256(g, _mm256_set1_epi32(0xffff)), hi = _mm256_srli_epi32(g, 16);
+    __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);   /* [lo 0..7 | hi 0..7] */
+    *wa = _mm256_cvtph_ps(_mm256_castsi256_si128(pk));
+    *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(pk, 1)) : _mm256_setzero_ps();
+}
+
+/* (a0+a4 + a2+a6) + (a1+a5 + a3+a7): llm_act_lanes_sum's order */
+static inline float lanes_sum(__m256 a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 g = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(g, _mm_shuffle_ps(g, g, 1)));
+}
+
+/* The float part of 8 lanes, by the reference's operations in its order:
+ * t1 = S wa, t2 = B wb, c = d (t1 + t2). S: the exact block sums (of
+ * unsigned quants for Q4_0 and Q5_0, whose offsets go here), B: the
+ * activation blocks' quant sums, d: their scales. */
+static inline __attribute__((always_inline)) __m256 terms(const int type, __m256i S, __m256i Bv, __m256 dxv,
+                                                          __m256 wa, __m256 wb) {
+    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
+    if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
+    __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
+    __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+    return _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2));
+}
+
+/* One chunk of 8 blocks b0 .. b0+7 (FULL) or the row's last nv < 8 of one
+ * weight row against T X rows (T <= 4): the 8 block sums of one (row, X row)
+ * pair become the 8 lanes of one vector (hsum8), and the float part of the
+ * reference runs on those lanes into acc[t]. W16: 16-bit quants. */
+static inline __attribute__((always_inline)) void
+act_chunk(const int type, const uint8_t *row, int64_t b0, const int nv, const llm_act_row *x, const int T,
+          __m256 acc[4], const int W16, const int FULL) {
+    const int direct = W16 && words_direct(type);
+    __m256i v[4][8];
+    UNROLL for (int i = 0; i < 8; i++) {
+        if (!FULL && i >= nv) {        /* past the row's end: a zero sum */
+            UNROLL for (int t = 0; t < T; t++) v[t][i] = _mm256_setzero_si256();
+            continue;
+        }
+        const int64_t b = b0 + i;
+        __m256i wv = _mm256_setzero_si256(), sc16 = _mm256_setzero_si256();
+        __m256i wl = _mm256_setzero_si256(), wh = _mm256_setzero_si256();
+        if (direct) wwords(type, row, b, &wl, &wh);
+        else wv = wbytes(type, row, b, &sc16);
+        UNROLL for (int t = 0; t < T; t++) {
+            if (W16) {
+                const int16_t *q = (const int16_t *)x[t].q + 32 * b;
+                __m256i xl = _mm256_loadu_si256((const __m256i *)q);
+                __m256i xh = _mm256_loadu_si256((const __m256i *)(q + 16));
+                v[t][i] = direct ? wdot(type, wl, wh, xl, xh, 1) : dot32w(type, wv, xl, xh, sc16);
+            } else {
+                v[t][i] = dot32(type, wv, _mm256_loadu_si256((const __m256i *)((const int8_t *)x[t].q + 32 * b)), sc16);
+            }
+        }
+    }
+    __m256 wa, wb;
+    chunk_scales(type, row, b0, FULL ? 8 : nv, &wa, &wb);
+    UNROLL for (int t = 0; t < T; t++) {
+        __m256 dxv;
+        __m256i Bv;
+        if (FULL) {
+            dxv = _mm256_loadu_ps(x[t].d + b0);
+            Bv = _mm256_loadu_si256((const __m256i *)(x[t].s + b0));
+        } else {   /* lanes past the row: d 0, B 0, unread */
+            dxv = _mm256_maskload_ps(x[t].d + b0, lanes_below(nv));
+            Bv = _mm256_maskload_epi32((const int *)(x[t].s + b0), lanes_below(nv));
+        }
+        __m256 sum = _mm256_add_ps(acc[t], terms(type, hsum8_epi32(v[t]), Bv, dxv, wa, wb));
+        /* a lane past the row keeps its sum as the reference leaves it (even -0) */
+        acc[t] = FULL ? sum : _mm256_blendv_ps(acc[t], sum, _mm256_castsi256_ps(lanes_below(nv)));
+    }
+}
+
+/* The row's last nv < 8 blocks, one X row at a time, out of line: once per
+ * weight type and width, not unrolled per T as well (which made this the
+ * slowest file of the build, for at most one chunk of each row). */
+#define ACT_TAIL(T_, W_)                                                                                  \
+    static void act_tail_##T_##_##W_(const uint8_t *row, int64_t b0, int nv, const llm_act_row *x, __m256 *acc) { \
+        act_chunk(T_, row, b0, nv, x, 1, acc, W_, 0);                                                     \
+    }
+#define ACT_TAILS(T_) ACT_TAIL(T_, 0) ACT_TAIL(T_, 1)
+ACT_TAILS(LLM_TYPE_Q4_0) ACT_TAILS(LLM_TYPE_Q4_1) ACT_TAILS(LLM_TYPE_Q5_0) ACT_TAILS(LLM_TYPE_Q8_0)
+ACT_TAILS(LLM_TYPE_Q4_K) ACT_TAILS(LLM_TYPE_Q5_K) ACT_TAILS(LLM_TYPE_Q6_K)
+#undef ACT_TAILS
+#undef ACT_TAIL
+
+static inline __attribute__((always_inline)) void act_tail(const int type, const uint8_t *row, int64_t b0, int nv,
+                                                           const llm_act_row *x, const int T, __m256 acc[4],
+                                                           const int W16) {
+#define CASE(T_) \
+    case T_: fn = W16 ? act_tail_##T_##_1 : act_tail_##T_##_0; break;
+    void (*fn)(const uint8_t *, int64_t, int, const llm_act_row *, __m256 *) = NULL;
+    switch (type) {
+        CASE(LLM_TYPE_Q4_0) CASE(LLM_TYPE_Q4_1) CASE(LLM_TYPE_Q5_0) CASE(LLM_TYPE_Q8_0)
+        CASE(LLM_TYPE_Q4_K) CASE(LLM_TYPE_Q5_K) CASE(LLM_TYPE_Q6_K)
+    default: return;
+    }
+#undef CASE
+    for (int t = 0; t < T; t++) fn(row, b0, nv, x + t, acc + t);
+}
+
+/* How far ahead of the chunk it works on a row asks for the memory. The
+ * plain rows (the K-quants' in decode) are short (576 and 1680 bytes for
+ * Gemma 3's Q4_K and Q6_K) and lie back to back, so this reaches into the
+ * rows after; a prefetch of a row that is elsewhere is only a wasted one. */
+enum { ROW_PREFETCH_BYTES = 2048 };
+
+/* R weight rows against T X rows, each weight row streamed in order */
+static inline __attribute__((always_inline)) void
+act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row *x, const int T, int64_t nb,
+         float *out, const int W16) {
+    const int64_t cb = llm_row_bytes(type, LLM_QK_K);   /* a chunk: 8 blocks of 32, or one super-block */
+    for (int r = 0; r < R; r++) {
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        int64_t b0 = 0;
+        for (; b0 + 8 <= nb; b0 += 8) {
+            const uint8_t *ahead = w[r] + b0 / 8 * cb + ROW_PREFETCH_BYTES;
+            for (int64_t o = 0; o < cb; o += 64) __builtin_prefetch(ahead + o, 0, 2);
+            act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
+        }
+        if (b0 < nb) act_tail(type, w[r], b0, (int)(nb - b0), x, T, acc, W16);
+        UNROLL for (int t = 0; t < T; t++) out[r * T + t] = lanes_sum(acc[t]);
+    }
+}
+
+/* One function per weight type and width, each holding its four T shapes
+ * (noinline: all 56 shapes inlined into llm_act_dot made one 120 KB function,
+ * slower to compile and opaque in a profile). */
+#define ACT_T(T_, W_)                                                                                  \
+    static __attribute__((noinline)) void act_##T_##_##W_(const uint8_t *const *w, int nr, const llm_act_row *x, \
+                                                          int nt, int64_t nb, float *out) {            \
+        switch (nt) {                                                                                  \
+        case 1: act_rows(T_, w, nr, x, 1, nb, out, W_); break;                                         \
+        case 2: act_rows(T_, w, nr, x, 2, nb, out, W_); break;                                         \
+        case 3: act_rows(T_, w, nr, x, 3, nb, out, W_); break;                                         \
+        default: act_rows(T_, w, nr, x, 4, nb, out, W_); break;                                        \
+        }                                                                                              \
+    }
+#define ACT_W(T_) ACT_T(T_, 0) ACT_T(T_, 1)
+ACT_W(LLM_TYPE_Q4_0) ACT_W(LLM_TYPE_Q4_1) ACT_W(LLM_TYPE_Q5_0) ACT_W(LLM_TYPE_Q8_0)
+ACT_W(LLM_TYPE_Q4_K) ACT_W(LLM_TYPE_Q5_K) ACT_W(LLM_TYPE_Q6_K)
+#undef ACT_W
+#undef ACT_T
+
+static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out);
+static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                      float *out);
+
+int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                   int64_t nb, float *out) {
+    if (type == LLM_TYPE_Q5_1 || type == LLM_TYPE_Q2_K || type == LLM_TYPE_Q3_K)
+        return nt < 1 ? -1 : more_types(type, w, nr, x, nt, nb, out);
+    if (nt > 4) return many_rows(type, w, nr, x, nt, nb, out);
+    if (nt < 1) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    const int w16 = x[0].bits == LLM_ACT_Q16;
+#define CASE(T_) \
+    case T_: (w16 ? act_##T_##_1 : act_##T_##_0)(w, nr, x, nt, nb, out); return 0;
+    switch (type) {
+        CASE(LLM_TYPE_Q4_0) CASE(LLM_TYPE_Q4_1) CASE(LLM_TYPE_Q5_0) CASE(LLM_TYPE_Q8_0)
+        CASE(LLM_TYPE_Q4_K) CASE(LLM_TYPE_Q5_K) CASE(LLM_TYPE_Q6_K)
+    default: return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    }
+#undef CASE
+}
+
+/* ---- packed groups of 8 rows (llm_pack_rows) ----
+ * Block b of the group: the 8 rows' scales in one load, and the 8 rows'
+ * exact block sums in the 8 lanes of one vector, so the reference's float
+ * part runs on 8 rows at once, into acc[b % 8]. Q4_0 and Q4_1 hold their
+ * quants in lanes (quant_kern.h): lane r of every load is row r, and the
+ * sums build up in place, pair by pair. Q5_0's and Q8_0's rows keep their
+ * blocks whole: each row's sum is one int32 vector, and hsum8 turns the 8
+ * vectors into one lane per row. */
+
+/* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
+ * quants of elements 0..15 in *xa and 16..31 in *xb */
+static inline __attribute__((always_inline)) void x_block(const llm_act_row *x, int64_t b, const int W16, __m256i *xa,
+                                                         __m256i *xb) {
+    if (W16) {
+        const int16_t *q = (const int16_t *)x->q + 32 * b;
+        *xa = _mm256_loadu_si256((const __m256i *)q);
+        *xb = _mm256_loadu_si256((const __m256i *)(q + 16));
+    } else {
+        *xa = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->q + 32 * b));
+        *xb = _mm256_setzero_si256();
+    }
+}
+
+/* The 4 bytes at p in every lane */
+static inline __m256i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Activation rows a lane-packed group (Q4_0, Q4_1) takes at once with
+ * 16-bit quants: 4 rows' sums fill 16 registers, which AVX-512's 32 hold;
+ * AVX2 keeps 2. */
+#ifdef __AVX512VL__
+#define LANE_ROWS 4
+#else
+#define LANE_ROWS 2
+#endif
+
+/* The 8 rows' sums S[t] of one lane-packed block, its quants at q, against
+ * the 16 int16 pairs of an activation block at xp[t], for NT <= LANE_ROWS
+ * activation rows: the quants loaded and masked once for all of them.
+ * Nibble s of each 16-bit half, masked in place, is 16^s times its value
+ * for s = 1, 2, and the sums of those are shifted back (exact: |sum| <= 8 *
+ * 15 * 256 * 16383 < 2^30). */
+static inline __attribute__((always_inline)) void lane_sums16(const uint8_t *q, const int16_t *const *xp,
+                                                             const int NT, __m256i *S) {
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
+    const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
+    __m256i a[LANE_ROWS][4];
+    UNROLL for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_si256();
+    UNROLL for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        __asm__("" : "+v"(v)); /* one load for the four uses, not one each */
+        const __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
+        const __m256i v3 = _mm256_srli_epi16(v, 12);
+        UNROLL for (int t = 0; t < NT; t++) {
+            a[t][0] = dp_pairs(a[t][0], v0, bcast32(xp[t] + 8 * i));
+            a[t][1] = dp_pairs(a[t][1], v1, bcast32(xp[t] + 8 * i + 2));
+            a[t][2] = dp_pairs(a[t][2], v2, bcast32(xp[t] + 8 * i + 4));
+            a[t][3] = dp_pairs(a[t][3], v3, bcast32(xp[t] + 8 * i + 6));
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++)
+        S[t] = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][3]),
+                                _mm256_add_epi32(_mm256_srai_epi32(a[t][1], 4), _mm256_srai_epi32(a[t][2], 8)));
+}
+
+/* The same against 32 int8 quants at xq. A lane's bytes, masked, are the
+ * elements 0, 4, 1, 5 (low nibbles) and 2, 6, 3, 7 (high) of each 8, so
+ * x's bytes are put in that order first. */
+static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q, const int8_t *xq) {
+    const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                           0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    _Alignas(32) int32_t xr[8];
+    _mm256_store_si256((__m256i *)xr, _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)xq), order));
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+    UNROLL for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        a0 = dp_quads(a0, _mm256_and_si256(v, m4), bcast32(xr + 2 * i));
+        a1 = dp_quads(a1, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bcast32(xr + 2 * i + 1));
+    }
+    return _mm256_add_epi32(a0, a1);
+}
+
+/* The scales (wa) and offsets (wb) of the 8 rows of a packed block p */
+static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *p, __m256 *wa,
+                                                                __m256 *wb) {
+    *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
+    *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_offset(0))))
+                                : _mm256_setzero_ps();
+}
+
+/* The 8 rows' terms of block b, S their block sums and wa, wb their scales
+ * and offsets */
+static inline __attribute__((always_inline)) __m256
+block_terms(const int type, __m256i S, __m256 wa, __m256 wb, const llm_act_row *x, int64_t b) {
+    return terms(type, S, _mm256_set1_epi32(x->s[b]), _mm256_set1_ps(x->d[b]), wa, wb);
+}
+
+/* (l0+l4 + l2+l6) + (l1+l5 + l3+l7) of the lane sums acc[b % 8], 8 rows at once */
+static inline void lanes_final(const __m256 acc[8], float out[8]) {
+    __m256 h0 = _mm256_add_ps(acc[0], acc[4]), h1 = _mm256_add_ps(acc[1], acc[5]);
+    __m256 h2 = _mm256_add_ps(acc[2], acc[6]), h3 = _mm256_add_ps(acc[3], acc[7]);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)));
+}
+
+
+/* Bytes ahead of the block in use that a packed group prefetches: a group
+ * is one stream, but a matmul task is only 4 groups (11 KB of a 576-wide
+ * Q4_1 matrix), too short for the hardware prefetcher to run ahead; a few KB
+ * ahead keeps one core's stream fed, more starts to evict what is in use. */
+enum { PF_AHEAD = 3072 };
+
+/* NT activation rows (decode, or a few): each row of the group decoded in
+ * registers. NT > 1 (up to LANE_ROWS) only with 16-bit quants: a
+ * lane-packed group's bytes are then masked once for all the rows, another
+ * group's 8 rows decoded once per block for all of them (Q8_0 at 4-8 rows:
+ * 29 -> 36-41 GMAC/s, one thread of a Sapphire Rapids); each row's float
+ * part is the same, so the same bits. */
+static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
+                                                              const llm_act_row *x, const int NT, float *out,
+                                                              const int W16) {
+    const int64_t bb = block32_bytes(type);
+    const int hd = llm_packed_head(type);
+    __m256 acc[LANE_ROWS][8];   /* [X row][b % 8], a lane per weight row: the reference's lane sums */
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = grp + b * 8 * bb;
+        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+        __m256i S[LANE_ROWS];
+        if (llm_packed_lanes(type) && W16) {
+            const int16_t *xp[LANE_ROWS];
+            UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
+            lane_sums16(p + 8 * hd, xp, NT, S);
+        } else if (llm_packed_lanes(type)) {
+            S[0] = lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
+        } else if (NT == 1) {
+            __m256i xa, xb, v[8];
+            x_block(x, b, W16, &xa, &xb);
+            UNROLL for (int r = 0; r < 8; r++) {
+                __m256i w0, w1 = _mm256_setzero_si256();
+                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
+                v[r] = wdot(type, w0, w1, xa, xb, W16);
+            }
+            S[0] = hsum8_epi32(v);
+        } else { /* a few rows of 16-bit quants: the 8 rows' quants decoded once for all of them */
+            __m256i w0[8], w1[8];
+            UNROLL for (int r = 0; r < 8; r++) {
+                w1[r] = _mm256_setzero_si256();
+                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0[r], &w1[r]);
+            }
+            UNROLL for (int t = 0; t < NT; t++) {
+                __m256i xa, xb, v[8];
+                x_block(&x[t], b, W16, &xa, &xb);
+                UNROLL for (int r = 0; r < 8; r++) v[r] = wdot(type, w0[r], w1[r], xa, xb, W16);
+                S[t] = hsum8_epi32(v);
+            }
+        }
+        __m256 wa, wb;
+        packed_scales(type, p, &wa, &wb);
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], block_terms(type, S[t], wa, wb, &x[t], b));
+    }
+    UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
+}
+
+/* packed_group on the first rows of x [0 .. n), as many as it takes at
+ * once (up to LANE_ROWS with 16-bit quants, else 1), each count compiled
+ * apart; returns how many it took. */
+static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
+                                                            const llm_act_row *x, int n, float *out, const int W16) {
+    if (!W16 || n == 1) {
+        packed_group(type, grp, nb, x, 1, out, W16);
+        return 1;
+    }
+    switch (n < LANE_ROWS ? n : LANE_ROWS) {
+#if LANE_ROWS > 2
+    case 4: packed_group(type, grp, nb, x, 4, out, W16); return 4;
+    case 3: packed_group(type, grp, nb, x, 3, out, W16); return 3;
+#endif
+    default: packed_group(type, grp, nb, x, 2, out, W16); return 2;
+    }
+}
+
+/* Several activation rows (prefill, batches): 8 rows' weights decoded once,
+ * CB blocks at a time, into an L1-resident buffer that every activation row
+ * then reads, so a format's decoding (Q5_0's fifth bits, the K-quants'
+ * scales) is not paid again per row. The rows' lane sums wait in acc between
+ * chunks. */
+enum { CB = 64, NT_MAX = 64 };
+typedef struct {
+    __m256i w[CB][8][2];   /* [block][row]: the vectors of packed_weights (32 KB) */
+    __m256 wa[CB], wb[CB]; /* [block]: the 8 rows' scales and offsets */
+} rows_buf;
+
+static inline __attribute__((always_inline)) void
+rows_against_x(const int type, const rows_buf *rb, int64_t c0, int64_t c1, const llm_act_row *x, int nt,
+               __m256 (*acc)[8], const int W16) {
+    for (int t = 0; t < nt; t++)
+        for (int64_t b = c0; b < c1; b++) {
+            __m256i xa, xb, v[8];
+            x_block(&x[t], b, W16, &xa, &xb);
+            UNROLL for (int r = 0; r < 8; r++)
+                v[r] = wdot(type, rb->w[b - c0][r][0], rb->w[b - c0][r][1], xa, xb, W16);
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8],
+                                          block_terms(type, hsum8_epi32(v), rb->wa[b - c0], rb->wb[b - c0], &x[t], b));
+        }
+}
+
+/* dword j of in[r] to dword r of out[j], r, j < 8 */
+static inline __attribute__((always_inline)) void transpose8_epi32(const __m256i in[8], __m256i out[8]) {
+    __m256i t[8], u[8];
+    UNROLL for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
+    }
+    UNROLL for (int k = 0; k < 2; k++) {   /* u[4k + j]: dword j (128-bit half 0) and j + 4 (half 1) of in[4k .. 4k+3] */
+        u[4 * k] = _mm256_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    UNROLL for (int j = 0; j < 4; j++) {
+        out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        out[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* The 16 int16 pair vectors of a lane-packed block's quants q: lane r of
+ * pr[j] is row r's elements 2j, 2j + 1 */
+static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, __m256i pr[16]) {
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F);
+    UNROLL for (int c = 0; c < 4; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        pr[4 * c] = _mm256_and_si256(v, m0);
+        pr[4 * c + 1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m0);
+        pr[4 * c + 2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), m0);
+        pr[4 * c + 3] = _mm256_srli_epi16(v, 12);
+    }
+}
+
+/* Block b of a packed group into slot i of the buffer. A lane-packed block
+ * becomes its pair vectors, then by two transposes each row's elements
+ * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead). */
+static inline __attribute__((always_inline)) void
+packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
+    const int64_t bb = block32_bytes(type);
+    const int hd = llm_packed_head(type);
+    const uint8_t *p = grp + b * 8 * bb;
+    if (llm_packed_lanes(type)) {
+        __m256i pr[16], rows[8];
+        lane_pairs(p + 8 * hd, pr);
+        UNROLL for (int half = 0; half < 2; half++) {
+            transpose8_epi32(pr + 8 * half, rows);
+            UNROLL for (int r = 0; r < 8; r++) rb->w[i][r][half] = rows[r];
+        }
+    } else {
+        UNROLL for (int r = 0; r < 8; r++) {
+            rb->w[i][r][1] = _mm256_setzero_si256();
+            block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &rb->w[i][r][0], &rb->w[i][r][1]);
+        }
+    }
+    packed_scales(type, p, &rb->wa[i], &rb->wb[i]);
+}
+
+/* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i, as the
+ * int16 weights of dot32w */
+static inline __attribute__((always_inline)) void
+plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, rows_buf *rb, int64_t i) {
+    _Alignas(32) float wa[8] = {0}, wb[8] = {0};
+    for (int r = 0; r < 8; r++) {
+        __m256i *v = rb->w[i][r];
+        if (r >= nr) {
+            v[0] = v[1] = _mm256_setzero_si256();
+            continue;
+        }
+        if (!wwords(type, w[r], b, &v[0], &v[1])) {
+            __m256i sc16 = _mm256_setzero_si256(), wv = wbytes(type, w[r], b, &sc16);
+            widen16(type, wv, sc16, &v[0], &v[1]);
+        }
+        plain_scales(type, w[r], b, &wa[r], &wb[r]);
+    }
+    rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
+}
+
+/* The same with the activation rows in lanes (llm_act_row.lanes, 16-bit):
+ * 8 X rows' pairs of a block stay in 16 registers while each of the 8
+ * weight rows' pairs is broadcast against them, so the 8 sums of a weight
+ * row build up in the lanes of one vector (lane l: X row t0 + l), with no
+ * horizontal sum. acc[g][r][b % 8]: X rows 8g.., weight row r. */
+static inline __attribute__((always_inline)) void
+rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, int64_t c1, const llm_act_row *x,
+                   int nt, __m256 (*acc)[8][8]) {
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        for (int64_t b = c0; b < c1; b++) {
+            const int32_t *lanes = x[t0].lanes;
+            const __m256i *xl = (const __m256i *)(lanes + b * 128);
+            __m256i xv[16];
+            UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256(xl + j);
+            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb) + b * 8));
+            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 8));
+            const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
+            UNROLL for (int r = 0; r < 8; r++) {
+                const int32_t *wp = (const int32_t *)rb->w[b - c0][r];   /* its 16 pairs */
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+                UNROLL for (int j = 0; j < 16; j += 2) {
+                    a0 = dp_pairs(a0, xv[j], bcast32(wp + j));
+                    a1 = dp_pairs(a1, xv[j + 1], bcast32(wp + j + 1));
+                }
+                __m256 *ac = &acc[t0 / 8][r][b % 8];
+                *ac = _mm256_add_ps(*ac, terms(type, _mm256_add_epi32(a0, a1), Bv, dv, _mm256_set1_ps(wa[r]),
+                                               _mm256_set1_ps(wb[r])));
+            }
+        }
+    }
+}
+
+#if QK_X_LANES
+/* llm_qkern.act_lanes: each 8 rows' pairs of quants by 8 x 8 transposes of
+ * dwords, their scales and sums (few) one at a time */
+void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf) {
+    for (int g = 0; g * 8 < nt; g++) {
+        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb);
+        int32_t *dd = dst + llm_act_lanes_d(nb), *ss = dst + llm_act_lanes_s(nb);
+        const int n = nt - 8 * g < 8 ? nt - 8 * g : 8;
+        for (int l = 0; l < n; l++) xs[8 * g + l].lanes = dst;
+        const llm_act_row *x = xs + 8 * g;
+        __m256i in[8], out[8];
+        for (int64_t b = 0; b < nb; b++)
+            UNROLL for (int half = 0; half < 2; half++) {
+                UNROLL for (int l = 0; l < 8; l++)
+                    in[l] = l < n ? _mm256_loadu_si256((const __m256i *)((const int16_t *)x[l].q + 32 * b + 16 * half))
+                                  : _mm256_setzero_si256();
+                transpose8_epi32(in, out);
+                UNROLL for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 8), out[j]);
+            }
+        for (int64_t b = 0; b < nb; b++)
+            for (int l = 0; l < 8; l++) {
+                float d = l < n ? x[l].d[b] : 0.0f;
+                memcpy(dd + b * 8 + l, &d, 4);
+                ss[b * 8 + l] = l < n ? x[l].s[b] : 0;
+            }
+    }
+}
+#endif
+
+/* The group (PACKED) or the nr plain rows w against nt activation rows:
+ * out[8*t + r] for a group, out[r*nt + t] for plain rows (16-bit only) */
+static inline __attribute__((always_inline)) void
+group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *const *w, int nr, int64_t nb,
+           const llm_act_row *x, int nt, float *out, const int W16) {
+    rows_buf rb;
+    const int lanes = QK_X_LANES && W16 && x[0].lanes;
+    union {
+        __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
+        __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
+    } acc;
+    for (int t = 0; t < (nt + 7) / 8 * 8; t++)
+        UNROLL for (int i = 0; i < 8; i++) acc.rows[t][i] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += CB) {
+        const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
+        for (int64_t b = c0; b < c1; b++) {
+            if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16);
+            else plain_block_into(type, w, nr, b, &rb, b - c0);
+        }
+        if (lanes) rows_against_lanes(type, &rb, nb, c0, c1, x, nt, acc.lanes);
+        else rows_against_x(type, &rb, c0, c1, x, nt, acc.rows, W16);
+    }
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        UNROLL for (int i = 0; i < 8; i++) {   /* i: an X row (rows), or a weight row (lanes) */
+            _Alignas(32) float o[8];
+            lanes_final(lanes ? acc.lanes[t0 / 8][i] : acc.rows[t0 + i], o);
+            for (int k = 0; k < 8; k++) {
+                const int t = lanes ? t0 + k : t0 + i, r = lanes ? i : k;
+                if (t < nt && r < nr) out[PACKED ? 8 * t + r : r * nt + t] = o[k];
+            }
+        }
+    }
+}
+
+#define ROWS16(T_)                                                                                         \
+    static void rows16_##T_(const uint8_t *const *w, int nr, int64_t nb, const llm_act_row *x, int nt, float *out) { \
+        group_rows(T_, 0, NULL, w, nr, nb, x, nt, out, 1);                                                       \
+    }
+ROWS16(LLM_TYPE_Q4_0) ROWS16(LLM_TYPE_Q4_1) ROWS16(LLM_TYPE_Q5_0) ROWS16(LLM_TYPE_Q8_0)
+ROWS16(LLM_TYPE_Q4_K) ROWS16(LLM_TYPE_Q5_K) ROWS16(LLM_TYPE_Q6_K)
+#undef ROWS16
+
+/* nt > 4 X rows against nr <= 8 rows: tiles of 4 X rows (8-bit
+ * activations, or up to LLM_ACT_FEW_ROWS), else through the decoded-rows
+ * buffer */
+static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out) {
+    if (nr > 8 || nt > NT_MAX) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    if (x[0].bits != LLM_ACT_Q16 || nt <= LLM_ACT_FEW_ROWS) {
+        float part[8 * 4];
+        for (int t0 = 0; t0 < nt; t0 += 4) {
+            int n = nt - t0 < 4 ? nt - t0 : 4;
+            QK_CAT(llm_act_dot_, QK_TABLE)(type, w, nr, x + t0, n, nb, part);
+            for (int r = 0; r < nr; r++)
+                for (int t = 0; t < n; t++) out[r * nt + t0 + t] = part[r * n + t];
+        }
+        return 0;
+    }
+    void (*fn)(const uint8_t *const *, int, int64_t, const llm_act_row *, int, float *) = NULL;
+    switch (type) {
+    case LLM_TYPE_Q4_0: fn = rows16_LLM_TYPE_Q4_0; break;
+    case LLM_TYPE_Q4_1: fn = rows16_LLM_TYPE_Q4_1; break;
+    case LLM_TYPE_Q5_0: fn = rows16_LLM_TYPE_Q5_0; break;
+    case LLM_TYPE_Q8_0: fn = rows16_LLM_TYPE_Q8_0; break;
+    case LLM_TYPE_Q4_K: fn = rows16_LLM_TYPE_Q4_K; break;
+    case LLM_TYPE_Q5_K: fn = rows16_LLM_TYPE_Q5_K; break;
+    case LLM_TYPE_Q6_K: fn = rows16_LLM_TYPE_Q6_K; break;
+    default: return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    }
+    fn(w, nr, nb, x, nt, out);
+    return 0;
+}
+
+/* Lane-packed groups (Q4_0, Q4_1) with 16-bit quants take any number of
+ * rows LANE_ROWS at a time (packed_rows), on the AVX2 and VNNI kernels: the
+ * nibbles masked once for those rows beat decoding the group into the
+ * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
+ * (docs/PERFORMANCE.md); the AVX-512 kernels without VNNI still run past
+ * LLM_ACT_FEW_ROWS rows whole groups of 8 in lanes, as the other types do.
+ * The rest (or all of a few) by packed_rows. */
+#if defined(QK_VNNI) || LANE_ROWS == 2
+#define LANE_TILES 1
+#else
+#define LANE_TILES 0
+#endif
+#define PACKED(T_, W_)                                                                                 \
+    static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
+        int t = 0;                                                                                     \
+        if (nt > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {               \
+            t = nt / 8 * 8;                                                                            \
+            group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
+        }                                                                                              \
+        while (t < nt) t += packed_rows(T_, grp, nb, x + t, nt - t, out + 8 * t, W_);                  \
+    }
+#define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
+PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
+#undef PACKED_W
+#undef PACKED
+#undef LANE_TILES
+
+int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                          float *out) {
+    if (nt < 1 || nt > NT_MAX) return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
+    int w16 = x->bits == LLM_ACT_Q16;
+    switch (type) {
+    case LLM_TYPE_Q4_0: (w16 ? packed_LLM_TYPE_Q4_0_1 : packed_LLM_TYPE_Q4_0_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q4_1: (w16 ? packed_LLM_TYPE_Q4_1_1 : packed_LLM_TYPE_Q4_1_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
+    default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
+    }
+}
+
+/* ---- Q5_1, Q2_K and Q3_K ----
+ * Each block of 32 decoded once per chunk of 8 into int16 weights (Q3_K:
+ * times the sub-block scale - 32, Q2_K: times the 4-bit scale, with its
+ * 4-bit mins beside them), then every X row's exact block sums by
+ * vpmaddwd (8-bit quants widened), 8 blocks' sums in the lanes of one
+ * vector, and the reference's float part on them (quant_act.c). */
+
+/* Block b of a row: weights w[0] (elements 0..15), w[1] (16..31); Q2_K's
+ * mins likewise in mn */
+static inline __attribute__((always_inline)) void
+more_block(const int type, const uint8_t *row, int64_t b, __m256i w[2], __m256i mn[2]) {
+    if (type == LLM_TYPE_Q5_1) {
+        const uint8_t *p = row + b * sizeof(llm_block_q5_1);
+        __m128i lo, hi;
+        q5_0_bits(p + offsetof(llm_block_q5_1, qh), p + offsetof(llm_block_q5_1, qs), &lo, &hi);
+        w[0] = _mm256_cvtepu8_epi16(lo);
+        w[1] = _mm256_cvtepu8_epi16(hi);
+        return;
+    }
+    const int i = (int)(b % 8), h = i / 4, j = i % 4;
+    const int k2 = type == LLM_TYPE_Q2_K;
+    const uint8_t *p = row + (b / 8) * (k2 ? sizeof(llm_block_q2_k) : sizeof(llm_block_q3_k));
+    const uint8_t *qs = p + (k2 ? offsetof(llm_block_q2_k, qs) : offsetof(llm_block_q3_k, qs)) + 32 * h;
+    /* bits 2j, 2j+1 of each byte (a 16-bit shift; the mask drops the strays) */
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 2 * j),
+                                 _mm256_set1_epi8(3));
+    int s0, s1;
+    if (k2) {
+        const uint8_t *sc = p + offsetof(llm_block_q2_k, scales) + 2 * i;
+        s0 = sc[0] & 15, s1 = sc[1] & 15;
+        mn[0] = _mm256_set1_epi16((short)(sc[0] >> 4));
+        mn[1] = _mm256_set1_epi16((short)(sc[1] >> 4));
+    } else {   /* less 4 where the hmask bit 4h + j is clear */
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q3_k, hmask)));
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+        q = _mm256_sub_epi8(q, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
+        const uint8_t *sc = p + offsetof(llm_block_q3_k, scales);
+        int sv[2];
+        for (int k = 0; k < 2; k++) {
+            const int s = 2 * i + k;
+            const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            sv[k] = (lo | hi << 4) - 32;
+        }
+        s0 = sv[0], s1 = sv[1];
+    }
+    w[0] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16((short)s0));
+    w[1] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16((short)s1));
+}
+
+/* The weight scales of blocks b0 .. b0+nv-1 in lanes (0 above), as the
+ * reference's weight_block gives them */
+static inline void more_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa, __m256 *wb) {
+    if (type == LLM_TYPE_Q5_1) {
+        _Alignas(32) float a[8] = {0}, o[8] = {0};
+        for (int i = 0; i < nv; i++) {
+            const uint8_t *p = row + (b0 + i) * sizeof(llm_block_q5_1);
+            a[i] = half_at(p + offsetof(llm_block_q5_1, d));
+            o[i] = half_at(p + offsetof(llm_block_q5_1, m));
+        }
+        *wa = _mm256_load_ps(a), *wb = _mm256_load_ps(o);
+        return;
+    }
+    if (type == LLM_TYPE_Q2_K) {
+        const uint8_t *p = row + (b0 / 8) * sizeof(llm_block_q2_k);
+        *wa = _mm256_set1_ps(half_at(p + offsetof(llm_block_q2_k, d)));
+        *wb = _mm256_set1_ps(-half_at(p + offsetof(llm_block_q2_k, dmin)));
+        return;
+    }
+    *wa = _mm256_set1_ps(half_at(row + (b0 / 8) * sizeof(llm_block_q3_k) + offsetof(llm_block_q3_k, d)));
+    *wb = _mm256_setzero_ps();
+}
+
+/* Activation block b of x as int16: elements 0..15 in x2[0], 16..31 in x2[1] */
+static inline __attribute__((always_inline)) void more_x(const llm_act_row *x, int64_t b, __m256i x2[2]) {
+    if (x->bits == LLM_ACT_Q16) {
+        const int16_t *q = (const int16_t *)x->q + 32 * b;
+        x2[0] = _mm256_loadu_si256((const __m256i *)q);
+        x2[1] = _mm256_loadu_si256((const __m256i *)(q + 16));
+    } else {
+        const int8_t *q = (const int8_t *)x->q + 32 * b;
+        x2[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q));
+        x2[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
+    }
+}
+
+enum { MORE_NT = 64 };   /* X rows per call: llm_matmul_act's blocks (JB) */
+
+static inline __attribute__((always_inline)) int act_dot_more(const int type, const uint8_t *const *w, int nr,
+                                                               const llm_act_row *x, int nt, int64_t nb, float *out) {
+    if (nt > MORE_NT) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+    const int k2 = type == LLM_TYPE_Q2_K;
+    for (int r = 0; r < nr; r++) {
+        __m256 acc[MORE_NT];
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+            const int nv = nb - b0 < 8 ? (int)(nb - b0) : 8;
+            __m256i wv[8][2], mv[8][2];
+            for (int i = 0; i < nv; i++) more_block(type, w[r], b0 + i, wv[i], mv[i]);
+            __m256 wa, wb;
+            more_scales(type, w[r], b0, nv, &wa, &wb);
+            const __m256i valid = lanes_below(nv);
+            for (int t = 0; t < nt; t++) {
+                __m256i S[8], T[8];
+                for (int i = 0; i < 8; i++) {
+                    S[i] = T[i] = _mm256_setzero_si256();
+                    if (i >= nv) continue;
+                    __m256i x2[2];
+                    more_x(&x[t], b0 + i, x2);
+                    S[i] = dp_pairs(_mm256_madd_epi16(wv[i][0], x2[0]), wv[i][1], x2[1]);
+                    if (k2) T[i] = dp_pairs(_mm256_madd_epi16(mv[i][0], x2[0]), mv[i][1], x2[1]);
+                }
+                const __m256 dxv = _mm256_maskload_ps(x[t].d + b0, valid);
+                const __m256i Bv = k2 ? hsum8_epi32(T) : _mm256_maskload_epi32((const int *)(x[t].s + b0), valid);
+                __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8_epi32(S)), wa);
+                __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
+                __m256 sum = _mm256_add_ps(acc[t], _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2)));
+                /* a lane past the row keeps its sum as the reference leaves it (even -0) */
+                acc[t] = _mm256_blendv_ps(acc[t], sum, _mm256_castsi256_ps(valid));
+            }
+        }
+        for (int t = 0; t < nt; t++) out[r * nt + t] = lanes_sum(acc[t]);
+    }
+    return 0;
+}
+
+/* one out-of-line copy per type */
+static __attribute__((noinline)) int act_dot_q5_1(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q5_1, w, nr, x, nt, nb, out);
+}
+static __attribute__((noinline)) int act_dot_q2_k(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q2_K, w, nr, x, nt, nb, out);
+}
+static __attribute__((noinline)) int act_dot_q3_k(const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                                  int64_t nb, float *out) {
+    return act_dot_more(LLM_TYPE_Q3_K, w, nr, x, nt, nb, out);
+}
+
+static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                      float *out) {
+    switch (type) {
+    case LLM_TYPE_Q5_1: return act_dot_q5_1(w, nr, x, nt, nb, out);
+    case LLM_TYPE_Q2_K: return act_dot_q2_k(w, nr, x, nt, nb, out);
+    case LLM_TYPE_Q3_K: return act_dot_q3_k(w, nr, x, nt, nb, out);
+    default: return -1;
+    }
+}
+
+/* ---- quantizing activation rows: quantize_block (quant_act.c), 32 floats
+ * in 4 vectors: the same max (vmaxps with the running max second skips a
+ * NaN, as the scalar comparison does), the same scalar d and 1/d, the same
+ * product rounded to nearest even, clamp, and a NaN quant made 0. */
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+    const int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+    const float ft = (float)top;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), fmax = _mm256_set1_ps(3.402823466e38f);
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + 32 * i;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        int finite = 1;
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            __m256 a = _mm256_and_ps(v[k], absmask);
+            amax = _mm256_max_ps(a, amax);
+            finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float am = _mm_cvtss_f32(h), dd = finite ? am / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        const __m256 idv = _mm256_set1_ps(id), hi = _mm256_set1_ps(ft), lo = _mm256_set1_ps(-ft);
+        __m256i iv[4], sum = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+            iv[k] = _mm256_cvttps_epi32(c);
+            sum = _mm256_add_epi32(sum, iv[k]);
+        }
+        /* the packs work per 128-bit half: the permute puts the elements back in order */
+        __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xD8);
+        __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xD8);
+        if (bits == LLM_ACT_Q8) {
+            __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8);
+            _mm256_storeu_si256((__m256i *)((int8_t *)q + 32 * i), b);
+        } else {
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i), w01);
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i + 16), w23);
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        d[i] = dd;
+        s[i] = _mm_cvtsi128_si32(s4);
+    }
+}
+
+#else
+
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+    llm_act_quantize_scalar(x, nblocks, bits, q, d, s);
+}
+
+int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                          float *out) {
+    return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
+}
+
+int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
+                                   int64_t nb, float *out) {
+    return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+}
+
+#endif

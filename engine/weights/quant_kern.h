@@ -1,0 +1,135 @@
+/* engine/weights/quant_kern.h - internal to the engine's quant_*.c files: the table of
+ * weight kernels one instruction set provides, and how one is chosen at run
+ * time (by CPU feature, or by KVCACHE_SIMD as for the library's kernels).
+ * Not for callers: engine/weights/quant.h is the interface. */
+#ifndef LLM_QUANT_KERN_H
+#define LLM_QUANT_KERN_H
+
+#include "quant.h"
+
+/* One activation row in integer blocks of 32 (see llm_act in quant.h). */
+typedef struct {
+    const void *q;      /* [n] int8_t (bits 8) or int16_t (bits 16) quants */
+    int bits;           /* 8 or 16, the same for every row of one call */
+    const float *d;     /* [n / 32] block scales */
+    const int32_t *s;   /* [n / 32] sum of each block's quants */
+    /* NULL, or (16-bit quants, for tables with x_lanes) this row's group of
+     * 8 consecutive rows of the call in lanes, rows past the call's zero:
+     * their quants as [n / 32][16][8] int16 pairs ([block][pair j][row]),
+     * then their scales [n / 32][8] (float) and quant sums [n / 32][8] */
+    const int32_t *lanes;
+} llm_act_row;
+
+typedef struct {
+    const char *name;   /* "scalar", "avx2", "avx512", "avx512vnni" */
+    /* Decode n elements (whole blocks); 0 if done, -1 if this table has no
+     * decoder for the type (the caller then uses the scalar one). */
+    int (*dequant)(int type, const void *src, float *dst, int64_t n);
+    /* out[r*nt + t] = sum_k w[r][k] * x[t][k] for r < nr, t < nt over n floats.
+     * Shapes (nr, nt) are (8, 1), (4, 4) or (1, 1); any other shape is computed
+     * one (1, 1) pair at a time. */
+    void (*dot_tile)(const float *const *w, int nr, const float *const *x, int nt, int64_t n, float *out);
+    /* Decode-and-dot without the float buffer for nr (8 or 1) rows of a
+     * Q4_0/Q4_1/Q5_0/Q8_0 chunk: out[r] = dot(w[r][0..n), x), bit-identical
+     * to dequant + dot_tile; -1 where this table has none. */
+    int (*fused_dot)(int type, const uint8_t *const *w, int nr, const float *x, int64_t n, float *out);
+    /* integer-activation products of nb blocks of 32: out[r*nt + t] for weight
+     * rows w[r] (r < nr) and activation rows x[t] (t < nt <= 4), by exactly
+     * the arithmetic of the scalar reference in quant_act.c (so every table
+     * gives the same bits, whatever the shape); -1 if the type has no integer
+     * path in this table. */
+    int (*act_dot)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                   float *out);
+    /* The same products for one packed group of 8 weight rows (llm_pack_rows)
+     * against nt activation rows: out[8*t + r] for t < nt, r < 8, by the same
+     * arithmetic; -1 if the type is not packed. */
+    int (*act_dot_packed)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+    /* llm_act_quantize's blocks: nblocks consecutive blocks of 32 floats of x
+     * into quants q (int8 or int16 by bits), scales d and sums s, each block
+     * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
+    void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+    /* NULL, or: the nt rows' 16-bit quants, scales and sums in lanes of 8
+     * rows (llm_act_row.lanes) into buf (llm_act_lanes_size(nb) int32 per
+     * group of 8), each row pointed at its group's; act_dot and
+     * act_dot_packed then read them */
+    void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+} llm_qkern;
+
+/* int32s of one group of 8 rows in lanes (llm_act_row.lanes) of nb
+ * blocks, and where in it the scales and the sums begin */
+static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (128 + 16); }
+static inline int64_t llm_act_lanes_d(int64_t nb) { return nb * 128; }
+static inline int64_t llm_act_lanes_s(int64_t nb) { return nb * 136; }
+
+/* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
+ * set and supported, else the best this CPU runs; llm_quant_force_scalar
+ * overrides it. */
+const llm_qkern *llm_qkern_active(void);
+extern const llm_qkern llm_qkern_scalar;
+/* NULL when not compiled in or when the CPU lacks the instructions */
+const llm_qkern *llm_qkern_avx2(void);
+const llm_qkern *llm_qkern_avx512(void);
+const llm_qkern *llm_qkern_avx512vnni(void);
+
+/* The final sum of the reference's 8 lane sums (quant_act.c), in its order */
+float llm_act_lanes_sum(const float l[8]);
+
+/* The int8-activation tiles: scalar (quant_act.c, the reference), AVX2
+ * (quant_act_avx2.c) and the same compiled with AVX-512 flags. */
+int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                       float *out);
+int llm_act_dot_avx2(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                     float *out);
+int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                       float *out);
+int llm_act_dot_avx512vnni(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
+                           float *out);
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx2(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx512(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
+void llm_act_lanes_avx512(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+void llm_act_lanes_avx512vnni(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
+int llm_act_dot_packed_avx512vnni(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
+                                  float *out);
+
+/* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds; the
+ * header bytes each row's block keeps in front (the scale halves); and where
+ * row r's parts lie in a packed block of 8 blocks of bb bytes: its scale
+ * half, Q4_1's offset half, then (Q5_0, Q8_0) the rest of its block. */
+int llm_type_packed(int type);
+/* Up to this many activation rows, the 16-bit products take no lanes of 8
+ * X rows (the decoded-rows buffer's, which cost as much for 2 rows as for
+ * 8): a packed group is multiplied with the rows by the decode kernel (its
+ * 8 rows' blocks, a few KB, stay in L1 for the rows after the first), a
+ * Q4_0/Q4_1 group with up to 4 of them at once (2 with AVX2: LANE_ROWS in
+ * quant_act_avx2.c), other groups one at a time, and plain rows in tiles of
+ * up to 4. Past it, whole groups of 8 go in lanes, and a packed group's
+ * rest as above. A batch of decodes is such a product (figures in
+ * docs/PERFORMANCE.md, "Tuning record"). */
+enum { LLM_ACT_FEW_ROWS = 8 };
+static inline int llm_packed_head(int type) { return type == LLM_TYPE_Q4_1 ? 4 : 2; }
+static inline int llm_packed_scale(int r) { return 2 * r; }
+static inline int llm_packed_offset(int r) { return 16 + 2 * r; }
+static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (bb - hd); }
+
+/* Q4_0 and Q4_1 packed blocks hold their quants in lanes: after the 8
+ * rows' halves (8 * hd bytes), 4 chunks of 32 bytes, whose dword r is row
+ * r's, so that a 256-bit load has one row per lane and the 8 rows' sums
+ * build up in the lanes of one vector. Element 8i + 2s + h is the nibble at
+ * bits 4s + 16h of chunk i's dword: the dword's two 16-bit halves, masked,
+ * are the pair (2j, 2j + 1) as int16. Q5_0 and Q8_0 keep each row's rest
+ * of block whole, at llm_packed_rest. */
+static inline int llm_packed_lanes(int type) { return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1; }
+/* The byte of a lane-packed block that holds element k (0..31) of row r,
+ * and the shift of its nibble in that byte (0 or 4) */
+static inline int llm_lane_byte(int type, int r, int k, int *shift) {
+    const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2);
+    *shift = bit % 8;
+    return 8 * llm_packed_head(type) + 32 * (k / 8) + 4 * r + bit / 8;
+}
+
+#endif
