@@ -104,10 +104,6 @@ kv_cache_stats kv_cache_get_stats(const kv_cache *c) {
 
 /* ------------------------------------------------------------------ sequences */
 
-static bool seq_valid(const kv_cache *c, int32_t seq) {
-    return seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
-}
-
 static int32_t blocks_for(const kv_cache *c, int32_t len) {
     return (int32_t)(((int64_t)len + c->p.page_size - 1) / c->p.page_size);
 }
@@ -126,7 +122,7 @@ int kv_seq_new(kv_cache *c, int32_t *seq) {
 
 int kv_seq_remove(kv_cache *c, int32_t seq) {
     if (!c) return KV_ERR_NULL;
-    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    if (!kv_seq_valid(c, seq)) return KV_ERR_SEQ;
     kv_prefix_publish(c, seq, c->seqs[seq].len / c->p.page_size, false);
     int32_t *t = kv_table(c, seq);
     for (int32_t i = 0; i < blocks_for(c, c->seqs[seq].len); i++) {
@@ -139,13 +135,13 @@ int kv_seq_remove(kv_cache *c, int32_t seq) {
 
 int32_t kv_seq_length(const kv_cache *c, int32_t seq) {
     if (!c) return KV_ERR_NULL;
-    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    if (!kv_seq_valid(c, seq)) return KV_ERR_SEQ;
     return c->seqs[seq].len;
 }
 
 int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
     if (!c || !child) return KV_ERR_NULL;
-    if (!seq_valid(c, parent)) return KV_ERR_SEQ;
+    if (!kv_seq_valid(c, parent)) return KV_ERR_SEQ;
     int32_t id;
     int rc = kv_seq_new(c, &id);
     if (rc) return rc;
@@ -157,34 +153,6 @@ int kv_seq_fork(kv_cache *c, int32_t parent, int32_t *child) {
         if (to[i] != KV_NO_PAGE) c->pages.refcount[to[i]]++;
     }
     *child = id;
-    return KV_OK;
-}
-
-/* First block a window cache still needs when the earliest query to come sits
- * at position `pos`: that query sees keys j > pos - W, so every block whose
- * last position is <= pos - W can go. */
-int32_t kv_window_first_block(const kv_cache *c, int32_t pos) {
-    if (c->p.window == 0 || c->p.no_evict) return 0;
-    int64_t lowest_key = (int64_t)pos - c->p.window + 1;
-    return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
-}
-
-/* What every call taking a batch checks first: the arrays are there,
- * row_start starts at 0 and never decreases, and each id names a live
- * sequence that appears once. */
-static int batch_form(const kv_cache *c, const kv_batch *b) {
-    if (!c || !b) return KV_ERR_NULL;
-    if (b->n_seqs < 0) return KV_ERR_SHAPE;
-    if (b->n_seqs == 0) return KV_OK;
-    if (!b->seqs || !b->row_start) return KV_ERR_NULL;
-    if (b->row_start[0] != 0) return KV_ERR_SHAPE;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t seq = b->seqs[i];
-        if (!seq_valid(c, seq)) return KV_ERR_SEQ;
-        for (int32_t j = 0; j < i; j++)
-            if (b->seqs[j] == seq) return KV_ERR_DUPLICATE;
-        if (b->row_start[i + 1] < b->row_start[i]) return KV_ERR_SHAPE;
-    }
     return KV_OK;
 }
 
@@ -253,7 +221,7 @@ static void reserve_walk(kv_cache *c, const kv_batch *b, const int32_t *tokens, 
 }
 
 int kv_batch_reserve_cost(kv_cache *c, const kv_batch *b, kv_reserve_cost *cost) {
-    int rc = batch_form(c, b);
+    int rc = kv_batch_form(c, b);
     if (rc) return rc;
     if (!cost) return KV_ERR_NULL;
     for (int32_t i = 0; i < b->n_seqs; i++) {
@@ -306,7 +274,7 @@ int kv_seq_reserve(kv_cache *c, int32_t seq, int32_t n_new, const int32_t *token
 
 int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
     if (!c) return KV_ERR_NULL;
-    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    if (!kv_seq_valid(c, seq)) return KV_ERR_SEQ;
     kv_seq_state *s = &c->seqs[seq];
     if (new_len < 0 || new_len > s->len) return KV_ERR_LENGTH;
     /* the next query sits at new_len; the keys it sees must still be here */
@@ -323,20 +291,6 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
 }
 
 /* ------------------------------------------------------------------ batches */
-
-int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows) {
-    *rows = 0;
-    int rc = batch_form(c, b);
-    if (rc || b->n_seqs == 0) return rc;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        int32_t T = b->row_start[i + 1] - b->row_start[i];
-        const kv_seq_state *s = &c->seqs[b->seqs[i]];
-        if (T > s->len) return KV_ERR_LENGTH;
-        if (T > 0 && kv_window_first_block(c, s->len - T) < s->first_block) return KV_ERR_WINDOW;
-    }
-    *rows = b->row_start[b->n_seqs];
-    return KV_OK;
-}
 
 static int append_rows(kv_cache *c, int32_t layer, const kv_batch *b, const void *k, const void *v,
                        bool f64) {
@@ -394,7 +348,7 @@ static int read_rows(const kv_cache *c, int32_t layer, int32_t seq, int32_t pos,
     if (!c) return KV_ERR_NULL;
     if (kv_type_f64(c->p.dtype) != f64) return KV_ERR_DTYPE;
     if (layer < 0 || layer >= c->p.n_layers || n < 0) return KV_ERR_SHAPE;
-    if (!seq_valid(c, seq)) return KV_ERR_SEQ;
+    if (!kv_seq_valid(c, seq)) return KV_ERR_SEQ;
     const kv_seq_state *s = &c->seqs[seq];
     const int32_t P = c->p.page_size, Hkv = c->p.n_kv_heads, d = c->p.head_dim;
     if (pos < 0 || pos > s->len - n) return KV_ERR_LENGTH;

@@ -181,11 +181,22 @@ void kv_page_spill(kv_cache *c, int32_t page);
  * swapped for that twin in the block table. */
 void kv_prefix_publish(kv_cache *c, int32_t seq, int32_t upto, bool dry);
 /* First block a window cache still needs when the earliest query to come sits
- * at `pos` (0 for a full cache or one that does not evict). */
-int32_t kv_window_first_block(const kv_cache *c, int32_t pos);
+ * at position `pos`: that query sees keys j > pos - W, so every block whose
+ * last position is <= pos - W can go. */
+static inline int32_t kv_window_first_block(const kv_cache *c, int32_t pos) {
+    if (c->p.window == 0 || c->p.no_evict) return 0;
+    int64_t lowest_key = (int64_t)pos - c->p.window + 1;
+    return lowest_key <= 0 ? 0 : (int32_t)(lowest_key / c->p.page_size);
+}
 /* Whether the page is named, in the view. */
 bool kv_view_named(kv_cache *c, bool dry, int32_t page);
 
+static inline bool kv_seq_valid(const kv_cache *c, int32_t seq) {
+    return seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
+}
+/* src/batch.c. Form: the arrays are there, row_start starts at 0 and never
+ * decreases, each id names a live sequence that appears once. */
+int kv_batch_form(const kv_cache *c, const kv_batch *b);
 /* Validates a batch against the cache: ids live and distinct, rows well formed,
  * T_b <= S_b, and the window's keys still present. *rows receives the total. */
 int kv_batch_check(const kv_cache *c, const kv_batch *b, int32_t *rows);
