@@ -571,7 +571,7 @@ TEST(policy_prompt_lookup_gives_the_tokens_of_plain_decoding_greedy_and_sampled)
                 trace a = {0}, b = {0};
                 int32_t ca, cb, la, lb;
                 llm_gen_result ra = generate(c, prompts[pi], 60, gp, &a, &ca, &la);
-                gp.draft_lookup = 8;
+                gp.draft_lookup = 8, gp.draft_fixed = 1;
                 llm_gen_result rb = generate(c, prompts[pi], 60, gp, &b, &cb, &lb);
                 if (a.n != b.n || memcmp(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n) != 0)
                     test_fail(__FILE__, __LINE__, "prompt %d temp %g max %d: lookup changed the tokens", pi,
@@ -605,7 +605,7 @@ TEST(policy_a_session_with_context_shift_runs_past_its_context_as_the_oracle_say
     for (int lookup = 0; lookup <= 8; lookup += 8) {
         llm_gen_params gp = llm_gen_default_params();
         gp.max_tokens = GEN, gp.sampler.temp = 0, gp.ignore_eog = 1;
-        gp.context_shift = 1, gp.n_keep = KEEP, gp.draft_lookup = lookup;
+        gp.context_shift = 1, gp.n_keep = KEEP, gp.draft_lookup = lookup, gp.draft_fixed = 1;
         trace t = {.logits = malloc(sizeof(float) * GEN * FX_VOCAB), .cap = GEN};
         int32_t cached, len;
         llm_gen_result r = generate(c, prompt, N, gp, &t, &cached, &len);

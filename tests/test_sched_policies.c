@@ -92,7 +92,7 @@ TEST(sched_context_shift_runs_past_the_context_as_the_oracle_says) {
         for (int j = 0; j < N; j++) prompt[i][j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
     for (int lookup = 0; lookup <= 8; lookup += 8) {
         llm_sched_params sp = llm_sched_default_params();
-        sp.context_shift = 1, sp.n_keep = KEEP, sp.draft_lookup = lookup;
+        sp.context_shift = 1, sp.n_keep = KEEP, sp.draft_lookup = lookup, sp.draft_fixed = 1;
         llm_sched *s = NULL;
         CHECK_EQ_INT(llm_sched_create(c, &sp, &s), LLM_OK);
         if (!s) break;
@@ -170,7 +170,7 @@ TEST(sched_context_shift_runs_past_the_context_as_the_oracle_says) {
 static void run_lookup(llm_context *c, int32_t N, int32_t (*prompt)[48], const int32_t *n_prompt, rec_t *rec,
                        llm_sched_stats *st) {
     llm_sched_params sp = llm_sched_default_params();
-    sp.batch_tokens = 24, sp.draft_lookup = N;
+    sp.batch_tokens = 24, sp.draft_lookup = N, sp.draft_fixed = 1;
     llm_sched *s = NULL;
     CHECK_EQ_INT(llm_sched_create(c, &sp, &s), LLM_OK);
     if (!s) return;
@@ -538,7 +538,7 @@ TEST(sched_sessions_save_what_drafts_kept_and_never_a_cancelled_or_shifted_seque
     for (int j = 0; j < 7; j++) p[j] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
     for (int j = 7; j < N; j++) p[j] = p[j % 7];   /* a phrase three times: drafts to take */
     llm_sched_params sp = llm_sched_default_params(), drafts = sp;
-    drafts.draft_lookup = 8;
+    drafts.draft_lookup = 8, drafts.draft_fixed = 1;
     llm_sched_stats st;
     static rec_t r1, warm, cold;
     /* drafts: a choice that ends within a verify pass saves the positions of

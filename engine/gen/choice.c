@@ -76,7 +76,7 @@ llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, c
 int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
                            int32_t rows_other, double tokens_other, int32_t *draft) {
     if (ch->draft_max <= 0) return 0;
-    int64_t lim = llm_lookup_ctl_next(&ch->lookup, cost, rows_other, tokens_other);
+    int64_t lim = cost ? llm_lookup_ctl_next(&ch->lookup, cost, rows_other, tokens_other) : ch->draft_max;
     lim = lim < room ? lim : room;
     if (ch->max_tokens >= 0 && lim > (int64_t)ch->max_tokens - ch->n_generated - 1)
         lim = (int64_t)ch->max_tokens - ch->n_generated - 1;

@@ -80,7 +80,9 @@ llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, c
  * the other sequences' rows_other rows and tokens_other tokens in the same
  * pass) and `room` (positions and batch rows left after the token to feed;
  * tokens left to generate are counted here), the drafts to follow hist [n]
- * (prompt and output) into draft; 0: none. */
+ * (prompt and output) into draft; 0: none. cost NULL: as many as the
+ * choice's draft length and room allow, every pass (a fixed length, for
+ * results that must not depend on the machine's timings). */
 int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
                            int32_t rows_other, double tokens_other, int32_t *draft);
 /* A verify pass that proposed `proposed` drafts saw `accepted` taken. */

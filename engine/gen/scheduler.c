@@ -431,7 +431,7 @@ static int32_t propose(llm_sched *s, sched_seq *ch, int32_t rows, int32_t n_out,
     int64_t lim = room[0] < room[1] ? room[0] : room[1];
     lim = lim < room[2] ? lim : room[2];
     /* the other decoders' rows (those placed, one for each still to come) and tokens */
-    return llm_choice_propose(&ch->c, ch->tokens, ch->n_tokens, lim, &s->cost, rows + later, n_dec - 1,
+    return llm_choice_propose(&ch->c, ch->tokens, ch->n_tokens, lim, s->p.draft_fixed ? NULL : &s->cost, rows + later, n_dec - 1,
                               s->b_tokens + rows + 1);
 }
 

@@ -67,6 +67,9 @@ typedef struct {
                              * of the choice, the ones the model disagrees with are cut off by
                              * llm_seq_truncate; the tokens are those of plain decoding.
                              * 0 .. LLM_MAX_DRAFT */
+    int draft_fixed;        /* 1: every pass proposes draft_lookup drafts (as room allows)
+                             * instead of as many as the measured pass costs pay for
+                             * (llm_lookup_ctl_next): steps that do not depend on timing */
     /* One line about a session file: restored or saved (with the time it
      * took), or ignored / not saved and why. Called on the scheduler thread;
      * NULL: silent. */

@@ -296,7 +296,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
         /* room: positions after tok, rows of one pass */
         int64_t room = (int64_t)n_ctx - p->reserve - s->n_cached - 1;
         if (room > n_batch - 1) room = n_batch - 1;
-        const int32_t nd = n_draft_max ? llm_choice_propose(&ch, s->toks, s->n, room, &cost, 0, 0, draft) : 0;
+        const int32_t nd = n_draft_max ? llm_choice_propose(&ch, s->toks, s->n, room, p->draft_fixed ? NULL : &cost, 0, 0, draft) : 0;
         res->n_passes++;
         double tp = llm_pass_clock();
         if (nd == 0) {

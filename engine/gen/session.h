@@ -112,6 +112,8 @@ typedef struct {
     int32_t draft_lookup;           /* N > 0: prompt-lookup speculative decoding: up to N tokens
                                      * proposed from the prompt and output, verified in one pass
                                      * of N + 1 rows; the output is what plain decoding gives */
+    int draft_fixed;                /* 1: every pass proposes draft_lookup drafts (as room allows)
+                                     * instead of as many as the measured pass costs pay for */
 } llm_gen_params;
 
 /* max_tokens 128, llm_sampler_default_params, no stops, reserve 0, no callbacks. */
