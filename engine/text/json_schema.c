@@ -631,27 +631,39 @@ static const char lexicon[] =
     "null ::= \"null\"\n"
     "ws ::= [ \\t\\n]{0,20}\n";
 
-char *llm_json_schema_grammar(const char *text, size_t len, char *err, size_t err_cap) {
-    ctx c = {.s = text, .end = text + len, .text = text, .err = err, .err_cap = err_cap};
-    if (err_cap) err[0] = 0;
-    int32_t root = parse_value(&c, 0);
-    if (root >= 0) {
-        ws(&c);
-        if (c.s != c.end) fail(&c, "the schema is not valid JSON: something follows it");
+/* Reads one schema document [text, end) and compiles its rules; the top
+ * rule's number, or -1 with c->failed set. */
+static int32_t schema_text(ctx *c, const char *text, const char *end) {
+    c->s = c->text = text, c->end = end;
+    int32_t root = parse_value(c, 0);
+    if (root < 0) return -1;
+    ws(c);
+    if (c->s != c->end) {
+        fail(c, "the schema is not valid JSON: something follows it");
+        return -1;
     }
-    if (!c.failed) {
-        int32_t top = schema(&c, root, 0);
-        if (top >= 0) {
-            putf(&c, "root ::= ws s%d ws\n", (int)top);
-            put(&c, lexicon, sizeof lexicon - 1);
-        }
-    }
-    free(c.n);
-    if (c.failed) {
-        free(c.out);
+    return schema(c, root, 0);
+}
+
+/* The grammar text written, or NULL when compiling failed (err says why). */
+static char *grammar_done(ctx *c) {
+    free(c->n);
+    if (c->failed) {
+        free(c->out);
         return NULL;
     }
-    return c.out;
+    return c->out;
+}
+
+char *llm_json_schema_grammar(const char *text, size_t len, char *err, size_t err_cap) {
+    ctx c = {.err = err, .err_cap = err_cap};
+    if (err_cap) err[0] = 0;
+    int32_t top = schema_text(&c, text, text + len);
+    if (!c.failed && top >= 0) {
+        putf(&c, "root ::= ws s%d ws\n", (int)top);
+        put(&c, lexicon, sizeof lexicon - 1);
+    }
+    return grammar_done(&c);
 }
 
 char *llm_json_call_grammar(int32_t n, const char *const *names, const char *const *schemas, const char *head,
@@ -660,14 +672,7 @@ char *llm_json_call_grammar(int32_t n, const char *const *names, const char *con
     int32_t tops[64];
     if (err_cap) err[0] = 0;
     if (n < 1 || n > 64) fail(&c, "a call grammar takes 1 to 64 functions");
-    for (int32_t i = 0; i < n && !c.failed; i++) {
-        c.s = c.text = schemas[i], c.end = schemas[i] + strlen(schemas[i]);
-        int32_t root = parse_value(&c, 0);
-        if (root < 0) break;
-        ws(&c);
-        if (c.s != c.end) fail(&c, "the schema is not valid JSON: something follows it");
-        else tops[i] = schema(&c, root, 0);
-    }
+    for (int32_t i = 0; i < n && !c.failed; i++) tops[i] = schema_text(&c, schemas[i], schemas[i] + strlen(schemas[i]));
     if (!c.failed) {
         put(&c, "root ::= ", 9);
         put_literal(&c, head, strlen(head));
@@ -684,12 +689,7 @@ char *llm_json_call_grammar(int32_t n, const char *const *names, const char *con
         put(&c, "\n", 1);
         put(&c, lexicon, sizeof lexicon - 1);
     }
-    free(c.n);
-    if (c.failed) {
-        free(c.out);
-        return NULL;
-    }
-    return c.out;
+    return grammar_done(&c);
 }
 
 llm_gbnf *llm_json_schema_compile(const char *schema_text, size_t len, char *err, size_t err_cap) {
