@@ -172,6 +172,7 @@ TEST(gbnf_json_schema_refuses_what_it_does_not_support_by_name) {
         {"{\"type\":\"array\",\"maxItems\":5000}", "'maxItems' must be an integer"},
         {"{\"type\":", "not valid JSON"},
         {"[1]", "a schema must be an object"},
+        {"{\"type\":\"string\"} x", "something follows it"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[320];
