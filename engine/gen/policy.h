@@ -57,9 +57,8 @@ int32_t llm_lookup_draft(const int32_t *hist, int32_t n, int32_t max_draft, int3
 /* How long a forward pass of r rows takes (a decode step is 1 row, a verify
  * pass 1 + its drafts, a scheduler step every sequence's rows), measured by
  * the loop that runs them: the weight products are compute-bound, so a row
- * costs well over nothing (on SmolLM2 at depth 4k on 2 cores, T = 2 about
- * 1.5 steps, T = 9 about 4), and how much depends on the model, the
- * machine and its load. Per row count up to LLM_PASS_COST_ROWS an average
+ * costs well over nothing, and how much depends on the model, the machine
+ * and its load. Per row count up to LLM_PASS_COST_ROWS an average
  * of the recent passes (a pass over twice or under half of it counts as
  * that) and how often it was seen. Zero it to start. */
 enum { LLM_PASS_COST_ROWS = 64 };

@@ -548,9 +548,8 @@ enum { PF_AHEAD = 3072 };
 /* NT activation rows (decode, or a few): each row of the group decoded in
  * registers. NT > 1 (up to LANE_ROWS) only with 16-bit quants: a
  * lane-packed group's bytes are then masked once for all the rows, another
- * group's 8 rows decoded once per block for all of them (Q8_0 at 4-8 rows:
- * 29 -> 36-41 GMAC/s, one thread of a Sapphire Rapids); each row's float
- * part is the same, so the same bits. */
+ * group's 8 rows decoded once per block for all of them (figures in
+ * docs/PERFORMANCE.md); each row's float part is the same, so the same bits. */
 static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
                                                               const llm_act_row *x, const int NT, float *out,
                                                               const int W16) {
