@@ -208,7 +208,10 @@ static void *packed_of(const problem *p) {
     return P;
 }
 
-static int llm_block_elems_32(int type) { return llm_type_block_elems(type) == 32; }
+/* the packed types: the 32-element formats but Q5_1, and Q4_K */
+static int packed_type(int type) {
+    return (llm_type_block_elems(type) == 32 && type != LLM_TYPE_Q5_1) || type == LLM_TYPE_Q4_K;
+}
 
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
@@ -227,7 +230,7 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
                     float *Y = product(&p);
                     check_against_oracle(type, bits, p.W, p.rb, p.rows, p.X, p.m, n, Y, p.rows);
                     void *P = packed_of(&p);
-                    CHECK_EQ_INT(P != NULL, llm_block_elems_32(type) && type != LLM_TYPE_Q5_1);   /* Q5_1 not packed */
+                    CHECK_EQ_INT(P != NULL, packed_type(type));
                     if (P) {   /* the packed rows against the oracle too */
                         llm_matmul_act(type, p.W, P, n, 0, p.rows, &p.ab.a, Y, p.rows);
                         check_against_oracle(type, bits, p.W, p.rb, p.rows, p.X, p.m, n, Y, p.rows);
@@ -334,16 +337,55 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
     llm_quant_select(was);
 }
 
+/* The packed types at the row counts that choose the prefill tiles: a few
+ * rows (2, 3), the tiles of 4 (and 2 on AVX2) with a remainder (9, 13),
+ * and more than a block of 64 (70: 64 + 6), on a last group of 5 rows and
+ * a row range that starts and ends inside groups; every kernel, plain and
+ * packed rows, equal to the scalar plain product bit for bit. */
+TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
+    test_rng r = {37};
+    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0};
+    static const int64_t ms[] = {2, 3, 9, 13, 70};
+    for (int ti = 0; ti < 3; ti++)
+        for (int mi = 0; mi < 5; mi++)
+            for (int bits = 8; bits <= 16; bits += 8) {
+                const int type = types[ti];
+                const int64_t n = type == LLM_TYPE_Q4_K ? 768 : 224, rows = 13, m = ms[mi];
+                problem p;
+                make_problem(&p, &r, type, rows, n, m, bits);
+                llm_quant_select("scalar");
+                float *Y0 = product(&p), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
+                void *P = packed_of(&p);
+                CHECK(P != NULL);
+                for (int ki = 0; ki < N_KERNELS; ki++) {
+                    if (select_kernels(ki) != 0) continue;
+                    for (int pk = 0; pk < 2; pk++) {
+                        memset(Y1, 0xff, (size_t)(m * rows) * sizeof *Y1);
+                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 0, 3, &p.ab.a, Y1, rows);
+                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 3, 10, &p.ab.a, Y1, rows);
+                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 10, rows, &p.ab.a, Y1, rows);
+                        if (memcmp(Y0, Y1, (size_t)(m * rows) * sizeof *Y0) != 0)
+                            test_fail(__FILE__, __LINE__, "%s (%s, %s rows, bits %d, m %lld) differs from scalar",
+                                      llm_type_name(type), kernels[ki], pk ? "packed" : "plain", bits, (long long)m);
+                    }
+                }
+                free(P), free(Y0), free(Y1);
+                free_problem(&p);
+            }
+    llm_quant_select(was);
+}
+
 /* The packed form: which types have it, its size, the padding of a last
  * group, and bad arguments (nothing written). */
-TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
+TEST(quant_act_packing_covers_the_32_element_formats_and_q4_k_and_refuses_bad_shapes) {
     test_rng r = {36};
-    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0};
-    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q4_K, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
-    for (int i = 0; i < 6; i++) CHECK(llm_packed_bytes(plain[i], 8, 256) == 0);
-    for (int i = 0; i < 4; i++) {
+    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_K};
+    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
+    for (int i = 0; i < 5; i++) CHECK(llm_packed_bytes(plain[i], 8, 256) == 0);
+    for (int i = 0; i < 5; i++) {
         int type = packed[i];
-        int64_t n = 96, rows = 11, rb = llm_row_bytes(type, n);
+        int64_t n = type == LLM_TYPE_Q4_K ? 768 : 96, rows = 11, rb = llm_row_bytes(type, n);
         CHECK(llm_packed_bytes(type, rows, n) == 16 * rb);   /* 2 groups of 8 */
         CHECK(llm_packed_bytes(type, 8, n) == 8 * rb);
         CHECK(llm_packed_bytes(type, 0, n) == 0 && llm_packed_bytes(type, 8, 33) == 0);
@@ -355,7 +397,8 @@ TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
         CHECK(llm_pack_rows(LLM_TYPE_Q6_K, W, rows, 256, P) == -1);
         CHECK(P[0] == 0x5a && P[16 * rb - 1] == 0x5a);
         CHECK(llm_pack_rows(type, W, rows, n, P) == 0);
-        /* the same bits, moved (whole halves and quants: nibbles or bytes), and the 5 padding rows zero */
+        /* the same bits, moved (whole halves and quants: nibbles or bytes; Q4_K's 6-bit scales and
+         * mins), and the 5 padding rows zero */
         uint64_t sw = 0, sp = 0;
         for (int64_t k = 0; k < rows * rb; k++) sw += (uint64_t)__builtin_popcount(W[k]);
         for (int64_t k = 0; k < 16 * rb; k++) sp += (uint64_t)__builtin_popcount(P[k]);
@@ -372,8 +415,8 @@ TEST(quant_act_packing_covers_the_32_element_formats_and_refuses_bad_shapes) {
             free_problem(&q);
         }
         /* the padding rows' products are not written; the real rows' equal the plain ones */
-        float x[96], y0[11], y1[11];
-        for (int k = 0; k < 96; k++) x[k] = (float)test_rng_normal(&r);
+        float x[768], y0[11], y1[11];
+        for (int k = 0; k < n; k++) x[k] = (float)test_rng_normal(&r);
         act_buf ab;
         CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
         llm_matmul_act(type, W, NULL, n, 0, rows, &ab.a, y0, rows);

@@ -265,7 +265,8 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
 /* ------------------------------------------------------------ packed rows */
 
 int llm_type_packed(int type) {
-    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0;
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0 ||
+           type == LLM_TYPE_Q4_K;
 }
 
 int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
@@ -323,16 +324,67 @@ static void unpack_block(int type, const uint8_t *p, int r, uint8_t blk[sizeof(l
     }
     memset(blk + hd, 0, 16);
     for (int k = 0; k < QB; k++) {
-        int shift, at = llm_lane_byte(type, r, k, &shift);
+        int shift, at = 8 * hd + llm_lane_byte(r, k, &shift);
         blk[hd + k % 16] |= (uint8_t)((p[at] >> shift & 15) << (k / 16 * 4));
+    }
+}
+
+/* Q4_K (quant_kern.h): super-block sb of W's rows 8g .. 8g+7 into the
+ * packed super-block at dst, padding rows zeros */
+static void pack_q4_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst) {
+    memset(dst, 0, 8 * sizeof(llm_block_q4_k));
+    for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
+        const uint8_t *blk = src + (g * 8 + r) * rb + sb * (int64_t)sizeof(llm_block_q4_k);
+        memcpy(dst + LLM_PK4K_D + 2 * r, blk + offsetof(llm_block_q4_k, d), 2);
+        memcpy(dst + LLM_PK4K_DMIN + 2 * r, blk + offsetof(llm_block_q4_k, dmin), 2);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            llm_k_scale_min(blk + offsetof(llm_block_q4_k, scales), s, &sc, &mn);
+            dst[LLM_PK4K_SC + 8 * s + r] = (uint8_t)(sc | (mn >> 4) << 6);
+            dst[LLM_PK4K_MN + 8 * (s / 2) + r] |= (uint8_t)((mn & 15) << (4 * (s % 2)));
+            /* sub-block s: nibble s % 2 of bytes 32 (s / 2) .. +31 */
+            for (int c = 0; c < 4; c++) {
+                uint32_t v = lane_dword(blk + offsetof(llm_block_q4_k, qs) + 32 * (s / 2) + 8 * c, s % 2);
+                memcpy(dst + LLM_PK4K_Q + 128 * s + 32 * c + 4 * r, &v, 4);
+            }
+        }
+    }
+}
+
+/* Row r's super-block of a packed Q4_K super-block p, as the file has it */
+static void unpack_q4_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q4_k)]) {
+    uint8_t sc[8], mn[8];
+    memset(blk, 0, sizeof(llm_block_q4_k));
+    memcpy(blk + offsetof(llm_block_q4_k, d), p + LLM_PK4K_D + 2 * r, 2);
+    memcpy(blk + offsetof(llm_block_q4_k, dmin), p + LLM_PK4K_DMIN + 2 * r, 2);
+    for (int s = 0; s < 8; s++) {
+        const uint8_t v = p[LLM_PK4K_SC + 8 * s + r];
+        sc[s] = v & 63;
+        mn[s] = (uint8_t)((v >> 6) << 4 | (p[LLM_PK4K_MN + 8 * (s / 2) + r] >> (4 * (s % 2)) & 15));
+        for (int k = 0; k < QB; k++) {
+            int shift, at = LLM_PK4K_Q + 128 * s + llm_lane_byte(r, k, &shift);
+            blk[offsetof(llm_block_q4_k, qs) + 32 * (s / 2) + k] |= (uint8_t)((p[at] >> shift & 15) << (4 * (s % 2)));
+        }
+    }
+    /* the 12 scale bytes as llm_k_scale_min reads them */
+    uint8_t *e = blk + offsetof(llm_block_q4_k, scales);
+    for (int j = 0; j < 4; j++) {
+        e[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        e[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        e[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
     }
 }
 
 int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) {
     int64_t bytes = llm_packed_bytes(type, rows, cols);
     if (!bytes || !W || !P) return -1;
-    const int64_t bb = llm_type_block_bytes(type), nb = cols / QB, rb = nb * bb;
+    const int64_t bb = llm_type_block_bytes(type), nb = cols / QB, rb = llm_row_bytes(type, cols);
     uint8_t *dst = P;
+    if (type == LLM_TYPE_Q4_K) {
+        for (int64_t g = 0; g < (rows + 7) / 8; g++)
+            for (int64_t sb = 0; sb < cols / LLM_QK_K; sb++, dst += 8 * bb) pack_q4_k(W, rows, rb, g, sb, dst);
+        return 0;
+    }
     for (int64_t g = 0; g < (rows + 7) / 8; g++)
         for (int64_t b = 0; b < nb; b++, dst += 8 * bb) switch (type) {
             case LLM_TYPE_Q4_0: pack_block(type, W, rows, rb, g, b, dst, sizeof(llm_block_q4_0), 2); break;
@@ -350,11 +402,13 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
         for (int r = 0; r < 8; r++) {
             float lane[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t blk[sizeof(llm_block_q8_0)];
-                unpack_block(type, group + b * 8 * bb, r, blk);
+                uint8_t blk[sizeof(llm_block_q4_k)];
+                if (type == LLM_TYPE_Q4_K) unpack_q4_k(llm_packed_block(type, group, b), r, blk);
+                else unpack_block(type, group + b * 8 * bb, r, blk);
                 int32_t wi[QB], mn[QB];
                 float wa, wb;
-                weight_block(type, blk, 0, wi, mn, &wa, &wb);   /* the packed types have no mins */
+                /* the packed types have no mins of Q2_K's kind */
+                weight_block(type, blk, type == LLM_TYPE_Q4_K ? b % 8 : 0, wi, mn, &wa, &wb);
                 lane[b % 8] = lane[b % 8] + act_term(wi, NULL, wa, wb, x, b);
             }
             out[r] = llm_act_lanes_sum(lane);

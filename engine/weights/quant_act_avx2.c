@@ -38,9 +38,10 @@ static inline __m256i lanes_below(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0 */
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0; Q4_K's bytes per 32 elements */
 static inline int64_t block32_bytes(const int type) {
-    return type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
+    return type == LLM_TYPE_Q4_K ? (int64_t)sizeof(llm_block_q4_k) / 8
+         : type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
          : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
          : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
 }
@@ -433,7 +434,7 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
 /* ---- packed groups of 8 rows (llm_pack_rows) ----
  * Block b of the group: the 8 rows' scales in one load, and the 8 rows'
  * exact block sums in the 8 lanes of one vector, so the reference's float
- * part runs on 8 rows at once, into acc[b % 8]. Q4_0 and Q4_1 hold their
+ * part runs on 8 rows at once, into acc[b % 8]. Q4_0, Q4_1 and Q4_K hold their
  * quants in lanes (quant_kern.h): lane r of every load is row r, and the
  * sums build up in place, pair by pair. Q5_0's and Q8_0's rows keep their
  * blocks whole: each row's sum is one int32 vector, and hsum8 turns the 8
@@ -460,7 +461,7 @@ static inline __m256i bcast32(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Activation rows a lane-packed group (Q4_0, Q4_1) takes at once with
+/* Activation rows a lane-packed group (Q4_0, Q4_1, Q4_K) takes at once with
  * 16-bit quants: 4 rows' sums fill 16 registers, which AVX-512's 32 hold;
  * AVX2 keeps 2. */
 #ifdef __AVX512VL__
@@ -516,9 +517,25 @@ static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q
     return _mm256_add_epi32(a0, a1);
 }
 
-/* The scales (wa) and offsets (wb) of the 8 rows of a packed block p */
-static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *p, __m256 *wa,
-                                                                __m256 *wb) {
+/* The scales (wa) and offsets (wb) of the 8 rows of block b of a packed
+ * group, as the reference's weight_block gives them (Q4_K: d sc and
+ * -(dmin mn) of the sub-block, exact) */
+static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *grp, int64_t b,
+                                                                __m256 *wa, __m256 *wb) {
+    const uint8_t *p = llm_packed_block(type, grp, b);
+    if (type == LLM_TYPE_Q4_K) {
+        const int s = (int)(b % 8);
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
+        const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_MN + 8 * (s / 2))));
+        const __m256i sc = _mm256_and_si256(v, _mm256_set1_epi32(63));
+        const __m256i mn = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(v, 6), 4),
+                                           _mm256_and_si256(_mm256_srli_epi32(m, 4 * (s % 2)), _mm256_set1_epi32(15)));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
+        *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+        return;
+    }
     *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
     *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_offset(0))))
                                 : _mm256_setzero_ps();
@@ -558,15 +575,16 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
     __m256 acc[LANE_ROWS][8];   /* [X row][b % 8], a lane per weight row: the reference's lane sums */
     UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = grp + b * 8 * bb;
-        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+        /* block b's bytes in the group's stream (a Q4_K super-block's eighth) */
+        const uint8_t *p = llm_packed_block(type, grp, b), *at = grp + b * 8 * bb;
+        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
         __m256i S[LANE_ROWS];
         if (llm_packed_lanes(type) && W16) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
-            lane_sums16(p + 8 * hd, xp, NT, S);
+            lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
         } else if (llm_packed_lanes(type)) {
-            S[0] = lane_sums8(p + 8 * hd, (const int8_t *)x->q + 32 * b);
+            S[0] = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
         } else if (NT == 1) {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
@@ -590,7 +608,7 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
             }
         }
         __m256 wa, wb;
-        packed_scales(type, p, &wa, &wb);
+        packed_scales(type, grp, b, &wa, &wb);
         UNROLL for (int t = 0; t < NT; t++)
             acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], block_terms(type, S[t], wa, wb, &x[t], b));
     }
@@ -679,10 +697,10 @@ static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
     const int64_t bb = block32_bytes(type);
     const int hd = llm_packed_head(type);
-    const uint8_t *p = grp + b * 8 * bb;
+    const uint8_t *p = llm_packed_block(type, grp, b);
     if (llm_packed_lanes(type)) {
         __m256i pr[16], rows[8];
-        lane_pairs(p + 8 * hd, pr);
+        lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
         UNROLL for (int half = 0; half < 2; half++) {
             transpose8_epi32(pr + 8 * half, rows);
             UNROLL for (int r = 0; r < 8; r++) rb->w[i][r][half] = rows[r];
@@ -693,7 +711,7 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
             block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &rb->w[i][r][0], &rb->w[i][r][1]);
         }
     }
-    packed_scales(type, p, &rb->wa[i], &rb->wb[i]);
+    packed_scales(type, grp, b, &rb->wa[i], &rb->wb[i]);
 }
 
 /* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i, as the
@@ -850,7 +868,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Lane-packed groups (Q4_0, Q4_1) with 16-bit quants take any number of
+/* Lane-packed groups (Q4_0, Q4_1, Q4_K) with 16-bit quants take any number of
  * rows LANE_ROWS at a time (packed_rows), on the AVX2 and VNNI kernels: the
  * nibbles masked once for those rows beat decoding the group into the
  * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
@@ -873,6 +891,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
+PACKED_W(LLM_TYPE_Q4_K)
 #undef PACKED_W
 #undef PACKED
 #undef LANE_TILES
@@ -886,6 +905,7 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     case LLM_TYPE_Q4_1: (w16 ? packed_LLM_TYPE_Q4_1_1 : packed_LLM_TYPE_Q4_1_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q4_K: (w16 ? packed_LLM_TYPE_Q4_K_1 : packed_LLM_TYPE_Q4_K_0)(group, nb, x, nt, out); return 0;
     default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
     }
 }

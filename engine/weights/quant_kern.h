@@ -122,14 +122,34 @@ static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (
  * build up in the lanes of one vector. Element 8i + 2s + h is the nibble at
  * bits 4s + 16h of chunk i's dword: the dword's two 16-bit halves, masked,
  * are the pair (2j, 2j + 1) as int16. Q5_0 and Q8_0 keep each row's rest
- * of block whole, at llm_packed_rest. */
-static inline int llm_packed_lanes(int type) { return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1; }
-/* The byte of a lane-packed block that holds element k (0..31) of row r,
+ * of block whole, at llm_packed_rest.
+ * A packed Q4_K super-block (8 rows' super-blocks, 8 * 144 bytes) holds the
+ * 8 rows' d halves, their dmin halves, their sub-block scales and mins as
+ * [sub-block][row] bytes sc | (mn >> 4) << 6, the mins' low 4 bits (byte
+ * LLM_PK4K_MN + 8 (s / 2) + r: low nibble for an even sub-block s, high
+ * for an odd one), then each sub-block's 32 quants of the 8 rows in lanes
+ * as a Q4_0 block's (128 bytes). */
+enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, LLM_PK4K_Q = 128 };
+static inline int llm_packed_lanes(int type) {
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K;
+}
+/* Where block b (of 32 elements) of a packed group begins: its packed
+ * block, or for Q4_K its super-block */
+static inline const uint8_t *llm_packed_block(int type, const uint8_t *grp, int64_t b) {
+    if (type == LLM_TYPE_Q4_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q4_k);
+    return grp + b * 8 * llm_type_block_bytes(type);
+}
+/* Block b's quants in lanes (llm_packed_lanes types) */
+static inline const uint8_t *llm_packed_lane_quants(int type, const uint8_t *grp, int64_t b) {
+    if (type == LLM_TYPE_Q4_K) return llm_packed_block(type, grp, b) + LLM_PK4K_Q + 128 * (b % 8);
+    return llm_packed_block(type, grp, b) + 8 * llm_packed_head(type);
+}
+/* The byte of a block's lane quants that holds element k (0..31) of row r,
  * and the shift of its nibble in that byte (0 or 4) */
-static inline int llm_lane_byte(int type, int r, int k, int *shift) {
+static inline int llm_lane_byte(int r, int k, int *shift) {
     const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2);
     *shift = bit % 8;
-    return 8 * llm_packed_head(type) + 32 * (k / 8) + 4 * r + bit / 8;
+    return 32 * (k / 8) + 4 * r + bit / 8;
 }
 
 #endif
