@@ -353,22 +353,29 @@ TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
                 const int type = types[ti];
                 const int64_t n = type == LLM_TYPE_Q4_K ? 768 : 224, rows = 13, m = ms[mi];
                 problem p;
-                make_problem(&p, &r, type, rows, n, m, bits);
                 llm_quant_select("scalar");
+                make_problem(&p, &r, type, rows, n, m, bits);
                 float *Y0 = product(&p), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
                 void *P = packed_of(&p);
                 CHECK(P != NULL);
                 for (int ki = 0; ki < N_KERNELS; ki++) {
                     if (select_kernels(ki) != 0) continue;
-                    for (int pk = 0; pk < 2; pk++) {
+                    /* X quantized by these kernels (with the lanes they read laid out once), and
+                     * by the scalar ones (none: the product lays them out itself) */
+                    act_buf own;
+                    CHECK(quantize(&own, p.X, m, n, bits) == 0);
+                    for (int pk = 0; pk < 4; pk++) {
+                        const llm_act *a = pk < 2 ? &own.a : &p.ab.a;
                         memset(Y1, 0xff, (size_t)(m * rows) * sizeof *Y1);
-                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 0, 3, &p.ab.a, Y1, rows);
-                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 3, 10, &p.ab.a, Y1, rows);
-                        llm_matmul_act(type, p.W, pk ? P : NULL, n, 10, rows, &p.ab.a, Y1, rows);
+                        llm_matmul_act(type, p.W, pk % 2 ? P : NULL, n, 0, 3, a, Y1, rows);
+                        llm_matmul_act(type, p.W, pk % 2 ? P : NULL, n, 3, 10, a, Y1, rows);
+                        llm_matmul_act(type, p.W, pk % 2 ? P : NULL, n, 10, rows, a, Y1, rows);
                         if (memcmp(Y0, Y1, (size_t)(m * rows) * sizeof *Y0) != 0)
-                            test_fail(__FILE__, __LINE__, "%s (%s, %s rows, bits %d, m %lld) differs from scalar",
-                                      llm_type_name(type), kernels[ki], pk ? "packed" : "plain", bits, (long long)m);
+                            test_fail(__FILE__, __LINE__, "%s (%s, %s rows, X by %s, bits %d, m %lld) differs from scalar",
+                                      llm_type_name(type), kernels[ki], pk % 2 ? "packed" : "plain",
+                                      pk < 2 ? "them" : "scalar", bits, (long long)m);
                     }
+                    free(own.buf);
                 }
                 free(P), free(Y0), free(Y1);
                 free_problem(&p);

@@ -16,12 +16,16 @@ enum { QB = 32 };   /* elements per activation block */
 /* ------------------------------------------------------------ quantizing */
 
 static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
+/* the lanes of m rows of n: a group of 8 rows' per 8 rows begun */
+static size_t lanes_bytes(int64_t m, int64_t n) {
+    return round64((size_t)(m + 7) / 8 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
+}
 
 size_t llm_act_bytes(int64_t m, int64_t n) {
     if (m < 1 || n < 1) return 0;
     size_t nb = (size_t)(n / QB);
     return round64((size_t)m * (size_t)n * sizeof(int16_t)) + round64((size_t)m * nb * sizeof(float)) +
-           round64((size_t)m * nb * sizeof(int32_t)) + 64;
+           round64((size_t)m * nb * sizeof(int32_t)) + lanes_bytes(m, n) + 64;
 }
 
 static pthread_once_t bits_once = PTHREAD_ONCE_INIT;
@@ -67,6 +71,14 @@ void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q,
                        bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i]);
 }
 
+enum { JB = 64 };   /* X rows per L2 block */
+
+/* X row j of a as one kernel row */
+static llm_act_row act_row(const llm_act *a, int64_t j) {
+    int64_t nb = a->n / QB;
+    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb, NULL};
+}
+
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
     if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16))
         return -1;
@@ -80,8 +92,20 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
     float *d = (float *)(p + round64((size_t)m * (size_t)n * qsize));
     int32_t *s = (int32_t *)((uintptr_t)d + round64((size_t)m * nb * sizeof(float)));
     /* rows of whole blocks: the m rows are m * nb consecutive blocks */
-    llm_qkern_active()->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s);
+    const llm_qkern *k = llm_qkern_active();
+    k->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s);
     *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
+    /* the lanes once here, not again in every product (and every task of one) that reads them */
+    if (k->act_lanes && bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS) {
+        int32_t *lanes = (int32_t *)((uintptr_t)s + round64((size_t)m * nb * sizeof(int32_t)));
+        llm_act_row xs[JB];
+        for (int64_t jb = 0; jb < m; jb += JB) {
+            int nt = (int)(m - jb < JB ? m - jb : JB);
+            for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
+            k->act_lanes(xs, nt, (int64_t)nb, lanes + (size_t)(jb / 8) * llm_act_lanes_size((int64_t)nb));
+        }
+        a->lanes = lanes;
+    }
     return 0;
 }
 
@@ -419,13 +443,6 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
 
 /* ------------------------------------------------------------ the product */
 
-enum { JB = 64 };   /* X rows per L2 block */
-
-/* X row j of a as one kernel row */
-static llm_act_row act_row(const llm_act *a, int64_t j) {
-    int64_t nb = a->n / QB;
-    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb, NULL};
-}
 
 void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_t row0, int64_t row1,
                     const llm_act *a, float *Y, int64_t ldy) {
@@ -442,15 +459,18 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     llm_act_row xs[JB];
     float out[8 * JB];
     /* with more than a few X rows: their quants in lanes, if the kernels take them */
-    int32_t *lanes = NULL;
+    int32_t *lanes = NULL;   /* a's, or (quantized under other kernels) this call's */
+    const int own = !a->lanes;
     if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS)
-        lanes = malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8));
+        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8)) : a->lanes;
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
         int nt = (int)(m - jb < JB ? m - jb : JB);
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
-        if (lanes && nt > LLM_ACT_FEW_ROWS) k->act_lanes(xs, nt, nb, lanes);
+        if (lanes && nt > LLM_ACT_FEW_ROWS && own) k->act_lanes(xs, nt, nb, lanes);
+        else if (lanes && nt > LLM_ACT_FEW_ROWS)
+            for (int t = 0; t < nt; t++) xs[t].lanes = lanes + (size_t)((jb + t) / 8) * llm_act_lanes_size(nb);
         if (packed) {
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
@@ -471,5 +491,5 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
                 for (int t = 0; t < nt; t++) Y[(jb + t) * ldy + r0 + i] = out[i * nt + t];
         }
     }
-    free(lanes);
+    if (own) free(lanes);
 }
