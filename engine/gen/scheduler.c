@@ -534,18 +534,18 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, float *logit
 static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const int32_t *draft) {
     sched_seq *ch = &r->ch[i];
     const int32_t nd = ch->n_draft, fed = ch->n_cached;   /* fed: before + 1 + nd */
-    int32_t j = 0;
+    int32_t j = 0, tok;
     s->st.drafted += (uint64_t)nd;
     for (;; j++) {
         /* what the cache holds of the tokens so far, should this sample end
          * the choice (a session saves that many): the drafts taken */
         ch->n_cached = before + 1 + j;
-        int32_t tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
+        tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
         if (ch->stop != LLM_STOP_NONE) return;   /* its pages are gone with it */
         if (j == nd || tok != draft[j]) break;
         s->st.accepted++;
     }
-    llm_choice_verified(&ch->c, nd, j);
+    llm_choice_verified(&ch->c, nd, j, tok);
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
     if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
