@@ -1,10 +1,15 @@
 /* tests/test_tier.c - a tier below the pool: the library's spill listener
- * and page loads (kv_cache_set_spill, kv_seq_prefix_next, kv_seq_prefix_load),
- * and the engine's disk tier (engine/gen/tier.h) on a tiny model: pages written
- * at close found again by a new context, continued to the logits of a cold
- * run and of the float64 reference; a damaged file a miss; the size bound. */
+ * and page loads (kv_cache_set_spill, kv_seq_prefix_next, kv_seq_prefix_load,
+ * kv_seq_prefix_skip for a window cache), and the engine's disk tier
+ * (engine/gen/tier.h) on tiny models: pages written at close found again by a
+ * new context, continued to the logits of a cold run and of the float64
+ * reference; a damaged file a miss; the size bound; a model with full and
+ * window layers resuming from its window's pages alone; the scheduler
+ * decoding others while a request's pages load, a cancelled or failed load. */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,19 +18,20 @@
 #include "gguf_writer.h"
 #include "../engine/weights/quant.h"
 #include "../engine/gen/tier.h"
+#include "../engine/gen/scheduler.h"
 
 enum { P = 4, D = 8 };
 
 typedef struct {
     int n;
-    kv_page_image img[8];
-    int32_t tokens[8][P];
-    double data[8][2 * P * D];
+    kv_page_image img[16];
+    int32_t tokens[16][P];
+    double data[16][2 * P * D];
 } spilled;
 
 static void on_spill(void *user, const kv_page_image *img) {
     spilled *s = user;
-    if (s->n == 8 || img->bytes != sizeof s->data[0] || img->n_tokens != P) {
+    if (s->n == 16 || img->bytes != sizeof s->data[0] || img->n_tokens != P) {
         s->n = -100;
         return;
     }
@@ -113,15 +119,77 @@ TEST(tier_reclaimed_pages_leave_through_the_spill_listener_and_load_back_exactly
     CHECK_EQ_INT(kv_seq_new(c, &s2), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_match(c, s2, toks, 12, &matched), KV_OK);
     CHECK_EQ_INT(matched, 2 * P);
-    /* not on a page boundary, or in a window cache: refused */
+    /* not on a page boundary: refused; a skip only in a window cache */
+    CHECK_EQ_INT(kv_seq_prefix_skip(c, s2, toks, 3 * P), KV_ERR_WINDOW);
     CHECK_EQ_INT(kv_seq_reserve(c, s2, 1, NULL), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_next(c, s2, toks, &h, &ph, &hp), KV_ERR_LENGTH);
     kv_cache_free(c);
-    p.window = 8;
+}
+
+/* A window cache (W = 8, pages of 4) resumes at 24 from the pages of blocks
+ * 4 and 5 alone: a new cache skips to 16, loads those two pages, reads back
+ * exactly what was written, and finds them again in RAM (the first one
+ * chained from a block it never held). */
+TEST(tier_window_cache_resumes_from_its_window_pages_alone) {
+    kv_cache_params p = kv_cache_default_params();
+    p.head_dim = D, p.dtype = KV_F64, p.page_size = P, p.n_pages = 16, p.max_seqs = 2, p.window = 8;
+    kv_cache *c = NULL, *c2 = NULL;
     CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
-    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
-    CHECK_EQ_INT(kv_seq_prefix_next(c, s, toks, &h, &ph, &hp), KV_ERR_WINDOW);
+    CHECK_EQ_INT(kv_cache_create(&p, &c2), KV_OK);
+    if (!c || !c2) return;
+    spilled sp = {0};
+    int32_t toks[24], a, s, s3;
+    for (int i = 0; i < 24; i++) toks[i] = (i * 5 + 1) % 7;
+    CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
+    for (int i = 0; i < 24; i += P) { /* a page at a time, so the window evicts */
+        CHECK_EQ_INT(kv_seq_reserve(c, a, P, toks + i), KV_OK);
+        int32_t rows[2] = {0, P};
+        kv_batch b = {.n_seqs = 1, .seqs = &a, .row_start = rows};
+        double k[P * D], v[P * D];
+        for (int32_t j = 0; j < P; j++) kv_of(toks, i + j + 1, k + j * D, v + j * D);
+        CHECK_EQ_INT(kv_append_f64(c, 0, &b, k, v), KV_OK);
+    }
+    CHECK_EQ_INT(kv_seq_remove(c, a), KV_OK);
+    kv_cache_set_spill(c, on_spill, &sp);
+    CHECK_EQ_INT(kv_prefix_spill_all(c), KV_OK);
+    CHECK_EQ_INT(sp.n, 6); /* every page was named, also those the window evicted */
+    uint64_t hashes[6];
+    CHECK_EQ_INT(kv_prefix_hashes(c2, toks, 24, hashes), KV_OK);
+    const kv_page_image *img[6] = {0};
+    for (int i = 0; i < sp.n && sp.n > 0; i++)
+        for (int b = 0; b < 6; b++)
+            if (sp.img[i].hash == hashes[b]) img[b] = &sp.img[i];
+    for (int b = 0; b < 6; b++) CHECK(img[b] != NULL && img[b]->has_parent == (b > 0));
+    if (!img[4] || !img[5]) return;
+    CHECK_EQ_INT(kv_seq_new(c2, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_skip(c2, s, toks, 15), KV_ERR_LENGTH);
+    CHECK_EQ_INT(kv_seq_prefix_skip(c2, s, toks, 16), KV_OK);
+    CHECK_EQ_INT(kv_seq_length(c2, s), 16);
+    CHECK_EQ_INT(kv_cache_get_stats(c2).pages_used, 0);
+    uint64_t h, ph;
+    int hp;
+    CHECK_EQ_INT(kv_seq_prefix_next(c2, s, toks + 16, &h, &ph, &hp), KV_OK);
+    CHECK(h == hashes[4] && ph == hashes[3] && hp == 1);
+    CHECK_EQ_INT(kv_seq_prefix_load(c2, s, toks + 16, img[4]->data, img[4]->bytes), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_load(c2, s, toks + 20, img[5]->data, img[5]->bytes), KV_OK);
+    CHECK_EQ_INT(kv_seq_length(c2, s), 24);
+    CHECK_EQ_INT(kv_cache_get_stats(c2).pages_used, 2);
+    double k[D], v[D], ek[D], ev[D];
+    for (int32_t pos = 16; pos < 24; pos++) {
+        CHECK_EQ_INT(kv_read_f64(c2, 0, s, pos, 1, k, v), KV_OK);
+        kv_of(toks, pos + 1, ek, ev);
+        CHECK(memcmp(k, ek, sizeof k) == 0 && memcmp(v, ev, sizeof v) == 0);
+    }
+    /* the next step's window: attending at 24 needs nothing below 16 */
+    CHECK_EQ_INT(kv_seq_reserve(c2, s, 1, NULL), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c2, s), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c2, &s3), KV_OK);
+    int32_t matched = -1;
+    CHECK_EQ_INT(kv_seq_prefix_match(c2, s3, toks, 24, &matched), KV_OK);
+    CHECK_EQ_INT(matched, 24);
+    kv_cache_set_spill(c, NULL, NULL);
     kv_cache_free(c);
+    kv_cache_free(c2);
 }
 
 /* ---------------------------------------------------------------- the engine's disk tier */
