@@ -220,11 +220,10 @@ static void clear_dir(const char *dir) {
     rmdir(dir);
 }
 
-/* The last position's logits of tokens after the tier gave what it has:
- * *from_disk receives the positions it gave. */
-static void continue_from_tier(const llm_model *m, const char *dir, uint64_t max_bytes, const int32_t *tokens,
+/* On c (freed here), the last position's logits of tokens [n] after the
+ * tier gave what it has: *from_disk receives the positions it gave. */
+static void continue_from_tier(llm_context *c, const char *dir, uint64_t max_bytes, const int32_t *tokens, int32_t n,
                                float *logits, int32_t *from_disk, llm_tier_stats *st) {
-    llm_context *c = tier_ctx(m);
     llm_tier *t = NULL;
     char err[256];
     *from_disk = -1;
@@ -232,8 +231,8 @@ static void continue_from_tier(const llm_model *m, const char *dir, uint64_t max
     CHECK_EQ_INT(llm_tier_open(dir, max_bytes, c, &t, err, sizeof err), LLM_OK);
     int32_t seq;
     CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
-    *from_disk = llm_tier_extend(t, seq, tokens, N_TOK - 1);
-    CHECK_EQ_INT(llm_eval(c, seq, tokens + *from_disk, N_TOK - *from_disk, 0, logits, NULL, NULL), LLM_OK);
+    *from_disk = llm_tier_extend(t, seq, tokens, n - 1);
+    CHECK_EQ_INT(llm_eval(c, seq, tokens + *from_disk, n - *from_disk, 0, logits, NULL, NULL), LLM_OK);
     *st = llm_tier_get_stats(t);
     llm_tier_close(t);
     llm_context_free(c);
@@ -269,7 +268,7 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
     /* a new context finds them: every full page of the first N_TOK - 1 tokens */
     int32_t from_disk;
     llm_tier_stats st;
-    continue_from_tier(m, dir, 1 << 30, tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, 1 << 30, tokens, N_TOK, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, (N_TOK - 1) / PAGE * PAGE);
     CHECK_EQ_INT(st.hits, (N_TOK - 1) / PAGE);
     CHECK_EQ_INT(st.entries, N_TOK / PAGE);
@@ -303,7 +302,7 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
         fputc(ch ^ 1, f);
         fclose(f);
     }
-    continue_from_tier(m, dir, 1 << 30, tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, 1 << 30, tokens, N_TOK, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, 2 * PAGE);
     CHECK_EQ_INT(st.damaged, 1);
     CHECK(memcmp(got, cold, sizeof(float) * (size_t)V) == 0);
@@ -319,7 +318,7 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
             if ((any = fopen(path, "rb"))) fseek(any, 0, SEEK_END), one = ftell(any), fclose(any);
         }
     if (d) closedir(d);
-    continue_from_tier(m, dir, (uint64_t)(2.5 * (double)one), tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, (uint64_t)(2.5 * (double)one), tokens, N_TOK, got, &from_disk, &st);
     CHECK(count_files(dir) <= 2);
     CHECK(st.evictions >= 1);
     CHECK(memcmp(got, cold, sizeof(float) * (size_t)V) == 0);
@@ -376,24 +375,6 @@ static void hybrid_write(const llm_model *m, const char *dir, const int32_t *tok
     llm_context_free(c);
 }
 
-/* The last position's logits after the tier gave its prefix (*from_disk). */
-static void hybrid_continue(const llm_model *m, const char *dir, const int32_t *tokens, float *logits,
-                            int32_t *from_disk, llm_tier_stats *st) {
-    llm_context *c = hybrid_ctx(m);
-    llm_tier *t = NULL;
-    char err[256];
-    *from_disk = -1;
-    if (!c) return;
-    CHECK_EQ_INT(llm_tier_open(dir, 1 << 30, c, &t, err, sizeof err), LLM_OK);
-    int32_t seq;
-    CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
-    *from_disk = llm_tier_extend(t, seq, tokens, HN - 1);
-    CHECK_EQ_INT(llm_eval(c, seq, tokens + *from_disk, HN - *from_disk, 0, logits, NULL, NULL), LLM_OK);
-    *st = llm_tier_get_stats(t);
-    llm_tier_close(t);
-    llm_context_free(c);
-}
-
 /* Gemma 3's layout in small (five window layers of W = 8 to a global one,
  * pages of 4): after a restart a 40-token prompt resumes at 36 from every
  * page of the full group and the window group's blocks 7 and 8 alone, and
@@ -420,7 +401,7 @@ TEST(tier_hybrid_model_resumes_from_full_and_window_pages_to_the_reference) {
     int32_t from_disk;
     llm_tier_stats st;
     double bmax;
-    hybrid_continue(m, dir, tokens, got, &from_disk, &st);
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, 36);
     CHECK_EQ_INT(st.hits, 9 + 2); /* blocks 0..8 of the full group, 7 and 8 of the window group */
     CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
@@ -445,12 +426,12 @@ TEST(tier_hybrid_model_resumes_from_full_and_window_pages_to_the_reference) {
         fputc(ch ^ 4, f);
         fclose(f);
     }
-    hybrid_continue(m, dir, tokens, got, &from_disk, &st);
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
     CHECK(from_disk < 36);
     CHECK_EQ_INT(st.damaged, 1);
     CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
     /* the damaged file is gone: 32 is served by window blocks 6 and 7 */
-    hybrid_continue(m, dir, tokens, got, &from_disk, &st);
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, 32);
     CHECK_EQ_INT(st.damaged, 0);
     CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
