@@ -41,7 +41,8 @@ struct llm_tier {
     char dir[PATH_MAX_LEN];
     uint64_t max_bytes, fp;
     llm_context *c;
-    int32_t n_groups;
+    int32_t n_groups, page_size;
+    size_t page_bytes[LLM_MAX_GROUPS]; /* each group's, read once: the reader never touches a cache */
     hook hooks[LLM_MAX_GROUPS];
     pthread_mutex_t mu;
     pthread_cond_t wake, room;
@@ -330,7 +331,9 @@ int llm_tier_open(const char *dir, uint64_t max_bytes, llm_context *c, llm_tier 
         free(t->ents), free(t);
         return llm_errf(err, errlen, LLM_ERR_PARAM, "%s: cannot read the folder or start its threads", dir);
     }
+    t->page_size = kv_cache_get_params(llm_context_cache_at(c, 0)).page_size;
     for (int32_t g = 0; g < t->n_groups; g++) {
+        t->page_bytes[g] = kv_cache_get_stats(llm_context_cache_at(c, g)).bytes_per_page;
         t->hooks[g] = (hook){.t = t, .group = (uint32_t)g};
         kv_cache_set_spill(llm_context_cache_at(c, g), on_spill, &t->hooks[g]);
     }
@@ -426,7 +429,7 @@ static int32_t ram_match(llm_tier *t, int32_t g, const int32_t *tokens, int32_t 
 /* The longest point every group reaches, from above, no lower than floor
  * (where the next candidate is floor itself: RAM alone). */
 static int32_t reach(llm_tier *t, const llm_tier_load *l, const int32_t *tokens, int32_t floor, have_fn have) {
-    const int32_t P = kv_cache_get_params(llm_context_cache_at(t->c, 0)).page_size;
+    const int32_t P = t->page_size;
     for (int32_t k = l->kmax / P * P; k > floor; k -= P) {
         int ok = 1;
         for (int32_t g = 0; g < t->n_groups && ok; g++) ok = group_reaches(t, l, g, k, ram_match(t, g, tokens, k), have);
@@ -472,10 +475,10 @@ static unsigned char *read_file(llm_tier *t, uint32_t group, uint64_t hash, size
 /* On the reader thread: every wanted file, verified; a file missing or
  * damaged is left out (and a damaged one removed). */
 static void read_load(llm_tier *t, llm_tier_load *l) {
-    const int32_t P = kv_cache_get_params(llm_context_cache_at(t->c, 0)).page_size;
+    const int32_t P = t->page_size;
     int fail = t->read_hook && t->read_hook(t->read_hook_user);
     for (int32_t g = 0; g < l->n_groups; g++) {
-        const size_t page_bytes = kv_cache_get_stats(llm_context_cache_at(t->c, g)).bytes_per_page;
+        const size_t page_bytes = t->page_bytes[g];
         for (int32_t i = 0; i < l->nb; i++) {
             size_t at = (size_t)g * (size_t)l->nb + (size_t)i, len = 0;
             if (!l->want[at]) continue;
@@ -533,7 +536,7 @@ static void *reader_main(void *arg) {
 
 llm_tier_load *llm_tier_fetch(llm_tier *t, const int32_t *tokens, int32_t n) {
     if (!t || !tokens || n <= 0) return NULL;
-    const int32_t P = kv_cache_get_params(llm_context_cache_at(t->c, 0)).page_size;
+    const int32_t P = t->page_size;
     int32_t nb = n / P, G = t->n_groups;
     if (nb == 0) return NULL;
     size_t cells = (size_t)G * (size_t)nb;
@@ -550,10 +553,11 @@ llm_tier_load *llm_tier_fetch(llm_tier *t, const int32_t *tokens, int32_t n) {
             return load_free(l), NULL;
     int32_t ram = 0;
     if (llm_prefix_lookup(t->c, tokens, nb * P, &ram)) ram = 0;
+    int any = 0;
     pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < cells; i++) l->want[i] = lookup(t, (uint32_t)(i / (size_t)nb), l->hash[i]) != NULL;
+    for (size_t i = 0; i < cells; i++) any |= l->want[i] = lookup(t, (uint32_t)(i / (size_t)nb), l->hash[i]) != NULL;
     pthread_mutex_unlock(&t->mu);
-    int32_t k = reach(t, l, tokens, ram, on_disk);
+    int32_t k = any ? reach(t, l, tokens, ram, on_disk) : 0;
     if (k <= ram) return load_free(l), NULL;
     /* read only what the point k takes: each group's blocks past its RAM match */
     for (int32_t g = 0; g < G; g++) {
@@ -596,7 +600,7 @@ int32_t llm_tier_apply(llm_tier_load *l, int32_t seq, const int32_t *tokens, int
     llm_context *c = t ? t->c : NULL;
     int32_t m = 0, k = 0, loaded = 0;
     if (!l) return 0;
-    const int32_t P = kv_cache_get_params(llm_context_cache_at(c, 0)).page_size;
+    const int32_t P = t->page_size;
     if (!tokens || n < 0 || llm_prefix_lookup(c, tokens, n, &m)) goto ram_only;
     if (l->kmax <= n && !memcmp(tokens, l->tokens, sizeof(int32_t) * (size_t)l->kmax))
         k = reach(t, l, tokens, m, staged);
@@ -604,7 +608,7 @@ int32_t llm_tier_apply(llm_tier_load *l, int32_t seq, const int32_t *tokens, int
     for (int32_t g = 0; g < t->n_groups; g++) {
         kv_cache *cache = llm_context_cache_at(c, g);
         kv_cache_params kp = kv_cache_get_params(cache);
-        const size_t page_bytes = kv_cache_get_stats(cache).bytes_per_page;
+        const size_t page_bytes = t->page_bytes[g];
         int32_t got = 0, from = first_block(&kp, k);
         if (kv_seq_prefix_match(cache, seq, tokens, k, &got)) goto undo;
         if (from > got / P && kv_seq_prefix_skip(cache, seq, tokens, from * P)) goto undo;
