@@ -376,7 +376,7 @@ llm_tier_stats llm_tier_get_stats(llm_tier *t) {
 
 /* A load: what a prompt needs from disk, read on the reader thread. Blocks
  * [0, nb) of tokens; for group g and block i, want[g*nb+i] says it is to be
- * read, buf[g*nb+i] holds the verified file (data at off) once read. */
+ * read, buf[g*nb+i] holds the verified file once read (NULL: a miss). */
 struct llm_tier_load {
     llm_tier *t;
     struct llm_tier_load *next; /* in the reader's queue */
@@ -493,6 +493,8 @@ static void read_load(llm_tier *t, llm_tier_load *l) {
                 t->st.misses++, t->st.damaged += bad;
                 if (e && (bad || !fail)) drop_entry(t, e, bad); /* gone (evicted, removed by hand) or damaged */
             } else {
+                entry *e = lookup(t, (uint32_t)g, h);
+                if (e) e->stamp = ++t->clock;   /* the LRU order of this run */
                 t->st.bytes_read += len;
             }
             pthread_mutex_unlock(&t->mu);
