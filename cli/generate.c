@@ -125,11 +125,13 @@ int cmd_generate(int argc, char **argv) {
     llm_context *c;
     int rc = cli_load("generate", &mo, 1, 0, &m, &c);
     if (rc) return free(file_text), rc;
+    if (chat && llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN && (rc = cli_think_apply("generate", m, think))) {
+        llm_context_free(c), llm_model_free(m);
+        return free(file_text), rc;
+    }
     int32_t n_prompt = 0, *ids = NULL;
     if (chat && llm_model_chat(m)->kind == LLM_CHAT_UNKNOWN)
         fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
-    else if (chat && cli_think_apply("generate", m, think))
-        n_prompt = -1;
     else
         ids = chat ? cli_chat_tokens(m, system, prompt, &n_prompt)
                    : cli_tokenize_len(m, prompt, prompt_len, 1, special, &n_prompt);
@@ -142,7 +144,7 @@ int cmd_generate(int argc, char **argv) {
         ids = NULL, n_prompt = -1;
     }
     if (n_prompt < 0) {
-        /* the grammar's or the switch's error is written */
+        /* the grammar's error is written */
     } else if (!ids) {
         if (!chat || llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN)
             fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
