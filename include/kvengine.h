@@ -247,7 +247,8 @@ typedef struct {
 } kve_request_params;
 
 /* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
- * penalties, random_state 1, no stops, no log-probabilities, no callback. */
+ * penalties, random_state 1, no stops, no log-probabilities, no callback,
+ * enable_thinking -1. */
 KVE_API kve_request_params kve_request_default_params(void);
 
 /* Queues a request on c. KVE_OK with *out; or, nothing queued and *out NULL:
