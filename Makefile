@@ -180,13 +180,15 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(M
 # draws against a double reference, 85 s under ASan):
 # the plain run keeps them, and the same code paths run under the sanitizers
 # through the tiny models and the shorter real-model tests.
+# They also set KVCACHE_TEST_QUICK (tests/test.h): the longest kernel and
+# attention sweeps take every shape and path but fewer random draws there.
 # The scalar run leaves out two real-model runs of a minute each there (cached
 # decode against recomputation, the CLI's control tokens); the portable AVX2 run keeps them.
 SCALAR_SLOW_TESTS := engine_real_cached_decode_equals_full_recompute,cli_control_tokens_come_from
 SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor,penalties_and_stop_strings,gbnf_mask_matches,gbnf_greedy,sampler_draws_match_a_double_reference
 
 test-asan: deps
-	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
+	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) $(ASAN_FLAGS) test-c
 
 # kvcache serve built with AddressSanitizer + UBSan, in test-asan's folder
 # (build-asan: the same flags, so the libraries compile once for both), under
@@ -239,8 +241,8 @@ test-threads: deps $(PY_DEPS)
 # then kvcache.Model on the portable libkvengine.so (what `pip install ./python`
 # ships) generates with the AVX2 and the scalar kernels forced.
 test-portable: deps $(MODEL) $(PY_DEPS)
-	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
-	KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS),$(SCALAR_SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS),$(SCALAR_SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 	$(MAKE) --no-print-directory BUILD=build-portable MARCH= build-portable/libkvcache.so build-portable/libkvengine.so
 	KVCACHE_LIB=$(abspath build-portable)/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath build-portable)/libkvengine.so \
 	    KVCACHE_MODEL=$(abspath $(MODEL)) PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider \

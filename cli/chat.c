@@ -16,7 +16,7 @@
 #include "../engine/gen/session.h"
 
 static void usage(void) {
-    printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+    printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [--no-think] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
            "                    [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P]\n"
            "                    [--frequency-penalty F] [--stop TEXT]...\n"
            "                    [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
@@ -28,6 +28,7 @@ static void usage(void) {
            "conversation.\n\n"
            "  --system TEXT      system message (default: the chat template's)\n"
            "  -n, --tokens N     longest reply in tokens (default 512)\n"
+           CLI_THINK_HELP
            CLI_SAMPLE_HELP
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
@@ -221,11 +222,13 @@ int cmd_chat(int argc, char **argv) {
     const char *system = NULL;
     cli_sample_opts so = cli_sample_opts_default(512);
     cli_policy_opts po = cli_policy_opts_default();
+    int think = -1;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
         if (cli_policy_opt(argc, argv, &i, &po, false)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
+        if (cli_think_opt(argv[i], &think)) continue;
         if (cli_sample_opt(argc, argv, &i, &so)) continue;
         fprintf(stderr, "kvcache chat: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
@@ -239,6 +242,10 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "kvcache chat: the model has no chat template this engine knows\n");
         llm_context_free(st.c), llm_model_free(st.m);
         return 1;
+    }
+    if ((rc = cli_think_apply("chat", st.m, think))) {
+        llm_context_free(st.c), llm_model_free(st.m);
+        return rc;
     }
     llm_gbnf *rules = NULL;
     llm_grammar_vocab *gv = NULL;

@@ -196,6 +196,16 @@ int cli_policy_check(const char *cmd, const cli_policy_opts *o);
 /* Tokens a chat prompt starts with whatever the user says: BOS, the system
  * message (or the template's own), the user header. The default --keep. */
 int32_t cli_chat_prefix_tokens(const struct llm_model *m, const char *system);
+/* --think / --no-think: *think = 1 or 0 (it stays -1 when neither is given). */
+bool cli_think_opt(const char *arg, int *think);
+/* Sets the template's enable_thinking when think >= 0. 0, or 2 with a message
+   when the model's template has no such switch. */
+int cli_think_apply(const char *cmd, struct llm_model *m, int think);
+#define CLI_THINK_HELP                                                                            \
+    "  --think, --no-think  the template's enable_thinking (Qwen3): --no-think opens the reply\n"      \
+    "                     with an empty <think></think> block so the model answers directly;\n"       \
+    "                     --think is the template's default. A model whose template has no\n"        \
+    "                     such switch refuses both\n"
 /* --session: restores what FILE shares with prompt [n] into s (a line on
  * stderr says what happened, or why the run goes on cold); the count.
  * *refused: FILE exists but could not be restored. */

@@ -11,7 +11,7 @@
 #include "../engine/gen/session.h"
 
 static void usage(void) {
-    printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
+    printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat [--no-think]] [--temp T] [--top-k K]\n"
            "                        [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
            "                        [--presence-penalty P] [--frequency-penalty F] [--stop TEXT]...\n"
            "                        [--grammar FILE | --json-schema FILE]\n"
@@ -24,6 +24,7 @@ static void usage(void) {
            "  -n, --tokens N     tokens to generate at most (default 128); stops early at end of turn\n"
            "  --chat             wrap the prompt in the model's chat template as a user message\n"
            "  --system TEXT      with --chat: the system message (default: the template's)\n"
+           CLI_THINK_HELP
            "  --special          recognise control tokens written in the prompt (\"<|im_start|>\");\n"
            "                     by default they are plain text (--chat: the template writes them)\n"
            CLI_SAMPLE_HELP
@@ -69,7 +70,7 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
 int cmd_generate(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *prompt = NULL, *file = NULL, *system = NULL;
-    int chat = 0, special = 0;
+    int chat = 0, special = 0, think = -1;
     cli_sample_opts so = cli_sample_opts_default(128);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
@@ -81,12 +82,17 @@ int cmd_generate(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
         if (cli_sample_opt(argc, argv, &i, &so)) continue;
         if (!strcmp(argv[i], "--chat")) { chat = 1; continue; }
+        if (cli_think_opt(argv[i], &think)) continue;
         if (!strcmp(argv[i], "--special")) { special = 1; continue; }
         fprintf(stderr, "kvcache generate: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (system && !chat) {
         fprintf(stderr, "kvcache generate: --system goes with --chat\n");
+        return 2;
+    }
+    if (think >= 0 && !chat) {
+        fprintf(stderr, "kvcache generate: --%s goes with --chat\n", think ? "think" : "no-think");
         return 2;
     }
     if (special && chat) {
@@ -119,6 +125,10 @@ int cmd_generate(int argc, char **argv) {
     llm_context *c;
     int rc = cli_load("generate", &mo, 1, 0, &m, &c);
     if (rc) return free(file_text), rc;
+    if (chat && llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN && (rc = cli_think_apply("generate", m, think))) {
+        llm_context_free(c), llm_model_free(m);
+        return free(file_text), rc;
+    }
     int32_t n_prompt = 0, *ids = NULL;
     if (chat && llm_model_chat(m)->kind == LLM_CHAT_UNKNOWN)
         fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");

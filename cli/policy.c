@@ -47,6 +47,19 @@ int32_t *cli_chat_tokens(const llm_model *m, const char *system, const char *use
     return *n >= 0 ? ids : NULL;
 }
 
+bool cli_think_opt(const char *arg, int *think) {
+    if (!strcmp(arg, "--think")) return *think = 1, true;
+    if (!strcmp(arg, "--no-think")) return *think = 0, true;
+    return false;
+}
+
+int cli_think_apply(const char *cmd, llm_model *m, int think) {
+    if (think < 0 || llm_model_set_chat_thinking(m, think) == 0) return 0;
+    fprintf(stderr, "kvcache %s: --%s: this model's chat template has no thinking switch (enable_thinking)\n", cmd,
+            think ? "think" : "no-think");
+    return 2;
+}
+
 int32_t cli_chat_prefix_tokens(const llm_model *m, const char *system) {
     /* what two prompts with different user messages share: the template's
      * part before the message, system prompt included, whatever the template */

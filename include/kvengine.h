@@ -163,6 +163,12 @@ typedef struct {
  * message, or one without role or content), KVE_ERR_NULL. */
 KVE_API int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
                            size_t cap, size_t *len);
+/* kve_chat_apply with the template's enable_thinking switch (Qwen3's): -1 the
+ * template's default, 0 false (the assistant's turn opens with an empty think
+ * block), 1 true. 0 or 1 for a template without the switch is
+ * KVE_ERR_TEMPLATE, any other value KVE_ERR_PARAM. */
+KVE_API int kve_chat_apply_ex(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant,
+                              int enable_thinking, char *out, size_t cap, size_t *len);
 
 /* ---------------------------------------------------------------- context */
 
@@ -236,10 +242,13 @@ typedef struct {
                                 * token's and that many alternatives' */
     kve_event_fn on_event;     /* or NULL: poll */
     void *user;
+    int32_t enable_thinking;   /* with messages: the template's enable_thinking switch, as
+                                * kve_chat_apply_ex takes it (default -1: the template's) */
 } kve_request_params;
 
 /* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
- * penalties, random_state 1, no stops, no log-probabilities, no callback. */
+ * penalties, random_state 1, no stops, no log-probabilities, no callback,
+ * enable_thinking -1. */
 KVE_API kve_request_params kve_request_default_params(void);
 
 /* Queues a request on c. KVE_OK with *out; or, nothing queued and *out NULL:

@@ -23,6 +23,11 @@ static struct { const char *name; test_fn fn; } tests[MAX_TESTS];
 static int n_tests;
 static int current_failed;
 
+int test_quick(void) {
+    const char *q = getenv("KVCACHE_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
 void test_register(const char *name, test_fn fn) {
     if (n_tests == MAX_TESTS) {
         fprintf(stderr, "too many tests; raise MAX_TESTS\n");

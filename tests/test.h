@@ -47,6 +47,11 @@ void test_fail(const char *file, int line, const char *fmt, ...)
             test_fail(__FILE__, __LINE__, "CHECK_EQ_INT(%s, %s): %lld vs %lld", #a, #b, a_, b_); \
     } while (0)
 
+/* The sanitizer and portable runs set KVCACHE_TEST_QUICK=1: the longest
+ * sweeps then take a part of their cases (every shape and path still, fewer
+ * random draws and combinations), where the plain run takes them all. */
+int test_quick(void);
+
 /* Deterministic random numbers for property tests (splitmix64). */
 typedef struct { unsigned long long s; } test_rng;
 static inline unsigned long long test_rng_u64(test_rng *r) {

@@ -114,7 +114,7 @@ TEST(kernels_every_simd_path_matches_the_oracle) {
         tested++;
         test_rng r = {700};
         double worst = 0;
-        for (int it = 0; it < 40; it++) {
+        for (int it = 0; it < (test_quick() ? 20 : 40); it++) {
             kcase k;
             k.Hkv = test_rng_int(&r, 1, 8);
             k.H = k.Hkv * test_rng_int(&r, 1, 8);
@@ -237,7 +237,7 @@ TEST(kernels_prefill_sub_tiles_see_exactly_their_windows) {
         tested++;
         test_rng r = {901};
         for (int g = 1; g <= 8; g *= 4)
-            for (int w = 1; w <= 34; w++) {
+            for (int w = 1; w <= 34; w += test_quick() ? 3 : 1) {
                 kcase k = {.H = g == 8 ? 1 : g, .Hkv = 1, .d = g == 8 ? 384 : 128, .S = 170, .T = 100, .P = 16,
                            .window = w,
                            .dtype = w % 2 ? KV_F32 : KV_F16};

@@ -75,6 +75,9 @@ int llm_hparams_read(const llm_gguf *g, llm_hparams *hp, char *err, size_t errle
 const llm_hparams *llm_model_hparams(const llm_model *m);
 const llm_tokenizer *llm_model_tokenizer(const llm_model *m);
 const llm_chat_format *llm_model_chat(const llm_model *m); /* kind LLM_CHAT_UNKNOWN: none known */
+/* llm_chat_set_thinking on the model's own format, for a program that renders
+ * every prompt one way (the CLI); a server sets it on a copy per request. */
+int llm_model_set_chat_thinking(llm_model *m, int enable);
 const char *llm_model_name(const llm_model *m);            /* general.name, or the file name */
 const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
@@ -153,6 +156,8 @@ int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child);
  * positions before it), matched in each cache. *n_matched positions are then
  * cached; pass n - 1 to keep a token to feed for its logits. */
 int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched);
+/* The point llm_seq_prefix_match would resume tokens [n] at, changing nothing. */
+int llm_prefix_lookup(llm_context *c, const int32_t *tokens, int32_t n, int32_t *n_found);
 /* Makes the full pages seq has written so far findable by prefix matches
  * now, rather than at its next forward (kv_seq_reserve of 0 positions). */
 int llm_seq_publish(llm_context *c, int32_t seq);
