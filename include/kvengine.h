@@ -11,6 +11,10 @@
  *                  token ids or chat messages), sampling and stop settings;
  *                  its tokens and text come as they are made, through a
  *                  callback (on the scheduler thread) and/or by polling.
+ *     kve_session  one sequence on a cache of its own, run on the caller's
+ *                  thread: a conversation kept between calls, session files,
+ *                  prefill and decode timed apart (see "sessions" below).
+ *     kve_grammar  a grammar or JSON Schema compiled for a model's vocabulary.
  *
  *     kve_model *m;  kve_context *c;  kve_request *r;
  *     kve_model_load("model.gguf", &m, err, sizeof err);
