@@ -417,9 +417,11 @@ typedef struct {
  * all of them but perhaps the last (fed by the next generate or feed).
  * Returns res->status: KVE_OK for every stop but KVE_STOP_ERROR; or, nothing
  * changed: KV_ERR_CAPACITY (a prompt that leaves no room to generate, stop
- * KVE_STOP_CONTEXT, res->message says the numbers), KVE_ERR_TOKEN,
- * KVE_ERR_PARAM; or the failure behind KVE_STOP_ERROR (KVE_ERR_NONFINITE:
- * nothing was sampled from the bad logits). */
+ * KVE_STOP_CONTEXT, res->message says the numbers), KVE_ERR_TOKEN or
+ * KVE_ERR_PARAM (stop KVE_STOP_ERROR, res->message says which setting); or
+ * the failure behind KVE_STOP_ERROR (KVE_ERR_NONFINITE: nothing was sampled
+ * from the bad logits), the sequence then holding the prompt and the tokens
+ * made before the failure. */
 KVE_API int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t n, const kve_generate_params *p,
                                  kve_generate_result *res);
 /* Appends tokens[0..n) through the model without sampling (an end-of-turn
@@ -428,8 +430,9 @@ KVE_API int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t 
 KVE_API int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n);
 /* A context shift now: keeps the first n_keep cached positions and drops
  * after them half of the rest, or n_min if that is more (what the next
- * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK, or
- * KVE_ERR_PARAM (n_keep or n_min out of range) with nothing changed. */
+ * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK;
+ * KVE_ERR_PARAM (n_keep past what the cache holds, n_min past what follows
+ * it), KVE_ERR_NULL, or the cache's error, each with nothing changed. */
 KVE_API int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped);
 /* Forgets everything: the sequence is empty. */
 KVE_API void kve_session_reset(kve_session *s);
