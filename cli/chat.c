@@ -12,7 +12,7 @@
 #include "cli.h"
 
 static void usage(void) {
-    printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+    printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [--no-think] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
            "                    [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P]\n"
            "                    [--frequency-penalty F] [--stop TEXT]...\n"
            "                    [--seed S] [-t THREADS] [--ctx N] [--kv-type T]\n"
@@ -24,6 +24,7 @@ static void usage(void) {
            "conversation.\n\n"
            "  --system TEXT      system message (default: the chat template's)\n"
            "  -n, --tokens N     longest reply in tokens (default 512)\n"
+           CLI_THINK_HELP
            CLI_SAMPLE_HELP
            CLI_POLICY_HELP CLI_MODEL_HELP);
 }
@@ -58,8 +59,8 @@ static void conv_reset(conversation *cv, int keep_system) {
 /* The tokens of the new turn: everything after what the cache holds (BOS
  * first when it holds nothing), the template's markers as control tokens and
  * what the user typed as text. */
-static int32_t *tokenize_new(const kve_model *m, const conversation *cv, int32_t *n) {
-    return cli_chat_ids(m, cv->msgs, cv->n, cv->n_cached, cv->n_cached == 0, n);
+static int32_t *tokenize_new(const kve_model *m, const conversation *cv, int think, int32_t *n) {
+    return cli_chat_ids(m, cv->msgs, cv->n, cv->n_cached, cv->n_cached == 0, think, n);
 }
 
 /* What a conversation runs on. */
@@ -70,6 +71,7 @@ typedef struct {
     int32_t *marker, n_marker;   /* [n_marker] the end-of-turn text's tokens */
     kve_generate_params gp;
     cli_policy_opts po;          /* --context-shift, --keep, --session */
+    int think;                   /* --think 1, --no-think 0, neither -1 */
     char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
     size_t reply_len, reply_cap;
     int turn;
@@ -105,7 +107,7 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     const int32_t n_ctx = kve_session_get_params(st->s).n_ctx, room = n_ctx - 1 - st->n_marker;
     int32_t n_held;
     kve_session_tokens(st->s, &n_held);
-    int32_t *ids = tokenize_new(st->m, &st->cv, n_new);
+    int32_t *ids = tokenize_new(st->m, &st->cv, st->think, n_new);
     *refused = 0;
     if (!ids || n_held + *n_new <= room) return ids;
     if (st->po.context_shift && n_held + *n_new - room <= n_held - st->gp.n_keep) {
@@ -124,7 +126,7 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     int32_t sys = alone.n > 1 && !strcmp(alone.msgs[0].role, "system") ? 1 : 0;
     kve_chat_message pair[2] = {alone.msgs[0], alone.msgs[alone.n - 1]};
     alone.msgs = sys ? pair : &pair[1], alone.n = sys + 1, alone.n_cached = 0;
-    ids = tokenize_new(st->m, &alone, n_new);
+    ids = tokenize_new(st->m, &alone, st->think, n_new);
     if (!ids) return NULL;
     if (*n_new > room) {
         fprintf(stderr, "kvcache chat: this message is %d tokens; the context holds %d (with room for a reply "
@@ -211,24 +213,30 @@ int cmd_chat(int argc, char **argv) {
     const char *system = NULL;
     cli_sample_opts so = cli_sample_opts_default(512);
     cli_policy_opts po = cli_policy_opts_default();
+    int think = -1;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) { usage(); return 0; }
         if (cli_model_opt(argc, argv, &i, &mo)) continue;
         if (cli_policy_opt(argc, argv, &i, &po, false)) continue;
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
+        if (cli_think_opt(argv[i], &think)) continue;
         if (cli_sample_opt(argc, argv, &i, &so)) continue;
         fprintf(stderr, "kvcache chat: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (cli_sample_check("chat", &so, 1)) return 2;
     if (cli_policy_check("chat", &po)) return 2;
-    chat_state st = {.po = po};
+    chat_state st = {.po = po, .think = think};
     int rc = cli_open("chat", &mo, &st.m, &st.s);
     if (rc) return rc;
     if (!kve_model_has_chat_template(st.m)) {
         fprintf(stderr, "kvcache chat: the model has no chat template this engine knows\n");
         kve_session_free(st.s), kve_model_free(st.m);
         return 1;
+    }
+    if ((rc = cli_think_check("chat", st.m, think))) {
+        kve_session_free(st.s), kve_model_free(st.m);
+        return rc;
     }
     kve_grammar *rules = NULL;
     if (cli_grammar_load("chat", &so, st.m, &rules)) {   /* each reply a document of it */
@@ -239,7 +247,7 @@ int cmd_chat(int argc, char **argv) {
     st.gp.grammar = rules;
     st.gp.on_text = on_text, st.gp.on_token = on_token, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
-    st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
+    st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system, think);
     if (st.gp.n_keep < 4) st.gp.n_keep = 4; /* the sinks: at least 4 (StreamingLLM) */
     const char *end = kve_chat_turn_end(st.m);
     st.marker = cli_text_tokens(st.m, end, strlen(end), 0, 1, &st.n_marker);

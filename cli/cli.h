@@ -106,12 +106,14 @@ void cli_progress(void *user, int64_t done, int64_t total);
  * parse_special), malloc'ed, *n_out of them; NULL on failure. */
 int32_t *cli_text_tokens(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
                          int32_t *n_out);
-/* kve_chat_tokenize into a malloc'ed array of *n_out ids; NULL on failure. */
+/* kve_chat_tokenize (the assistant's turn opened; think: its enable_thinking)
+ * into a malloc'ed array of *n_out ids; NULL on failure. */
 int32_t *cli_chat_ids(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_bos,
-                      int32_t *n_out);
+                      int think, int32_t *n_out);
 /* A one-turn chat prompt (system may be NULL) as the model's template gives
- * it, BOS first: markers from the template, the messages as text. */
-int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int32_t *n);
+ * it, BOS first: markers from the template, the messages as text; think: the
+ * template's enable_thinking (-1 its default). */
+int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int think, int32_t *n);
 /* kve_generate_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
 /* ---- sampling and length, for generate and chat ---- */
@@ -193,7 +195,17 @@ bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool look
 int cli_policy_check(const char *cmd, const cli_policy_opts *o);
 /* Tokens a chat prompt starts with whatever the user says: BOS, the system
  * message (or the template's own), the user header. The default --keep. */
-int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system);
+int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system, int think);
+/* --think / --no-think: *think = 1 or 0 (it stays -1 when neither is given). */
+bool cli_think_opt(const char *arg, int *think);
+/* 0, or 2 with a message when think >= 0 and the model's template has no
+ * enable_thinking switch (kve_chat_tokenize refuses it). */
+int cli_think_check(const char *cmd, const kve_model *m, int think);
+#define CLI_THINK_HELP                                                                            \
+    "  --think, --no-think  the template's enable_thinking (Qwen3): --no-think opens the reply\n"      \
+    "                     with an empty <think></think> block so the model answers directly;\n"       \
+    "                     --think is the template's default. A model whose template has no\n"        \
+    "                     such switch refuses both\n"
 /* --session: restores what FILE shares with prompt [n] into s (a line on
  * stderr says what happened, or why the run goes on cold); the count.
  * *refused: FILE exists but could not be restored. */

@@ -167,12 +167,12 @@ int32_t *cli_text_tokens(const kve_model *m, const char *text, size_t len, int a
 }
 
 int32_t *cli_chat_ids(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_bos,
-                      int32_t *n_out) {
+                      int think, int32_t *n_out) {
     int32_t need = 0;
-    int rc = kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, NULL, 0, &need);
+    int rc = kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, think, NULL, 0, &need);
     if (rc != KVE_OK && rc != KVE_ERR_SPACE) return NULL;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(need ? need : 1));
-    if (ids && need && kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, ids, need, &need) != KVE_OK) {
+    if (ids && need && kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, think, ids, need, &need) != KVE_OK) {
         free(ids);
         return NULL;
     }

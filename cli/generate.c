@@ -9,7 +9,7 @@
 #include "cli.h"
 
 static void usage(void) {
-    printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat] [--temp T] [--top-k K]\n"
+    printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat [--no-think]] [--temp T] [--top-k K]\n"
            "                        [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
            "                        [--presence-penalty P] [--frequency-penalty F] [--stop TEXT]...\n"
            "                        [--grammar FILE | --json-schema FILE]\n"
@@ -22,6 +22,7 @@ static void usage(void) {
            "  -n, --tokens N     tokens to generate at most (default 128); stops early at end of turn\n"
            "  --chat             wrap the prompt in the model's chat template as a user message\n"
            "  --system TEXT      with --chat: the system message (default: the template's)\n"
+           CLI_THINK_HELP
            "  --special          recognise control tokens written in the prompt (\"<|im_start|>\");\n"
            "                     by default they are plain text (--chat: the template writes them)\n"
            CLI_SAMPLE_HELP
@@ -67,7 +68,7 @@ static int report(const kve_session *s, const kve_generate_result *res, int st) 
 int cmd_generate(int argc, char **argv) {
     cli_model_opts mo = cli_model_opts_default();
     const char *prompt = NULL, *file = NULL, *system = NULL;
-    int chat = 0, special = 0;
+    int chat = 0, special = 0, think = -1;
     cli_sample_opts so = cli_sample_opts_default(128);
     cli_policy_opts po = cli_policy_opts_default();
     for (int i = 0; i < argc; i++) {
@@ -79,12 +80,17 @@ int cmd_generate(int argc, char **argv) {
         if (cli_opt_str(argc, argv, &i, NULL, "--system", &system)) continue;
         if (cli_sample_opt(argc, argv, &i, &so)) continue;
         if (!strcmp(argv[i], "--chat")) { chat = 1; continue; }
+        if (cli_think_opt(argv[i], &think)) continue;
         if (!strcmp(argv[i], "--special")) { special = 1; continue; }
         fprintf(stderr, "kvcache generate: unknown option '%s' (see --help)\n", argv[i]);
         return 2;
     }
     if (system && !chat) {
         fprintf(stderr, "kvcache generate: --system goes with --chat\n");
+        return 2;
+    }
+    if (think >= 0 && !chat) {
+        fprintf(stderr, "kvcache generate: --%s goes with --chat\n", think ? "think" : "no-think");
         return 2;
     }
     if (special && chat) {
@@ -117,11 +123,15 @@ int cmd_generate(int argc, char **argv) {
     kve_session *s;
     int rc = cli_open("generate", &mo, &m, &s);
     if (rc) return free(file_text), rc;
+    if (chat && kve_model_has_chat_template(m) && (rc = cli_think_check("generate", m, think))) {
+        kve_session_free(s), kve_model_free(m);
+        return free(file_text), rc;
+    }
     int32_t n_prompt = 0, *ids = NULL;
     if (chat && !kve_model_has_chat_template(m))
         fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
     else
-        ids = chat ? cli_chat_tokens(m, system, prompt, &n_prompt)
+        ids = chat ? cli_chat_tokens(m, system, prompt, think, &n_prompt)
                    : cli_text_tokens(m, prompt, prompt_len, 1, special, &n_prompt);
     kve_grammar *rules = NULL;
     rc = 1;
@@ -142,7 +152,7 @@ int cmd_generate(int argc, char **argv) {
         gp.on_text = cli_print_text;
         if (n_prompt > 512) gp.on_progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;
-        gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system) : 0;
+        gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system, think) : 0;
         gp.draft_lookup = (int32_t)po.draft_lookup;
         bool refused = false;
         if (po.session) cli_session_restore("generate", s, po.session, ids, n_prompt, &refused);

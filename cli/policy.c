@@ -35,19 +35,34 @@ int cli_policy_check(const char *cmd, const cli_policy_opts *o) {
     return 0;
 }
 
-int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int32_t *n) {
+int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int think, int32_t *n) {
     kve_chat_message msgs[2];
     int32_t k = 0;
     if (system) msgs[k++] = (kve_chat_message){"system", system};
     msgs[k++] = (kve_chat_message){"user", user};
-    return cli_chat_ids(m, msgs, k, 0, 1, n);
+    return cli_chat_ids(m, msgs, k, 0, 1, think, n);
 }
 
-int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system) {
+bool cli_think_opt(const char *arg, int *think) {
+    if (!strcmp(arg, "--think")) return *think = 1, true;
+    if (!strcmp(arg, "--no-think")) return *think = 0, true;
+    return false;
+}
+
+int cli_think_check(const char *cmd, const kve_model *m, int think) {
+    const kve_chat_message probe = {"user", ""};
+    int32_t n;
+    if (think < 0 || kve_chat_tokenize(m, &probe, 1, 0, 1, 0, think, NULL, 0, &n) != KVE_ERR_TEMPLATE) return 0;
+    fprintf(stderr, "kvcache %s: --%s: this model's chat template has no thinking switch (enable_thinking)\n", cmd,
+            think ? "think" : "no-think");
+    return 2;
+}
+
+int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system, int think) {
     /* what two prompts with different user messages share: the template's
      * part before the message, system prompt included, whatever the template */
     int32_t na = 0, nb = 0, k = 0;
-    int32_t *a = cli_chat_tokens(m, system, "a", &na), *b = cli_chat_tokens(m, system, "b", &nb);
+    int32_t *a = cli_chat_tokens(m, system, "a", think, &na), *b = cli_chat_tokens(m, system, "b", think, &nb);
     while (a && b && k < na && k < nb && a[k] == b[k]) k++;
     free(a), free(b);
     return k;

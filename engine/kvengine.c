@@ -126,33 +126,51 @@ static int messages_ok(const kve_chat_message *msgs, int32_t n) {
     return 1;
 }
 
+/* The model's format with the request's thinking switch in *f. */
+static int chat_format(const kve_model *m, int enable_thinking, llm_chat_format *f) {
+    if (enable_thinking < -1 || enable_thinking > 1) return KVE_ERR_PARAM;
+    *f = *llm_model_chat(m->m);
+    return enable_thinking < 0 || llm_chat_set_thinking(f, enable_thinking) == 0 ? KVE_OK : KVE_ERR_TEMPLATE;
+}
+
 int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
                    size_t cap, size_t *len) {
+    return kve_chat_apply_ex(m, msgs, n, add_assistant, -1, out, cap, len);
+}
+
+int kve_chat_apply_ex(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant,
+                      int enable_thinking, char *out, size_t cap, size_t *len) {
     if (len) *len = 0;
     if (!m || !len || (!out && cap > 0)) return KVE_ERR_NULL;
     if (!messages_ok(msgs, n)) return KVE_ERR_PARAM;
     if (!kve_model_has_chat_template(m)) return KVE_ERR_TEMPLATE;
+    llm_chat_format f;
+    int rc = chat_format(m, enable_thinking, &f);
+    if (rc != KVE_OK) return rc;
     /* the two message structs are the same two pointers */
     _Static_assert(sizeof(kve_chat_message) == sizeof(llm_chat_msg), "chat message layout");
     int32_t c = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
-    int32_t r = llm_chat_render(llm_model_chat(m->m), (const llm_chat_msg *)msgs, n, add_assistant, c ? out : NULL, c);
+    int32_t r = llm_chat_render(&f, (const llm_chat_msg *)msgs, n, add_assistant, c ? out : NULL, c);
     if (r == LLM_CHAT_ERR) return KVE_ERR_NOMEM;
     *len = (size_t)(r < 0 ? -(int64_t)r - 1 : r);
     return r < 0 ? KVE_ERR_SPACE : KVE_OK;
 }
 
 int kve_chat_tokenize(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_assistant,
-                      int add_bos, int32_t *out, int32_t cap, int32_t *n_out) {
+                      int add_bos, int enable_thinking, int32_t *out, int32_t cap, int32_t *n_out) {
     if (n_out) *n_out = 0;
     if (!m || !n_out || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
     if (!messages_ok(msgs, n) || n_prev < 0 || n_prev > n) return KVE_ERR_PARAM;
     if (!kve_model_has_chat_template(m)) return KVE_ERR_TEMPLATE;
+    llm_chat_format f;
+    int rc = chat_format(m, enable_thinking, &f);
+    if (rc != KVE_OK) return rc;
     int32_t *ids = NULL;
-    int32_t k = llm_chat_tokenize_continuation(llm_model_chat(m->m), llm_model_tokenizer(m->m),
-                                               (const llm_chat_msg *)msgs, n, n_prev, add_assistant, add_bos, &ids);
+    int32_t k = llm_chat_tokenize_continuation(&f, llm_model_tokenizer(m->m), (const llm_chat_msg *)msgs, n, n_prev,
+                                               add_assistant, add_bos, &ids);
     if (k < 0) return KVE_ERR_NOMEM;
     *n_out = k;
-    int rc = k > cap ? KVE_ERR_SPACE : KVE_OK;
+    rc = k > cap ? KVE_ERR_SPACE : KVE_OK;
     if (rc == KVE_OK && k) memcpy(out, ids, sizeof *ids * (size_t)k);
     free(ids);
     return rc;
@@ -251,7 +269,7 @@ kve_request_params kve_request_default_params(void) {
     llm_sampler_params s = llm_sampler_default_params();
     return (kve_request_params){.max_tokens = 128, .temperature = s.temp, .top_k = s.top_k, .top_p = s.top_p,
                                 .min_p = s.min_p, .repeat_penalty = 1.0f, .random_state = s.seed,
-                                .top_logprobs = -1};
+                                .top_logprobs = -1, .enable_thinking = -1};
 }
 
 static void request_destroy(kve_request *r) {
@@ -339,6 +357,8 @@ static int prompt_ids(const kve_context *c, const kve_request_params *p, int32_t
     int forms = (p->prompt != NULL) + (p->tokens != NULL || p->n_tokens > 0) + (p->messages != NULL || p->n_messages > 0);
     if (forms != 1)
         return llm_errf(err, errlen, KVE_ERR_PARAM, "give exactly one of prompt, tokens and messages (%d given)", forms);
+    if (p->enable_thinking != -1 && !p->messages)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "enable_thinking goes with messages (-1 without them)");
     if (p->tokens || p->n_tokens) {
         if (!p->tokens || p->n_tokens < 1) return llm_errf(err, errlen, KVE_ERR_PARAM, "tokens: n_tokens must be >= 1");
         const int32_t V = llm_model_n_vocab(m);
@@ -356,9 +376,16 @@ static int prompt_ids(const kve_context *c, const kve_request_params *p, int32_t
             return llm_errf(err, errlen, KVE_ERR_PARAM, "messages: at least one, each with a role and a content");
         if (!kve_model_has_chat_template(c->model))
             return llm_errf(err, errlen, KVE_ERR_TEMPLATE, "the model has no chat template this engine knows");
+        llm_chat_format f;
+        int rc = chat_format(c->model, p->enable_thinking, &f);
+        if (rc == KVE_ERR_PARAM)
+            return llm_errf(err, errlen, rc, "enable_thinking: -1 (the template's default), 0 or 1; got %d",
+                            (int)p->enable_thinking);
+        if (rc != KVE_OK)
+            return llm_errf(err, errlen, rc, "enable_thinking: the model's chat template has no thinking switch");
         /* the template's markers are control tokens, the messages' text is text */
-        *n = llm_chat_tokenize(llm_model_chat(m), llm_model_tokenizer(m), (const llm_chat_msg *)p->messages,
-                               p->n_messages, 1, 1, ids);
+        *n = llm_chat_tokenize(&f, llm_model_tokenizer(m), (const llm_chat_msg *)p->messages, p->n_messages, 1, 1,
+                               ids);
         if (*n == LLM_CHAT_ERR) return *n = 0, llm_errf(err, errlen, KVE_ERR_NOMEM, "the messages cannot be tokenized");
         return KVE_OK;
     }

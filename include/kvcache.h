@@ -29,6 +29,7 @@
  *     kv_seq_rerotate, kv_seq_shift   take a page for each shared one they rewrite
  *     kv_seq_restore        takes one page per block the file holds
  *     kv_seq_prefix_load    takes one page (or holds its named twin)
+ *     kv_seq_prefix_skip    gives back every page seq holds
  *     kv_prefix_clear       cached pages become free
  * Pages are taken only by reserve, rerotate, shift, restore and prefix_load: a free page
  * first, else the least recently used cached page (its name dropped). Every
@@ -426,21 +427,36 @@ KV_API void kv_cache_set_spill(kv_cache *cache, kv_spill_fn fn, void *user);
 /* Calls the spill listener with every named page, used or cached, and
  * changes nothing (before a shutdown). KV_ERR_NULL without a cache. */
 KV_API int kv_prefix_spill_all(kv_cache *cache);
+/* The names of the full pages of tokens [n] as a sequence holding them from
+ * position 0 would give them: hashes [n / page_size], each chained from the
+ * one before (what kv_seq_prefix_next tells page by page). */
+KV_API int kv_prefix_hashes(const kv_cache *cache, const int32_t *tokens, int32_t n, uint64_t *hashes);
 /* The name the next page of seq would get if it held tokens [page_size]:
  * *hash, and the name it chains from (*has_parent 0: none). KV_ERR_LENGTH
  * unless seq's length is a multiple of page_size and every page of it is
- * named; KV_ERR_WINDOW in a window cache (which names no prefixes). */
+ * named (in a window cache: its last block's, or it was skipped to). */
 KV_API int kv_seq_prefix_next(const kv_cache *cache, int32_t seq, const int32_t *tokens, uint64_t *hash,
                               uint64_t *parent_hash, int *has_parent);
+/* A window cache resumes at m from the pages of (m - W, m] alone: moves seq
+ * (ending on a named page boundary, as kv_seq_prefix_next asks) to length n
+ * (a multiple of page_size, >= its length), holding no pages (those it held
+ * are given back), its blocks below n empty and the last of them named from
+ * tokens [n], so that kv_seq_prefix_load appends the pages from n on. The
+ * caller then loads up to a point m whose window needs no block below n
+ * before the sequence is used, or truncates it. KV_ERR_WINDOW in a cache
+ * without an evicting window, KV_ERR_LENGTH for another n; nothing changes
+ * on failure. */
+KV_API int kv_seq_prefix_skip(kv_cache *cache, int32_t seq, const int32_t *tokens, int32_t n);
 /* Appends one full page to seq from a page image's tokens [page_size] and
  * data [bytes_per_page], named as kv_seq_prefix_next tells, and held by seq
  * (as if kv_seq_prefix_match had found it). Takes one page, as a reserve's
  * growth does (none when the same page is named in the pool already: that
  * one is held). The caller vouches that data is what this cache would have
- * computed for these tokens after this prefix. KV_ERR_LENGTH and
- * KV_ERR_WINDOW as kv_seq_prefix_next, KV_ERR_SHAPE when bytes is not
- * bytes_per_page, KV_ERR_CAPACITY past max_seq_len, KV_ERR_OUT_OF_PAGES;
- * nothing changes on failure. */
+ * computed for these tokens after this prefix. KV_ERR_LENGTH as
+ * kv_seq_prefix_next, KV_ERR_SHAPE when bytes is not bytes_per_page,
+ * KV_ERR_CAPACITY past max_seq_len, KV_ERR_OUT_OF_PAGES; nothing changes on
+ * failure. A window cache's pages below its window stay held until the
+ * next reserve. */
 KV_API int kv_seq_prefix_load(kv_cache *cache, int32_t seq, const int32_t *tokens, const void *data, size_t bytes);
 
 /* Save and restore. kv_seq_save writes the sequence's tokens and K/V (as

@@ -167,16 +167,24 @@ typedef struct {
  * message, or one without role or content), KVE_ERR_NULL. */
 KVE_API int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant, char *out,
                            size_t cap, size_t *len);
+/* kve_chat_apply with the template's enable_thinking switch (Qwen3's): -1 the
+ * template's default, 0 false (the assistant's turn opens with an empty think
+ * block), 1 true. 0 or 1 for a template without the switch is
+ * KVE_ERR_TEMPLATE, any other value KVE_ERR_PARAM. */
+KVE_API int kve_chat_apply_ex(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant,
+                              int enable_thinking, char *out, size_t cap, size_t *len);
 /* The tokens of the template applied to msgs[0..n) from message n_prev on:
  * what a cache that holds msgs[0..n_prev), each closed by its end-of-turn
  * marker (kve_chat_turn_end), needs next (n_prev 0: the whole conversation,
  * BOS first when add_bos). The template's markers are control tokens, the
- * contents plain text. Into out[0..cap) by the "out of room" rule, *n_out
- * ids. KVE_OK, KVE_ERR_SPACE, KVE_ERR_TEMPLATE, KVE_ERR_PARAM (no message, one
- * without role or content, n_prev outside [0, n]), KVE_ERR_NULL,
- * KVE_ERR_NOMEM. */
+ * contents plain text; enable_thinking as kve_chat_apply_ex takes it. Into
+ * out[0..cap) by the "out of room" rule, *n_out ids. KVE_OK, KVE_ERR_SPACE,
+ * KVE_ERR_TEMPLATE (no template, or a thinking switch the template lacks),
+ * KVE_ERR_PARAM (no message, one without role or content, n_prev outside
+ * [0, n], enable_thinking outside [-1, 1]), KVE_ERR_NULL, KVE_ERR_NOMEM. */
 KVE_API int kve_chat_tokenize(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev,
-                              int add_assistant, int add_bos, int32_t *out, int32_t cap, int32_t *n_out);
+                              int add_assistant, int add_bos, int enable_thinking, int32_t *out, int32_t cap,
+                              int32_t *n_out);
 /* The text that closes a turn in the model's template ("<|im_end|>",
  * "<end_of_turn>", ...); "" for a model without a template. */
 KVE_API const char *kve_chat_turn_end(const kve_model *m);
@@ -270,10 +278,13 @@ typedef struct {
                                 * token's and that many alternatives' */
     kve_event_fn on_event;     /* or NULL: poll */
     void *user;
+    int32_t enable_thinking;   /* with messages: the template's enable_thinking switch, as
+                                * kve_chat_apply_ex takes it (default -1: the template's) */
 } kve_request_params;
 
 /* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
- * penalties, random_state 1, no stops, no log-probabilities, no callback. */
+ * penalties, random_state 1, no stops, no log-probabilities, no callback,
+ * enable_thinking -1. */
 KVE_API kve_request_params kve_request_default_params(void);
 
 /* Queues a request on c. KVE_OK with *out; or, nothing queued and *out NULL:

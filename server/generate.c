@@ -99,6 +99,11 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
     if (r->kind == SRV_CHAT) {   /* the template's markers are control tokens, the messages text */
         if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
+        llm_chat_format f = *llm_model_chat(s->m);   /* this request's switches */
+        if (r->enable_thinking >= 0 && llm_chat_set_thinking(&f, r->enable_thinking))
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'chat_template_kwargs.enable_thinking' is not supported: the model's chat template "
+                                 "has no thinking switch");
         if (r->n_tools > 0 || r->has_tool_history) {   /* tools and tool turns written in */
             llm_chat_msg *msgs;
             int32_t n_msgs;
@@ -107,10 +112,10 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
                 srv_tools_free_messages(msgs, owned);
                 return -1;
             }
-            *n = llm_chat_tokenize(llm_model_chat(s->m), tok, msgs, n_msgs, 1, 1, out);
+            *n = llm_chat_tokenize(&f, tok, msgs, n_msgs, 1, 1, out);
             srv_tools_free_messages(msgs, owned);
         } else {
-            *n = llm_chat_tokenize(llm_model_chat(s->m), tok, r->msgs, r->n_msgs, 1, 1, out);
+            *n = llm_chat_tokenize(&f, tok, r->msgs, r->n_msgs, 1, 1, out);
         }
         if (*n == LLM_CHAT_ERR)
             return *n = 0, srv_error_set(e, 400, "invalid_request_error", "the messages cannot be tokenized (too long?)");

@@ -439,8 +439,8 @@ void srv_shutdown(srv *s) {
     mg_stop(s->mg);                           /* waits for every worker */
     if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
+    llm_sched_free(s->sched);                 /* unhooks itself from the tier */
     llm_tier_close(s->tier);                  /* every named page not yet on disk is written */
-    llm_sched_free(s->sched);
     llm_grammar_vocab_free(s->json_vocab);
     pthread_mutex_destroy(&s->metrics.mu);
     free(s);

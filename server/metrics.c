@@ -134,6 +134,8 @@ char *srv_metrics_page(srv *s) {
         llm_tier_stats ts = llm_tier_get_stats(s->tier);
         metric(&pg, "kvcache_prefix_disk_hits_total", "counter", "Pages read back from the disk tier into the pool",
                (double)ts.hits);
+        metric(&pg, "kvcache_prefix_disk_waits_total", "counter",
+               "Requests that waited aside while the tier's thread read their prefix", (double)st.disk_waits);
         metric(&pg, "kvcache_prefix_disk_misses_total", "counter", "Disk-tier lookups that found no usable page",
                (double)ts.misses);
         metric(&pg, "kvcache_prefix_disk_damaged_total", "counter", "Of those, files that failed a check (removed)",

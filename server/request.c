@@ -299,6 +299,7 @@ const srv_field srv_fields[] = {
     {"repeat_penalty", BOTH, SRV_FIELD_EXTENSION, NULL},
     {"repeat_last_n", BOTH, SRV_FIELD_EXTENSION, NULL},
     {"session", BOTH, SRV_FIELD_EXTENSION, NULL},
+    {"chat_template_kwargs", CH, SRV_FIELD_EXTENSION, NULL},
     {"parse_special", CO, SRV_FIELD_EXTENSION, NULL},
 };
 const int srv_n_fields = (int)(sizeof srv_fields / sizeof srv_fields[0]);
@@ -498,6 +499,27 @@ static int get_tools(json_t *o, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* "chat_template_kwargs": the template variables a request may set. The
+ * templates are rendered in C, so only the one switch they read is taken;
+ * any other variable would be dropped, and is refused. */
+static int get_template_kwargs(json_t *o, srv_request *r, srv_error *e) {
+    json_t *v = field(o, "chat_template_kwargs");
+    if (!v) return 0;
+    if (!json_is_object(v)) return bad(e, "'%s' must be an object", "chat_template_kwargs");
+    const char *key;
+    json_t *x;
+    json_object_foreach(v, key, x) {
+        if (strcmp(key, "enable_thinking"))
+            return srv_error_set(e, 400, "invalid_request_error",
+                                 "'chat_template_kwargs.%.64s' is not supported: the only template variable taken is "
+                                 "enable_thinking", key);
+        if (!json_is_null(x) && !json_is_boolean(x))
+            return bad(e, "'%s' must be a boolean", "chat_template_kwargs.enable_thinking");
+        if (json_is_boolean(x)) r->enable_thinking = json_is_true(x);
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the parse */
 
 static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
@@ -535,7 +557,8 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
     if (get_session(o, r, e)) return -1;
-    if (r->kind == SRV_CHAT && (get_response_format(o, r, e) || get_tools(o, r, e))) return -1;
+    if (r->kind == SRV_CHAT && (get_response_format(o, r, e) || get_tools(o, r, e) || get_template_kwargs(o, r, e)))
+        return -1;
     json_t *so = field(o, "stream_options");
     if (so && !json_is_object(so)) return bad(e, "'%s' must be an object", "stream_options");
     json_t *iu = so ? field(so, "include_usage") : NULL;
@@ -584,7 +607,7 @@ int srv_request_parse(srv_kind kind, const char *body, size_t len, srv_request *
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
-    out->repeat_penalty = 1, out->repeat_last_n = 64;
+    out->repeat_penalty = 1, out->repeat_last_n = 64, out->enable_thinking = -1;
     if (nests_deeper(body, len, SRV_MAX_DEPTH))
         return srv_error_set(err, 400, "invalid_request_error",
                              "the JSON nests arrays and objects deeper than the limit of %d levels", SRV_MAX_DEPTH);

@@ -93,6 +93,8 @@ typedef struct {
     int stream, include_usage;
     int logprobs;                /* return logprobs of the chosen tokens */
     int64_t top_logprobs;        /* alternatives per position, 0 .. 20 */
+    int enable_thinking;         /* chat_template_kwargs.enable_thinking (an extension, vLLM's
+                                  * and llama-server's): 0 or 1, -1 when absent */
     const char *session;         /* "session" (an extension): a session name, already checked
                                   * to be 1 .. SRV_MAX_SESSION_NAME of [A-Za-z0-9._-], not
                                   * starting with '.'; NULL when absent */

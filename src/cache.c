@@ -287,6 +287,7 @@ int kv_seq_truncate(kv_cache *c, int32_t seq, int32_t new_len) {
     s->len = new_len;
     if (s->named_blocks > new_len / c->p.page_size) s->named_blocks = new_len / c->p.page_size;
     if (new_len == 0) s->first_block = 0;
+    if (s->tail_block > new_len / c->p.page_size) s->tail_block = 0;
     return KV_OK;
 }
 

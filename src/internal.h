@@ -12,6 +12,7 @@
 #include "kvtype.h"
 
 #define KV_NO_PAGE (-1)
+#define KV_LOST_PAGE (-2) /* a page's parent when it has none in the pool (src/prefix.c) */
 
 /* One piece of an attention call (src/attend.c): the query vectors [v0, v1)
  * of one (sequence, KV head) group against the keys [klo, khi]. */
@@ -30,6 +31,8 @@ typedef struct {
     int32_t len;          /* S: positions reserved */
     int32_t first_block;  /* blocks below this were evicted by the window */
     int32_t named_blocks; /* blocks below this were offered to the prefix cache */
+    int32_t tail_block;   /* > 0: block tail_block - 1 holds no page (skipped to, window */
+    uint64_t tail_hash;   /* cache) and was named tail_hash: where the next load chains from */
 } kv_seq_state;
 
 /* Page layout. A page is n_layers layer-slices of layer_bytes each; a slice is
@@ -85,7 +88,8 @@ typedef struct {
     int32_t *page_tokens; /* [n_pages][P] token id at each position, -1 unknown */
     uint64_t *page_hash;  /* [n_pages] chained hash of a named page */
     uint64_t *parent_hash; /* [n_pages] page_hash of its parent when it was named (0: none) */
-    int32_t *page_parent; /* [n_pages] page before a named page in its chain, or KV_NO_PAGE */
+    int32_t *page_parent; /* [n_pages] page before a named page in its chain, KV_NO_PAGE, or
+                           * KV_LOST_PAGE: loaded after a block that has no page */
     uint32_t *page_gen;   /* [n_pages] bumped each time the page is named: a reused page is new */
     uint32_t *parent_gen; /* [n_pages] page_gen of the parent when this page was named */
     bool *page_named;     /* [n_pages] findable through the hash table */

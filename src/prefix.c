@@ -98,11 +98,14 @@ static int32_t find_after(const kv_cache *c, uint64_t h, uint64_t ph, const int3
     }
 }
 
-static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
+/* Names page h after parent (KV_LOST_PAGE: after a block without a page,
+ * whose name was parent_hash). */
+static void name_page_after(kv_cache *c, int32_t page, uint64_t h, int32_t parent, uint64_t parent_hash) {
+    const bool real = parent >= 0;
     c->prefix.page_hash[page] = h;
     c->prefix.page_parent[page] = parent;
-    c->prefix.parent_gen[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_gen[parent];
-    c->prefix.parent_hash[page] = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
+    c->prefix.parent_gen[page] = real ? c->prefix.page_gen[parent] : 0;
+    c->prefix.parent_hash[page] = real ? c->prefix.page_hash[parent] : parent_hash;
     c->prefix.page_gen[page]++;
     c->prefix.page_named[page] = true;
     uint32_t i = kv_name_slot(c, h);
@@ -110,8 +113,12 @@ static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
     c->prefix.hash_slots[i] = page;
     if (c->prefix.listener)   /* once per full page, never per token */
         c->prefix.listener(c->prefix.listener_user,
-                           &(kv_prefix_event){KV_PREFIX_STORED, h, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent],
-                                              parent != KV_NO_PAGE, tokens_of(c, page), c->p.page_size});
+                           &(kv_prefix_event){KV_PREFIX_STORED, h, c->prefix.parent_hash[page], parent != KV_NO_PAGE,
+                                              tokens_of(c, page), c->p.page_size});
+}
+
+static void name_page(kv_cache *c, int32_t page, uint64_t h, int32_t parent) {
+    name_page_after(c, page, h, parent, 0);
 }
 
 /* ------------------------------------------------------------------ naming */
@@ -286,16 +293,29 @@ int kv_prefix_spill_all(kv_cache *c) {
     return KV_OK;
 }
 
+int kv_prefix_hashes(const kv_cache *c, const int32_t *tokens, int32_t n, uint64_t *hashes) {
+    if (!c || !hashes || (n > 0 && !tokens)) return KV_ERR_NULL;
+    if (n < 0) return KV_ERR_SHAPE;
+    uint64_t h = 0;
+    for (int32_t i = 0; i < n / c->p.page_size; i++) hashes[i] = h = chain_hash(c, h, tokens + (size_t)i * c->p.page_size);
+    return KV_OK;
+}
+
 /* Where seq's next page would chain from: KV_OK when seq ends on a named
- * page boundary, with *parent its last page (KV_NO_PAGE: none). */
-static int next_parent(const kv_cache *c, int32_t seq, int32_t *parent) {
+ * page boundary, with *parent its last page (KV_NO_PAGE: none; KV_LOST_PAGE:
+ * a block skipped to, named *parent_hash). */
+static int next_parent(const kv_cache *c, int32_t seq, int32_t *parent, uint64_t *parent_hash) {
     if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
-    if (c->p.window > 0) return KV_ERR_WINDOW;
     const kv_seq_state *s = &c->seqs[seq];
     const int32_t P = c->p.page_size, n = s->len / P;
     if (s->len % P != 0 || s->named_blocks != n) return KV_ERR_LENGTH;
     *parent = n > 0 ? kv_table(c, seq)[n - 1] : KV_NO_PAGE;
-    if (*parent != KV_NO_PAGE && !c->prefix.page_named[*parent]) return KV_ERR_LENGTH;
+    if (n > 0 && *parent == KV_NO_PAGE && s->tail_block == n) {
+        *parent = KV_LOST_PAGE, *parent_hash = s->tail_hash;
+        return KV_OK;
+    }
+    if (n > 0 && (*parent == KV_NO_PAGE || !c->prefix.page_named[*parent])) return KV_ERR_LENGTH;
+    *parent_hash = n > 0 ? c->prefix.page_hash[*parent] : 0;
     return KV_OK;
 }
 
@@ -303,18 +323,40 @@ int kv_seq_prefix_next(const kv_cache *c, int32_t seq, const int32_t *tokens, ui
                        int *has_parent) {
     if (!c || !tokens || !hash || !parent_hash || !has_parent) return KV_ERR_NULL;
     int32_t parent;
-    int rc = next_parent(c, seq, &parent);
+    int rc = next_parent(c, seq, &parent, parent_hash);
     if (rc) return rc;
-    *parent_hash = parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent];
     *has_parent = parent != KV_NO_PAGE;
     *hash = chain_hash(c, *parent_hash, tokens);
+    return KV_OK;
+}
+
+int kv_seq_prefix_skip(kv_cache *c, int32_t seq, const int32_t *tokens, int32_t n) {
+    if (!c || (n > 0 && !tokens)) return KV_ERR_NULL;
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].live) return KV_ERR_SEQ;
+    if (c->p.window == 0 || c->p.no_evict) return KV_ERR_WINDOW;
+    kv_seq_state *s = &c->seqs[seq];
+    const int32_t P = c->p.page_size;
+    if (n < 0 || n % P != 0 || n < s->len || n > c->p.max_seq_len || s->len % P != 0 || s->named_blocks != s->len / P)
+        return KV_ERR_LENGTH;
+    if (n == s->len) return KV_OK;
+    uint64_t h = 0;
+    for (int32_t i = 0; i < n / P; i++) h = chain_hash(c, h, tokens + (size_t)i * P);
+    int32_t *t = kv_table(c, seq);
+    for (int32_t i = s->first_block; i < s->len / P; i++) {
+        if (t[i] != KV_NO_PAGE) kv_page_release(c, t[i]);
+        t[i] = KV_NO_PAGE;
+    }
+    s->len = n;
+    s->first_block = s->named_blocks = s->tail_block = n / P;
+    s->tail_hash = h;
     return KV_OK;
 }
 
 int kv_seq_prefix_load(kv_cache *c, int32_t seq, const int32_t *tokens, const void *data, size_t bytes) {
     if (!c || !tokens || !data) return KV_ERR_NULL;
     int32_t parent;
-    int rc = next_parent(c, seq, &parent);
+    uint64_t ph;
+    int rc = next_parent(c, seq, &parent, &ph);
     if (rc) return rc;
     if (bytes != c->pages.page_bytes) return KV_ERR_SHAPE;
     const int32_t P = c->p.page_size;
@@ -322,8 +364,8 @@ int kv_seq_prefix_load(kv_cache *c, int32_t seq, const int32_t *tokens, const vo
     if (s->len > c->p.max_seq_len - P) return KV_ERR_CAPACITY;
     for (int32_t j = 0; j < P; j++)
         if (tokens[j] < 0) return KV_ERR_SHAPE;
-    uint64_t h = chain_hash(c, parent == KV_NO_PAGE ? 0 : c->prefix.page_hash[parent], tokens);
-    int32_t page = find(c, h, parent, tokens);
+    uint64_t h = chain_hash(c, ph, tokens);
+    int32_t page = parent == KV_LOST_PAGE ? find_after(c, h, ph, tokens) : find(c, h, parent, tokens);
     if (page != KV_NO_PAGE) {
         kv_view_hold(c, false, page);
     } else {
@@ -331,7 +373,7 @@ int kv_seq_prefix_load(kv_cache *c, int32_t seq, const int32_t *tokens, const vo
         page = kv_page_take(c);
         memcpy(c->pages.pool + (size_t)page * c->pages.page_bytes, data, bytes);
         memcpy(c->prefix.page_tokens + (size_t)page * P, tokens, sizeof(int32_t) * (size_t)P);
-        name_page(c, page, h, parent);
+        name_page_after(c, page, h, parent, ph);
     }
     kv_table(c, seq)[s->len / P] = page;
     s->len += P;

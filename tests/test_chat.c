@@ -4,7 +4,8 @@
  * jinja2 (tests/data/chat_cases.txt, from tests/data/gen_chat_refs.py) over
  * conversations with system messages, multiple turns, padded and non-ASCII
  * content; continuation rendering is checked to resend exactly what the cache
- * lacks. */
+ * lacks. Qwen3's template is rendered with its enable_thinking switch absent,
+ * true and false (the names qwen3, qwen3_think, qwen3_nothink). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,7 @@
 
 /* ---------------------------------------------------------------- reference data */
 
-enum { MAX_TMPL = 8, MAX_CONV = 8, MAX_MSG = 8, MAX_REND = 320 };
+enum { MAX_TMPL = 12, MAX_CONV = 8, MAX_MSG = 8, MAX_REND = 400 };
 
 typedef struct {
     char name[MAX_TMPL][32];
@@ -105,6 +106,16 @@ static char *continuation_str(const llm_chat_format *f, const llm_chat_msg *m, i
     return s;
 }
 
+/* The format of template t as a front end sets it: Qwen3's rendering named
+ * with _think / _nothink has its switch set so. */
+static int format_for(const chat_refs *c, int t, llm_chat_format *f) {
+    llm_chat_format_from_template(c->tmpl[t], "<s>", "</s>", f);
+    size_t n = strlen(c->name[t]);
+    if (n > 8 && !strcmp(c->name[t] + n - 8, "_nothink")) return llm_chat_set_thinking(f, 0);
+    if (n > 6 && !strcmp(c->name[t] + n - 6, "_think")) return llm_chat_set_thinking(f, 1);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 TEST(chat_templates_are_recognised_by_their_markers) {
@@ -122,6 +133,7 @@ TEST(chat_templates_are_recognised_by_their_markers) {
         {"llama2", LLM_CHAT_LLAMA2, ""},
         {"tinyllama", LLM_CHAT_ZEPHYR, ""},
         {"gemma3", LLM_CHAT_GEMMA, ""},
+        {"qwen3", LLM_CHAT_CHATML, ""},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int t = tmpl_index(&c, want[i].name);
@@ -131,6 +143,14 @@ TEST(chat_templates_are_recognised_by_their_markers) {
         CHECK_EQ_INT(llm_chat_format_from_template(c.tmpl[t], NULL, NULL, &f), 0);
         CHECK_EQ_INT(f.kind, want[i].kind);
         CHECK(strcmp(f.default_system, want[i].system) == 0);
+        /* only Qwen3's has the thinking switch; the others refuse it, unchanged */
+        int qwen3 = !strcmp(want[i].name, "qwen3");
+        CHECK_EQ_INT(f.think_switch, qwen3);
+        llm_chat_format before = f;
+        CHECK_EQ_INT(llm_chat_set_thinking(&f, 0), qwen3 ? 0 : -1);
+        CHECK_EQ_INT(f.no_think, qwen3);
+        CHECK_EQ_INT(llm_chat_set_thinking(&f, 1), qwen3 ? 0 : -1);
+        CHECK(memcmp(&f, &before, sizeof f) == 0);
     }
     free_refs(&c);
     llm_chat_format f;
@@ -152,7 +172,7 @@ TEST(chat_renderings_match_the_jinja_templates) {
     for (int i = 0; i < c.n_r; i++) {
         if (c.r[i].tmpl < 0) continue;
         llm_chat_format f;
-        llm_chat_format_from_template(c.tmpl[c.r[i].tmpl], "<s>", "</s>", &f);
+        CHECK_EQ_INT(format_for(&c, c.r[i].tmpl, &f), 0);
         char *got = render_str(&f, c.conv[c.r[i].conv], c.r[i].k, c.r[i].gen);
         if (!got || strcmp(got, c.r[i].text) != 0) {
             if (bad++ < 4)
@@ -174,7 +194,7 @@ TEST(chat_continuation_completes_the_cached_prefix) {
     int checked = 0, bad = 0;
     for (int t = 0; t < c.n_tmpl; t++) {
         llm_chat_format f;
-        llm_chat_format_from_template(c.tmpl[t], "<s>", "</s>", &f);
+        CHECK_EQ_INT(format_for(&c, t, &f), 0);
         const char *end = llm_chat_turn_end(&f);
         for (int ci = 0; ci < c.n_conv; ci++) {
             const llm_chat_msg *m = c.conv[ci];

@@ -174,6 +174,10 @@ TEST(kvengine_refusals_name_the_problem_and_queue_nothing) {
     p.tokens = longp, p.n_tokens = 200;
     CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_TOO_LARGE);
     p.tokens = toks, p.n_tokens = 3;
+    p.enable_thinking = 0;   /* the chat template's switch: not for token ids */
+    CHECK_EQ_INT(kve_submit(c, &p, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "enable_thinking goes with messages") != NULL);
+    p.enable_thinking = -1;
     if (!kve_model_has_chat_template(m)) {
         kve_chat_message msg = {"user", "hi"};
         p.tokens = NULL, p.n_tokens = 0, p.messages = &msg, p.n_messages = 1;
@@ -390,10 +394,10 @@ TEST(kvengine_session_refusals_name_the_problem_and_change_nothing) {
     kve_chat_message msg = {"user", "hi"};
     int32_t n_ids;
     if (!kve_model_has_chat_template(m)) {
-        CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 0, 1, 1, NULL, 0, &n_ids), KVE_ERR_TEMPLATE);
+        CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 0, 1, 1, -1, NULL, 0, &n_ids), KVE_ERR_TEMPLATE);
         CHECK(!strcmp(kve_chat_turn_end(m), ""));
     }
-    CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 2, 1, 1, NULL, 0, &n_ids), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 2, 1, 1, -1, NULL, 0, &n_ids), KVE_ERR_PARAM);
     kve_session_free(s);
     kve_model_free(m);
     fx_free(&fx);

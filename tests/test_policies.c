@@ -246,7 +246,7 @@ static double lookup_sim(int32_t n_max, double base, double row, double p1, doub
         }
         double t = base + row * (rows_other + k);
         llm_pass_cost_add(cost, rows_other + 1 + k, t);
-        llm_lookup_ctl_seen(ctl, k, j);
+        llm_lookup_ctl_seen(ctl, k, j, -1);
         tokens += rows_other + 1 + j, secs += t, *drafted += k > 0;
     }
     return tokens / secs;
@@ -261,6 +261,43 @@ static double lookup_best(int32_t n_max, double base, double row, double p1, dou
         best = v > best ? v : best;
     }
     return best;
+}
+
+/* A copy of lines of `line` tokens on the same made-up machine: every
+ * draft is taken up to a line's end and the first of the next line is
+ * refused (a refusal, then a run). fixed >= 0: that many drafts every pass
+ * instead of the controller's choice. Tokens per second of n passes. */
+static double lookup_lines(int32_t n_max, double base, double row, int32_t line, int32_t n, int32_t fixed) {
+    llm_lookup_ctl ctl;
+    llm_pass_cost cost = {0};
+    llm_lookup_ctl_init(&ctl, n_max);
+    double tokens = 0, secs = 0;
+    int64_t pos = 0; /* the token the next pass computes */
+    for (int32_t i = 0; i < n; i++) {
+        int32_t k = fixed >= 0 ? fixed : llm_lookup_ctl_next(&ctl, &cost, 0, 0), j = 0;
+        while (j < k && (pos + 1 + j) % line != 0) j++;
+        double t = base + row * k;
+        llm_pass_cost_add(&cost, 1 + k, t);
+        llm_lookup_ctl_seen(&ctl, k, j, (pos + 1 + j) % line != 0); /* the token after the drafts foreseen? */
+        pos += 1 + j, tokens += 1 + j, secs += t;
+    }
+    return tokens / secs;
+}
+
+TEST(policy_lookup_follows_copied_lines_as_well_as_the_best_fixed_length) {
+    const struct { double row; int32_t line; } cases[] = {{0.3, 6}, {0.3, 12}, {0.15, 24}, {0.5, 24}, {0.3, 40}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        double best = 0;
+        int32_t best_k = 0;
+        for (int32_t k = 0; k <= 8; k++) {
+            double v = lookup_lines(8, 1.0, cases[c].row, cases[c].line, 600, k);
+            if (v > best) best = v, best_k = k;
+        }
+        double v = lookup_lines(8, 1.0, cases[c].row, cases[c].line, 600, -1);
+        printf("    lines of %d, row %.2f: %.3f of the best fixed length (%d drafts)\n", (int)cases[c].line,
+               cases[c].row, v / best, (int)best_k);
+        CHECK(v >= 0.9 * best);
+    }
 }
 
 TEST(policy_lookup_drafts_only_what_the_measured_costs_pay_for) {

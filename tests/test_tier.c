@@ -1,10 +1,15 @@
 /* tests/test_tier.c - a tier below the pool: the library's spill listener
- * and page loads (kv_cache_set_spill, kv_seq_prefix_next, kv_seq_prefix_load),
- * and the engine's disk tier (engine/gen/tier.h) on a tiny model: pages written
- * at close found again by a new context, continued to the logits of a cold
- * run and of the float64 reference; a damaged file a miss; the size bound. */
+ * and page loads (kv_cache_set_spill, kv_seq_prefix_next, kv_seq_prefix_load,
+ * kv_seq_prefix_skip for a window cache), and the engine's disk tier
+ * (engine/gen/tier.h) on tiny models: pages written at close found again by a
+ * new context, continued to the logits of a cold run and of the float64
+ * reference; a damaged file a miss; the size bound; a model with full and
+ * window layers resuming from its window's pages alone; the scheduler
+ * decoding others while a request's pages load, a cancelled or failed load. */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,19 +18,20 @@
 #include "gguf_writer.h"
 #include "../engine/weights/quant.h"
 #include "../engine/gen/tier.h"
+#include "../engine/gen/scheduler.h"
 
 enum { P = 4, D = 8 };
 
 typedef struct {
     int n;
-    kv_page_image img[8];
-    int32_t tokens[8][P];
-    double data[8][2 * P * D];
+    kv_page_image img[16];
+    int32_t tokens[16][P];
+    double data[16][2 * P * D];
 } spilled;
 
 static void on_spill(void *user, const kv_page_image *img) {
     spilled *s = user;
-    if (s->n == 8 || img->bytes != sizeof s->data[0] || img->n_tokens != P) {
+    if (s->n == 16 || img->bytes != sizeof s->data[0] || img->n_tokens != P) {
         s->n = -100;
         return;
     }
@@ -113,15 +119,77 @@ TEST(tier_reclaimed_pages_leave_through_the_spill_listener_and_load_back_exactly
     CHECK_EQ_INT(kv_seq_new(c, &s2), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_match(c, s2, toks, 12, &matched), KV_OK);
     CHECK_EQ_INT(matched, 2 * P);
-    /* not on a page boundary, or in a window cache: refused */
+    /* not on a page boundary: refused; a skip only in a window cache */
+    CHECK_EQ_INT(kv_seq_prefix_skip(c, s2, toks, 3 * P), KV_ERR_WINDOW);
     CHECK_EQ_INT(kv_seq_reserve(c, s2, 1, NULL), KV_OK);
     CHECK_EQ_INT(kv_seq_prefix_next(c, s2, toks, &h, &ph, &hp), KV_ERR_LENGTH);
     kv_cache_free(c);
-    p.window = 8;
+}
+
+/* A window cache (W = 8, pages of 4) resumes at 24 from the pages of blocks
+ * 4 and 5 alone: a new cache skips to 16, loads those two pages, reads back
+ * exactly what was written, and finds them again in RAM (the first one
+ * chained from a block it never held). */
+TEST(tier_window_cache_resumes_from_its_window_pages_alone) {
+    kv_cache_params p = kv_cache_default_params();
+    p.head_dim = D, p.dtype = KV_F64, p.page_size = P, p.n_pages = 16, p.max_seqs = 2, p.window = 8;
+    kv_cache *c = NULL, *c2 = NULL;
     CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
-    CHECK_EQ_INT(kv_seq_new(c, &s), KV_OK);
-    CHECK_EQ_INT(kv_seq_prefix_next(c, s, toks, &h, &ph, &hp), KV_ERR_WINDOW);
+    CHECK_EQ_INT(kv_cache_create(&p, &c2), KV_OK);
+    if (!c || !c2) return;
+    spilled sp = {0};
+    int32_t toks[24], a, s, s3;
+    for (int i = 0; i < 24; i++) toks[i] = (i * 5 + 1) % 7;
+    CHECK_EQ_INT(kv_seq_new(c, &a), KV_OK);
+    for (int i = 0; i < 24; i += P) { /* a page at a time, so the window evicts */
+        CHECK_EQ_INT(kv_seq_reserve(c, a, P, toks + i), KV_OK);
+        int32_t rows[2] = {0, P};
+        kv_batch b = {.n_seqs = 1, .seqs = &a, .row_start = rows};
+        double k[P * D], v[P * D];
+        for (int32_t j = 0; j < P; j++) kv_of(toks, i + j + 1, k + j * D, v + j * D);
+        CHECK_EQ_INT(kv_append_f64(c, 0, &b, k, v), KV_OK);
+    }
+    CHECK_EQ_INT(kv_seq_remove(c, a), KV_OK);
+    kv_cache_set_spill(c, on_spill, &sp);
+    CHECK_EQ_INT(kv_prefix_spill_all(c), KV_OK);
+    CHECK_EQ_INT(sp.n, 6); /* every page was named, also those the window evicted */
+    uint64_t hashes[6];
+    CHECK_EQ_INT(kv_prefix_hashes(c2, toks, 24, hashes), KV_OK);
+    const kv_page_image *img[6] = {0};
+    for (int i = 0; i < sp.n && sp.n > 0; i++)
+        for (int b = 0; b < 6; b++)
+            if (sp.img[i].hash == hashes[b]) img[b] = &sp.img[i];
+    for (int b = 0; b < 6; b++) CHECK(img[b] != NULL && img[b]->has_parent == (b > 0));
+    if (!img[4] || !img[5]) return;
+    CHECK_EQ_INT(kv_seq_new(c2, &s), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_skip(c2, s, toks, 15), KV_ERR_LENGTH);
+    CHECK_EQ_INT(kv_seq_prefix_skip(c2, s, toks, 16), KV_OK);
+    CHECK_EQ_INT(kv_seq_length(c2, s), 16);
+    CHECK_EQ_INT(kv_cache_get_stats(c2).pages_used, 0);
+    uint64_t h, ph;
+    int hp;
+    CHECK_EQ_INT(kv_seq_prefix_next(c2, s, toks + 16, &h, &ph, &hp), KV_OK);
+    CHECK(h == hashes[4] && ph == hashes[3] && hp == 1);
+    CHECK_EQ_INT(kv_seq_prefix_load(c2, s, toks + 16, img[4]->data, img[4]->bytes), KV_OK);
+    CHECK_EQ_INT(kv_seq_prefix_load(c2, s, toks + 20, img[5]->data, img[5]->bytes), KV_OK);
+    CHECK_EQ_INT(kv_seq_length(c2, s), 24);
+    CHECK_EQ_INT(kv_cache_get_stats(c2).pages_used, 2);
+    double k[D], v[D], ek[D], ev[D];
+    for (int32_t pos = 16; pos < 24; pos++) {
+        CHECK_EQ_INT(kv_read_f64(c2, 0, s, pos, 1, k, v), KV_OK);
+        kv_of(toks, pos + 1, ek, ev);
+        CHECK(memcmp(k, ek, sizeof k) == 0 && memcmp(v, ev, sizeof v) == 0);
+    }
+    /* the next step's window: attending at 24 needs nothing below 16 */
+    CHECK_EQ_INT(kv_seq_reserve(c2, s, 1, NULL), KV_OK);
+    CHECK_EQ_INT(kv_seq_remove(c2, s), KV_OK);
+    CHECK_EQ_INT(kv_seq_new(c2, &s3), KV_OK);
+    int32_t matched = -1;
+    CHECK_EQ_INT(kv_seq_prefix_match(c2, s3, toks, 24, &matched), KV_OK);
+    CHECK_EQ_INT(matched, 24);
+    kv_cache_set_spill(c, NULL, NULL);
     kv_cache_free(c);
+    kv_cache_free(c2);
 }
 
 /* ---------------------------------------------------------------- the engine's disk tier */
@@ -152,11 +220,10 @@ static void clear_dir(const char *dir) {
     rmdir(dir);
 }
 
-/* The last position's logits of tokens after the tier gave what it has:
- * *from_disk receives the positions it gave. */
-static void continue_from_tier(const llm_model *m, const char *dir, uint64_t max_bytes, const int32_t *tokens,
+/* On c (freed here), the last position's logits of tokens [n] after the
+ * tier gave what it has: *from_disk receives the positions it gave. */
+static void continue_from_tier(llm_context *c, const char *dir, uint64_t max_bytes, const int32_t *tokens, int32_t n,
                                float *logits, int32_t *from_disk, llm_tier_stats *st) {
-    llm_context *c = tier_ctx(m);
     llm_tier *t = NULL;
     char err[256];
     *from_disk = -1;
@@ -164,8 +231,8 @@ static void continue_from_tier(const llm_model *m, const char *dir, uint64_t max
     CHECK_EQ_INT(llm_tier_open(dir, max_bytes, c, &t, err, sizeof err), LLM_OK);
     int32_t seq;
     CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
-    *from_disk = llm_tier_extend(t, seq, tokens, N_TOK - 1);
-    CHECK_EQ_INT(llm_eval(c, seq, tokens + *from_disk, N_TOK - *from_disk, 0, logits, NULL, NULL), LLM_OK);
+    *from_disk = llm_tier_extend(t, seq, tokens, n - 1);
+    CHECK_EQ_INT(llm_eval(c, seq, tokens + *from_disk, n - *from_disk, 0, logits, NULL, NULL), LLM_OK);
     *st = llm_tier_get_stats(t);
     llm_tier_close(t);
     llm_context_free(c);
@@ -201,7 +268,7 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
     /* a new context finds them: every full page of the first N_TOK - 1 tokens */
     int32_t from_disk;
     llm_tier_stats st;
-    continue_from_tier(m, dir, 1 << 30, tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, 1 << 30, tokens, N_TOK, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, (N_TOK - 1) / PAGE * PAGE);
     CHECK_EQ_INT(st.hits, (N_TOK - 1) / PAGE);
     CHECK_EQ_INT(st.entries, N_TOK / PAGE);
@@ -235,7 +302,7 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
         fputc(ch ^ 1, f);
         fclose(f);
     }
-    continue_from_tier(m, dir, 1 << 30, tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, 1 << 30, tokens, N_TOK, got, &from_disk, &st);
     CHECK_EQ_INT(from_disk, 2 * PAGE);
     CHECK_EQ_INT(st.damaged, 1);
     CHECK(memcmp(got, cold, sizeof(float) * (size_t)V) == 0);
@@ -251,13 +318,289 @@ TEST(tier_pages_written_at_close_continue_a_new_context_to_the_cold_logits) {
             if ((any = fopen(path, "rb"))) fseek(any, 0, SEEK_END), one = ftell(any), fclose(any);
         }
     if (d) closedir(d);
-    continue_from_tier(m, dir, (uint64_t)(2.5 * (double)one), tokens, got, &from_disk, &st);
+    continue_from_tier(tier_ctx(m), dir, (uint64_t)(2.5 * (double)one), tokens, N_TOK, got, &from_disk, &st);
     CHECK(count_files(dir) <= 2);
     CHECK(st.evictions >= 1);
     CHECK(memcmp(got, cold, sizeof(float) * (size_t)V) == 0);
 
     clear_dir(dir);
     free(cold), free(got), free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* ---------------------------------------------------------------- full and window layers */
+
+enum { HN = 40, HW = 8, HPAGE = 4 };
+
+static llm_context *hybrid_ctx(const llm_model *m) {
+    llm_context_params p = llm_context_default_params();
+    p.n_ctx = 128, p.n_threads = 1, p.kv_type = KV_F32, p.n_batch = 64, p.n_seqs = 2, p.page_size = HPAGE;
+    p.act_bits = 0; /* against the float64 oracle */
+    return fx_context(m, &p);
+}
+
+static void hybrid_prompt(int32_t *t, int32_t n, int32_t salt) {
+    t[0] = 2; /* <bos> */
+    for (int32_t i = 1; i < n; i++) t[i] = FX_BYTE0 + (i * 37 + salt * 11) % 256;
+}
+
+/* The file a group keeps for the block of tokens named hash (its path in out). */
+static int tier_file(const char *dir, int32_t group, uint64_t hash, char *out, size_t cap) {
+    char tail[64];
+    snprintf(tail, sizeof tail, "-%d-%016llx.kvp", (int)group, (unsigned long long)hash);
+    DIR *d = opendir(dir);
+    int found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        size_t n = strlen(e->d_name), k = strlen(tail);
+        if (n > k && !strcmp(e->d_name + n - k, tail)) snprintf(out, cap, "%s/%s", dir, e->d_name), found = 1;
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* Writes the prompt's pages of both groups to dir (a context that computed
+ * it, its tier closed); returns the tokens. */
+static void hybrid_write(const llm_model *m, const char *dir, const int32_t *tokens) {
+    llm_context *c = hybrid_ctx(m);
+    llm_tier *t = NULL;
+    char err[256];
+    if (!c) return;
+    CHECK_EQ_INT(llm_tier_open(dir, 1 << 30, c, &t, err, sizeof err), LLM_OK);
+    int32_t seq;
+    CHECK_EQ_INT(llm_seq_new(c, &seq), LLM_OK);
+    CHECK_EQ_INT(llm_eval(c, seq, tokens, HN, 0, NULL, NULL, NULL), LLM_OK);
+    CHECK_EQ_INT(llm_seq_remove(c, seq), LLM_OK);
+    llm_tier_close(t);
+    llm_context_free(c);
+}
+
+/* Gemma 3's layout in small (five window layers of W = 8 to a global one,
+ * pages of 4): after a restart a 40-token prompt resumes at 36 from every
+ * page of the full group and the window group's blocks 7 and 8 alone, and
+ * continues to the float64 reference's logits; a damaged window page is a
+ * miss (the logits stay), after which the prompt resumes where the window's
+ * intact pages allow. */
+TEST(tier_hybrid_model_resumes_from_full_and_window_pages_to_the_reference) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.arch = "gemma3", .type = GW_F32, .seed = 33, .window = HW}, &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    const int32_t V = llm_model_n_vocab(m);
+    int32_t tokens[HN];
+    hybrid_prompt(tokens, HN, 3);
+    char dir[] = "/tmp/kvcache_tier_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    float *got = malloc(sizeof(float) * (size_t)V);
+    double *ref = malloc(sizeof(double) * (size_t)V * HN);
+    fx_reference(&fx, tokens, HN, ref);
+    const double *want = ref + (size_t)(HN - 1) * V;
+
+    hybrid_write(m, dir, tokens);
+    CHECK_EQ_INT(count_files(dir), 2 * (HN / HPAGE)); /* every page of both groups */
+    int32_t from_disk;
+    llm_tier_stats st;
+    double bmax;
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
+    CHECK_EQ_INT(from_disk, 36);
+    CHECK_EQ_INT(st.hits, 9 + 2); /* blocks 0..8 of the full group, 7 and 8 of the window group */
+    CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
+
+    /* the window group's block 8 damaged */
+    llm_context *c = hybrid_ctx(m);
+    uint64_t hashes[HN / HPAGE];
+    char victim[600] = "";
+    if (c) {
+        CHECK_EQ_INT(llm_context_n_caches(c), 2);
+        CHECK_EQ_INT(kv_cache_get_params(llm_context_cache_at(c, 1)).window, HW);
+        CHECK_EQ_INT(kv_prefix_hashes(llm_context_cache_at(c, 1), tokens, HN, hashes), KV_OK);
+        CHECK(tier_file(dir, 1, hashes[8], victim, sizeof victim));
+        llm_context_free(c);
+    }
+    FILE *f = victim[0] ? fopen(victim, "r+b") : NULL;
+    CHECK(f != NULL);
+    if (f) {
+        fseek(f, 120, SEEK_SET);
+        int ch = fgetc(f);
+        fseek(f, 120, SEEK_SET);
+        fputc(ch ^ 4, f);
+        fclose(f);
+    }
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
+    CHECK(from_disk < 36);
+    CHECK_EQ_INT(st.damaged, 1);
+    CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
+    /* the damaged file is gone: 32 is served by window blocks 6 and 7 */
+    continue_from_tier(hybrid_ctx(m), dir, 1 << 30, tokens, HN, got, &from_disk, &st);
+    CHECK_EQ_INT(from_disk, 32);
+    CHECK_EQ_INT(st.damaged, 0);
+    CHECK(fx_max_diff(got, want, V, &bmax) <= 1e-5 * bmax);
+
+    clear_dir(dir);
+    free(got), free(ref);
+    llm_model_free(m);
+    fx_free(&fx);
+}
+
+/* ---------------------------------------------------------------- reads off the scheduler's thread */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, release, fail;
+} gate;
+
+/* The read hook: says it was entered, then holds the load until released. */
+static int gate_hook(void *user) {
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->release) pthread_cond_wait(&g->cv, &g->mu);
+    int fail = g->fail;
+    pthread_mutex_unlock(&g->mu);
+    return fail;
+}
+
+static int gate_wait_entered(gate *g) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&g->mu);
+    while (!g->entered && pthread_cond_timedwait(&g->cv, &g->mu, &until) == 0) {}
+    int e = g->entered;
+    pthread_mutex_unlock(&g->mu);
+    return e;
+}
+
+static void gate_open(gate *g, int fail) {
+    pthread_mutex_lock(&g->mu);
+    g->release = 1, g->fail = fail;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct {
+    int32_t tokens[64], n, cached, done;
+    llm_stop_reason finish;
+} outcome;
+
+static void on_outcome(void *user, const llm_sched_event *ev) {
+    outcome *o = user;
+    if (ev->done) {
+        o->done = 1, o->cached = ev->n_cached;
+        return;
+    }
+    if (ev->token >= 0 && o->n < 64) o->tokens[o->n++] = ev->token;
+    if (ev->finish != LLM_STOP_NONE) o->finish = ev->finish;
+}
+
+static llm_sched_request greedy(const int32_t *prompt, int32_t n, int32_t max_tokens, outcome *o) {
+    llm_sched_request r = {.prompt = prompt, .n_prompt = n, .n_choices = 1, .max_tokens = max_tokens,
+                           .sampler = llm_sampler_default_params(), .top_logprobs = -1, .cb = on_outcome, .user = o};
+    r.sampler.temp = 0;
+    return r;
+}
+
+/* Steps until o is done (the load readies on the tier's thread meanwhile). */
+static void step_until_done(llm_sched *s, const outcome *o) {
+    for (int i = 0; i < 20000 && !o->done; i++)
+        if (llm_sched_step(s) == 0) nanosleep(&(struct timespec){0, 1000000}, NULL);
+}
+
+enum { HOLD_OK, HOLD_FAIL, HOLD_CANCEL };
+
+/* On a new context over dir: request b decodes; request a, whose prompt is
+ * on disk, waits while its load is held at the gate, and b's decoding goes
+ * on meanwhile; then the load is let go (read or failed) or a is cancelled. */
+static void held_load(const llm_model *m, const char *dir, const int32_t *pa, const int32_t *pb, int mode,
+                      outcome *a, outcome *b) {
+    llm_context *c = hybrid_ctx(m);
+    llm_tier *t = NULL;
+    llm_sched *s = NULL;
+    char err[256];
+    gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    if (!c) return;
+    CHECK_EQ_INT(llm_tier_open(dir, 1 << 30, c, &t, err, sizeof err), LLM_OK);
+    if (!t) return llm_context_free(c);
+    llm_tier_set_read_hook(t, gate_hook, &g);
+    llm_sched_params sp = llm_sched_default_params();
+    sp.tier = t;
+    CHECK_EQ_INT(llm_sched_create(c, &sp, &s), LLM_OK);
+    if (!s) return llm_tier_close(t), llm_context_free(c);
+    llm_sched_request rb = greedy(pb, 6, 40, b), ra = greedy(pa, HN, 4, a);
+    uint64_t ida;
+    CHECK_EQ_INT(llm_sched_submit(s, &rb, NULL, NULL, 0), 0);
+    for (int i = 0; i < 3; i++) llm_sched_step(s);
+    CHECK_EQ_INT(llm_sched_submit(s, &ra, &ida, NULL, 0), 0);
+    llm_sched_step(s);
+    CHECK(gate_wait_entered(&g));
+    int32_t before = b->n;
+    for (int i = 0; i < 5; i++) CHECK(llm_sched_step(s) > 0);   /* b decodes while a's pages load */
+    CHECK_EQ_INT(b->n, before + 5);
+    CHECK_EQ_INT(a->n, 0);
+    llm_sched_stats st = llm_sched_get_stats(s);
+    CHECK_EQ_INT(st.running, 1);
+    CHECK_EQ_INT(st.waiting, 1);
+    CHECK_EQ_INT(st.disk_waits, 1);
+    if (mode == HOLD_CANCEL) {
+        llm_sched_cancel(s, ida);
+        llm_sched_step(s);
+        CHECK(a->done && a->finish == LLM_STOP_CANCEL);
+    }
+    gate_open(&g, mode == HOLD_FAIL);
+    step_until_done(s, a);
+    step_until_done(s, b);
+    CHECK(a->done && b->done);
+    st = llm_sched_get_stats(s);
+    CHECK_EQ_INT(st.pages_used, 0);
+    llm_sched_free(s);
+    llm_tier_close(t);   /* after the reader let go of a cancelled load */
+    llm_context_free(c);
+}
+
+/* The scheduler reads a request's pages on the tier's thread: another
+ * request decodes step after step while they load; once read, the request
+ * resumes from them with the greedy tokens of a run without the tier; a
+ * failed load prefills cold to the same tokens; a request cancelled while
+ * its load is held ends at once, and the load is freed when the reader lets
+ * go of it (the ASan run sees no leak). */
+TEST(tier_scheduler_decodes_others_while_a_prompt_loads_from_disk) {
+    fx_model fx;
+    if (fx_build(&(fx_spec){.arch = "gemma3", .type = GW_F32, .seed = 34, .window = HW}, &fx)) return;
+    llm_model *m = fx_load(&fx);
+    if (!m) return fx_free(&fx);
+    int32_t pa[HN], pb[6];
+    hybrid_prompt(pa, HN, 5);
+    hybrid_prompt(pb, 6, 9);
+    /* the reference: the same two requests without a tier */
+    outcome ca = {0}, cb = {0};
+    llm_context *c = hybrid_ctx(m);
+    llm_sched *s = NULL;
+    if (c && llm_sched_create(c, NULL, &s) == LLM_OK) {
+        llm_sched_request ra = greedy(pa, HN, 4, &ca), rb = greedy(pb, 6, 40, &cb);
+        CHECK_EQ_INT(llm_sched_submit(s, &ra, NULL, NULL, 0), 0);
+        CHECK_EQ_INT(llm_sched_submit(s, &rb, NULL, NULL, 0), 0);
+        step_until_done(s, &ca);
+        step_until_done(s, &cb);
+        llm_sched_free(s);
+    }
+    llm_context_free(c);
+    CHECK_EQ_INT(ca.n, 4);
+    CHECK_EQ_INT(ca.cached, 0);
+
+    for (int mode = HOLD_OK; mode <= HOLD_CANCEL; mode++) {   /* each on a folder holding a's prompt alone */
+        char dir[] = "/tmp/kvcache_tier_XXXXXX";
+        CHECK(mkdtemp(dir) != NULL);
+        hybrid_write(m, dir, pa);
+        outcome a = {0}, b = {0};
+        held_load(m, dir, pa, pb, mode, &a, &b);
+        clear_dir(dir);
+        CHECK(b.n == cb.n && memcmp(b.tokens, cb.tokens, sizeof(int32_t) * (size_t)cb.n) == 0);
+        if (mode == HOLD_CANCEL) continue;
+        CHECK_EQ_INT(a.cached, mode == HOLD_OK ? 36 : 0);
+        CHECK(a.n == ca.n && memcmp(a.tokens, ca.tokens, sizeof(int32_t) * (size_t)ca.n) == 0);
+    }
     llm_model_free(m);
     fx_free(&fx);
 }

@@ -10,6 +10,7 @@
 
 int llm_choice_init(llm_choice *ch, const llm_model *m, const llm_choice_params *p, char *err, size_t errlen) {
     memset(ch, 0, sizeof *ch);
+    ch->foreseen = -1;
     if (!m || !p || !p->sampler || (p->n_prompt > 0 && !p->prompt)) return llm_errf(err, errlen, LLM_ERR_NULL, "missing argument");
     if (p->draft_max < 0 || p->draft_max > LLM_MAX_DRAFT)
         return llm_errf(err, errlen, LLM_ERR_PARAM, "draft_lookup must be in [0, %d]", LLM_MAX_DRAFT);
@@ -75,16 +76,24 @@ llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, c
 
 int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
                            int32_t rows_other, double tokens_other, int32_t *draft) {
+    ch->foreseen = -1;
     if (ch->draft_max <= 0) return 0;
     int64_t lim = cost ? llm_lookup_ctl_next(&ch->lookup, cost, rows_other, tokens_other) : ch->draft_max;
     lim = lim < room ? lim : room;
     if (ch->max_tokens >= 0 && lim > (int64_t)ch->max_tokens - ch->n_generated - 1)
         lim = (int64_t)ch->max_tokens - ch->n_generated - 1;
-    return lim > 0 ? llm_lookup_draft(hist, n, (int32_t)lim, draft) : 0;
+    if (lim <= 0) return 0;
+    /* one token more than proposed: whether the model goes on to it tells the controller if the run does */
+    int32_t look[LLM_MAX_DRAFT + 1];
+    int32_t nd = llm_lookup_draft(hist, n, (int32_t)lim + 1, look);
+    if (nd > lim) ch->foreseen = look[--nd];
+    memcpy(draft, look, (size_t)nd * sizeof *draft);
+    return nd;
 }
 
-void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted) {
-    llm_lookup_ctl_seen(&ch->lookup, proposed, accepted);
+void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted, int32_t next) {
+    int foreseen = accepted < proposed || ch->foreseen < 0 ? -1 : next == ch->foreseen;
+    llm_lookup_ctl_seen(&ch->lookup, proposed, accepted, foreseen);
 }
 
 int32_t llm_choice_shift_plan(int context_shift, int32_t n_keep, int32_t n_cached, int32_t *keep) {

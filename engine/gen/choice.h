@@ -41,6 +41,7 @@ typedef struct {
     int32_t n_generated;    /* tokens sampled and counted (an end-of-generation token is not) */
     int32_t draft_max;      /* prompt lookup: drafts at most; 0: off */
     llm_lookup_ctl lookup;  /* how many drafts to propose next (engine/gen/policy.h) */
+    int32_t foreseen;       /* the lookup's token after the last drafts proposed; -1: none */
     /* Called with the logits [V] after the non-finite check, before
      * sampling, to bias or mask them (-INFINITY bans a token); nonzero
      * cancels (LLM_STOP_CANCEL, nothing sampled). NULL: none. */
@@ -85,8 +86,10 @@ llm_stop_reason llm_choice_next(llm_choice *ch, float *logits, int32_t *token, c
  * results that must not depend on the machine's timings). */
 int32_t llm_choice_propose(llm_choice *ch, const int32_t *hist, int32_t n, int64_t room, const llm_pass_cost *cost,
                            int32_t rows_other, double tokens_other, int32_t *draft);
-/* A verify pass that proposed `proposed` drafts saw `accepted` taken. */
-void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted);
+/* A verify pass that proposed `proposed` drafts saw `accepted` taken and
+ * then sampled `next` (the token in place of the first refused draft, or
+ * after them all). */
+void llm_choice_verified(llm_choice *ch, int32_t proposed, int32_t accepted, int32_t next);
 
 /* A sequence whose cache holds n_cached positions of a context that is full
  * (no position for the next token): with context shift on and room to drop

@@ -133,18 +133,31 @@ void llm_lookup_ctl_init(llm_lookup_ctl *c, int32_t n_max) {
     *c = (llm_lookup_ctl){.n_max = n_max > 0 ? n_max : 0, .probe_gap = LLM_LOOKUP_PROBE_MIN};
 }
 
-void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted) {
-    if (!c || proposed <= 0) return;
+/* The statistics' slot of run position n (1 ..): the last holds every later one. */
+static int32_t run_slot(int64_t n) {
+    return n < LLM_LOOKUP_RUN ? (int32_t)n : LLM_LOOKUP_RUN;
+}
+
+void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted, int next_foreseen) {
+    if (!c) return;
+    if (proposed <= 0) {
+        c->run = 0;
+        return;
+    }
     accepted = accepted < 0 ? 0 : accepted > proposed ? proposed : accepted;
-    /* positions 1 .. accepted were taken, accepted + 1 (if proposed) was not */
-    for (int32_t i = 1; i <= proposed && i <= accepted + 1; i++) {
-        int32_t k = i < LLM_LOOKUP_POS ? i : LLM_LOOKUP_POS;
-        c->hit[k] = LOOKUP_KEEP * c->hit[k] + (i <= accepted);
+    /* the run's positions run + 1 .. run + seen: all right but the last if the run broke there */
+    const int32_t seen = accepted < proposed || next_foreseen >= 0 ? accepted + 1 : accepted;
+    const int broke = accepted < proposed || next_foreseen == 0;
+    for (int32_t i = 1; i <= seen; i++) {
+        int32_t k = run_slot((int64_t)c->run + i);
+        c->hit[k] = LOOKUP_KEEP * c->hit[k] + !(broke && i == seen);
         c->tried[k] = LOOKUP_KEEP * c->tried[k] + 1;
     }
     /* the positions not reached fade faster, towards those before them: longer drafts get retried */
-    for (int32_t i = accepted + 2; i <= LLM_LOOKUP_POS; i++)
-        c->hit[i] *= LOOKUP_UNSEEN_KEEP, c->tried[i] *= LOOKUP_UNSEEN_KEEP;
+    for (int64_t k = (int64_t)c->run + seen + 1; k <= LLM_LOOKUP_RUN; k++)
+        c->hit[k] *= LOOKUP_UNSEEN_KEEP, c->tried[k] *= LOOKUP_UNSEEN_KEEP;
+    /* unforeseen, the model's token after the drafts is taken to go on with the run */
+    c->run = broke ? 0 : run_slot((int64_t)c->run + accepted + 1);
     if (c->idle >= c->probe_gap) /* a probe: if drafts still do not pay, the next comes later */
         c->probe_gap = 2 * c->probe_gap < LLM_LOOKUP_PROBE_MAX ? 2 * c->probe_gap : LLM_LOOKUP_PROBE_MAX;
     c->idle = 0;
@@ -160,9 +173,10 @@ int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_
     /* draft i is taken, once those before it were, at the rate seen at
      * position i, pulled towards that of i - 1 where i was seldom tried */
     double a = LOOKUP_PRIOR, e = 1, p = 1, best_v = (tokens_other + 1) / t[rows_other + 1];
+    for (int32_t i = 1; i <= c->run && i < LLM_LOOKUP_RUN; i++) a = (c->hit[i] + a) / (c->tried[i] + 1);
     int32_t best = 0;
     for (int32_t k = 1; rows_other + 1 + k <= n; k++) {
-        int32_t i = k < LLM_LOOKUP_POS ? k : LLM_LOOKUP_POS;
+        int32_t i = run_slot((int64_t)c->run + k);
         a = (c->hit[i] + a) / (c->tried[i] + 1);
         p *= a, e += p;
         double v = (tokens_other + e) / t[rows_other + 1 + k];
@@ -179,6 +193,7 @@ int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_
     if (c->probe_gap > gap) c->probe_gap = gap;
     if (c->idle < c->probe_gap) c->idle++;
     /* what was seen long ago counts less, so that a probe's news weighs */
-    for (int32_t i = 1; i <= LLM_LOOKUP_POS; i++) c->hit[i] *= LOOKUP_IDLE_KEEP, c->tried[i] *= LOOKUP_IDLE_KEEP;
+    for (int32_t i = 1; i <= LLM_LOOKUP_RUN; i++) c->hit[i] *= LOOKUP_IDLE_KEEP, c->tried[i] *= LOOKUP_IDLE_KEEP;
+    c->run = 0; /* a plain pass follows (or a probe): the run, if any, goes unseen */
     return c->idle >= c->probe_gap ? 1 : 0;
 }

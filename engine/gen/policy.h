@@ -81,31 +81,39 @@ void llm_pass_cost_add(llm_pass_cost *c, int32_t rows, double seconds);
 double llm_pass_cost_at(const llm_pass_cost *c, int32_t rows);
 
 /* Chooses the drafts of a sequence's next verify pass by what they are
- * measured to pay. Per draft position i it keeps how often a draft there
- * was taken once those before it were (recent passes weigh most; a copy
- * runs on, so a later position is taken more often than the first), a_i,
- * so that k drafts yield E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens,
- * and picks the k in 0 .. n_max that maximizes the tokens of the pass per
- * second: (tokens_other + E(k)) / cost(rows_other + 1 + k), where the other
- * rows and tokens are those of the other sequences in the same pass (0 for
- * one sequence). When no drafts pay it proposes none, but every probe_gap
- * passes it asks for one (the gap doubling while drafts keep not paying,
- * up to where probes cost about 1% of the time, and LLM_LOOKUP_PROBE_MAX;
- * what was seen fades meanwhile), so that a copy that begins later is found;
- * the first pass is plain, to measure its cost. */
-enum { LLM_LOOKUP_PROBE_MIN = 4, LLM_LOOKUP_PROBE_MAX = 128, LLM_LOOKUP_POS = 16 };
+ * measured to pay. A run is the tokens the lookup foresaw one after another,
+ * over as many passes as it lasts, until one differs from what the model
+ * chose; per position n in a run the controller keeps how often the lookup's
+ * token there was right once the run had reached it (recent passes weigh
+ * most), a_n. A copied line runs to its end and breaks there, so the odds of
+ * the next draft depend on how far the current run has come, c: k drafts
+ * yield E(k) = 1 + a_c+1 + a_c+1 a_c+2 + ... + a_c+1..a_c+k tokens. It picks
+ * the k in 0 .. n_max that maximizes the tokens of the pass per second:
+ * (tokens_other + E(k)) / cost(rows_other + 1 + k), where the other rows and
+ * tokens are those of the other sequences in the same pass (0 for one
+ * sequence). When no drafts pay it proposes none, but every probe_gap
+ * passes it asks for one (the gap doubling while drafts keep not paying, up
+ * to where probes cost about 1% of the time, and LLM_LOOKUP_PROBE_MAX; what
+ * was seen fades meanwhile), so that a copy that begins later is found; the
+ * first pass is plain, to measure its cost. */
+enum { LLM_LOOKUP_PROBE_MIN = 4, LLM_LOOKUP_PROBE_MAX = 128, LLM_LOOKUP_RUN = 48 };
 typedef struct {
     int32_t n_max;     /* drafts at most; 0: never */
-    double hit[LLM_LOOKUP_POS + 1], tried[LLM_LOOKUP_POS + 1]; /* per position 1..: decayed counts
-                                                              * (the last for every later one) */
+    double hit[LLM_LOOKUP_RUN + 1], tried[LLM_LOOKUP_RUN + 1]; /* per run position 1..: decayed counts
+                                                               * (the last for every later one) */
+    int32_t run;       /* run positions so far (0 after a break or a plain pass) */
     int32_t idle;      /* passes planned without drafts since drafts were last tried */
     int32_t probe_gap; /* passes without drafts before a probe */
 } llm_lookup_ctl;
 
 void llm_lookup_ctl_init(llm_lookup_ctl *c, int32_t n_max);
 
-/* After a verify pass that proposed `proposed` drafts, `accepted` of them taken. */
-void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted);
+/* After a verify pass that proposed `proposed` drafts, `accepted` of them
+ * taken. When all were taken, the model's own next token shows whether the
+ * run goes on past them: next_foreseen 1 if it is the token the lookup had
+ * after the drafts, 0 if another, -1 if the lookup had none. 0 proposed: a
+ * plain pass, which ends the run it cannot see. */
+void llm_lookup_ctl_seen(llm_lookup_ctl *c, int32_t proposed, int32_t accepted, int next_foreseen);
 
 /* The drafts to propose for the next pass (0 .. n_max; the loop may find
  * fewer). Call once per pass planned. */

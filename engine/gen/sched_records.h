@@ -38,6 +38,8 @@ typedef struct sched_req {
     int forked;                 /* choices 1.. exist (prompt prefilled and forked) */
     int admitted;               /* has been admitted once (n_cached_first is known) */
     int deferred;               /* has waited for another request's prefill (counted once) */
+    int disk_asked;             /* the disk tier was asked for its prefix (once) */
+    struct llm_tier_load *load; /* its pages being read from the disk tier, or NULL */
     int32_t n_cached_first;     /* prompt tokens reused at first admission (prefix cache or session) */
     int32_t n_restored;         /* of those, restored from the session file */
     char *session;              /* the session file's path, or NULL */
@@ -58,6 +60,7 @@ struct llm_sched {
     int32_t n_running;
     sched_req *wait_head, *wait_tail;   /* FIFO; preempted requests go back to the head */
     int32_t n_waiting;
+    int32_t n_loading;          /* of those, waiting for the disk tier's reads */
     /* the batch being built: at most n_slots sequences, batch_tokens rows */
     int32_t *b_seqs, *b_rows, *b_tokens;
     uint8_t *b_want;
@@ -77,6 +80,7 @@ struct llm_sched {
     uint64_t *cancels;              /* [n_cancels] ids to cancel at the next step */
     int32_t n_cancels, cap_cancels;
     int stopping, idle;
+    int load_ready;                 /* a disk tier's load became ready since the last step */
     llm_sched_stats snap;           /* st and the pool, at the end of the last step */
 };
 

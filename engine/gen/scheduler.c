@@ -23,12 +23,22 @@ llm_sched_params llm_sched_default_params(void) {
 
 static void req_free(sched_req *r) {
     if (!r) return;
+    llm_tier_drop(r->load);   /* a request cancelled while its pages load */
     free(r->session);
     for (int32_t i = 0; i < r->n_choices; i++) {
         free(r->ch[i].tokens);
         llm_choice_free(&r->ch[i].c);
     }
     free(r);
+}
+
+/* The disk tier's reader: a load is ready, the waiting request can go on. */
+static void load_ready(void *user) {
+    llm_sched *s = user;
+    pthread_mutex_lock(&s->mu);
+    s->load_ready = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
 }
 
 int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out) {
@@ -72,6 +82,7 @@ int llm_sched_create(llm_context *c, const llm_sched_params *pp, llm_sched **out
     }
     pthread_cond_init(&s->wake, NULL);
     s->idle = 1;
+    if (s->p.tier) llm_tier_set_notify(s->p.tier, load_ready, s);
     *out = s;
     return LLM_OK;
 }
@@ -286,17 +297,21 @@ static int32_t choices_to_place(const sched_req *r) {
 }
 
 /* A new sequence for ch holding the longest prefix of its tokens the prefix
- * cache has, one token short (it is fed: its logits choose the next token);
- * sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence is free. */
-static int place(llm_sched *s, sched_seq *ch) {
+ * cache has (with *load, a ready load of the disk tier: also what it read;
+ * the load is used up), one token short (it is fed: its logits choose the
+ * next token); sets ch->n_cached. 0, or -1 (ch->seq = -1) when no sequence
+ * is free. */
+static int place(llm_sched *s, sched_seq *ch, llm_tier_load **load) {
     if (llm_seq_new(s->c, &ch->seq) != LLM_OK) {
         ch->seq = -1;
         return -1;
     }
     int32_t matched = 0;
-    if (!s->p.no_prefix && ch->n_tokens > 1) {   /* every cache group, then the disk tier (one group only) */
+    if (load && *load) {   /* every cache group, from RAM and the pages read */
+        matched = llm_tier_apply(*load, ch->seq, ch->tokens, ch->n_tokens - 1);
+        *load = NULL;
+    } else if (!s->p.no_prefix && ch->n_tokens > 1) {   /* every cache group */
         if (llm_seq_prefix_match(s->c, ch->seq, ch->tokens, ch->n_tokens - 1, &matched) != LLM_OK) matched = 0;
-        if (s->p.tier) matched += llm_tier_extend(s->p.tier, ch->seq, ch->tokens, ch->n_tokens - 1);
     }
     ch->n_cached = matched;
     return 0;
@@ -315,7 +330,7 @@ static int try_admit(llm_sched *s, sched_req *r) {
         sched_seq *ch = &r->ch[i];
         if (ch->stop != LLM_STOP_NONE) continue;
         placed++;
-        if (place(s, ch)) goto undo;
+        if (place(s, ch, i == 0 ? &r->load : NULL)) goto undo;
         queried += ch->n_tokens - 1, hit += ch->n_cached;
         /* the rest of its tokens and the first one generated */
         s->b_seqs[nb] = ch->seq, s->b_rows[nb + 1] = s->b_rows[nb] + ch->n_tokens + 1 - ch->n_cached, nb++;
@@ -333,7 +348,7 @@ static int try_admit(llm_sched *s, sched_req *r) {
     } else {
         for (int32_t i = 0; i < nb; i++) need += pages_for(s->b_rows[i + 1] - s->b_rows[i], s->page_size);
     }
-    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need) && place(s, &r->ch[0])) goto undo;
+    if (!r->admitted && r->session && llm_sched_session_restore(s, r, need) && place(s, &r->ch[0], NULL)) goto undo;
     if (!r->admitted) {
         r->admitted = 1;
         r->n_cached_first = r->ch[0].n_cached < r->n_prompt ? r->ch[0].n_cached : r->n_prompt;
@@ -389,12 +404,31 @@ static void publish_running(llm_sched *s) {
             if (s->running[k]->ch[i].seq >= 0) llm_seq_publish(s->c, s->running[k]->ch[i].seq);
 }
 
+/* Whether r waits for the disk tier: at its first turn its prefix is looked
+ * up there, and while the pages found are read (on the tier's thread) it
+ * steps aside, as for a prefill in flight. */
+static int loads_from_disk(llm_sched *s, sched_req *r) {
+    if (!s->p.tier || r->forked || s->p.no_prefix || r->ch[0].n_tokens < 2) return 0;
+    if (!r->disk_asked) {
+        r->disk_asked = 1;
+        r->load = llm_tier_fetch(s->p.tier, r->ch[0].tokens, r->ch[0].n_tokens - 1);
+        s->st.disk_waits += r->load != NULL;
+    }
+    return r->load && !llm_tier_ready(r->load);
+}
+
 /* Oldest first, no overtaking, except past a request that waits for a
- * prefill in flight (shares_prefill). */
+ * prefill in flight (shares_prefill) or for the disk tier. */
 static void admit(llm_sched *s) {
     publish_running(s);
+    s->n_loading = 0;
     for (sched_req **pp = &s->wait_head, *prev = NULL; *pp;) {
         sched_req *r = *pp;
+        if (loads_from_disk(s, r)) {
+            s->n_loading++;
+            prev = r, pp = &r->next;
+            continue;
+        }
         if (shares_prefill(s, r)) {
             s->st.prefill_waits += !r->deferred;
             r->deferred = 1;
@@ -534,18 +568,18 @@ static int32_t sample_choice(llm_sched *s, sched_req *r, int32_t i, float *logit
 static void verify(llm_sched *s, sched_req *r, int32_t i, int32_t before, const int32_t *draft) {
     sched_seq *ch = &r->ch[i];
     const int32_t nd = ch->n_draft, fed = ch->n_cached;   /* fed: before + 1 + nd */
-    int32_t j = 0;
+    int32_t j = 0, tok;
     s->st.drafted += (uint64_t)nd;
     for (;; j++) {
         /* what the cache holds of the tokens so far, should this sample end
          * the choice (a session saves that many): the drafts taken */
         ch->n_cached = before + 1 + j;
-        int32_t tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
+        tok = sample_choice(s, r, i, s->logits + (size_t)(ch->out_row + j) * (size_t)s->V);
         if (ch->stop != LLM_STOP_NONE) return;   /* its pages are gone with it */
         if (j == nd || tok != draft[j]) break;
         s->st.accepted++;
     }
-    llm_choice_verified(&ch->c, nd, j);
+    llm_choice_verified(&ch->c, nd, j, tok);
     const int32_t keep = before + 1 + j;   /* the fed token and the drafts taken */
     if (keep < fed) {
         if (llm_seq_truncate(s->c, ch->seq, keep) != LLM_OK) {
@@ -629,7 +663,7 @@ static void snapshot(llm_sched *s) {
     s->snap.running = s->n_running, s->snap.waiting = s->n_waiting;
     s->snap.pages_total = cs.pages_total, s->snap.pages_used = cs.pages_used;
     s->snap.pages_free = cs.pages_free, s->snap.pages_cached = cs.pages_cached;
-    s->idle = s->n_running == 0 && s->n_waiting == 0;
+    s->idle = s->n_running == 0 && s->n_waiting == s->n_loading;   /* nothing to do until a load is ready */
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -645,6 +679,7 @@ static int take_inbox(llm_sched *s) {
     else if (nc) memcpy(ids, s->cancels, sizeof *ids * (size_t)nc);
     s->n_cancels = 0;
     int stopping = s->stopping;
+    s->load_ready = 0;
     if (n_in) {   /* visible as waiting at once, so the queue limit holds */
         s->snap.waiting += n_in;
     }
@@ -720,7 +755,7 @@ int llm_sched_step(llm_sched *s) {
 int llm_sched_run(llm_sched *s) {
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->idle && !s->in_head && !s->n_cancels) pthread_cond_wait(&s->wake, &s->mu);
+        while (!s->stopping && s->idle && !s->in_head && !s->n_cancels && !s->load_ready) pthread_cond_wait(&s->wake, &s->mu);
         int stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (stopping) break;
@@ -736,6 +771,7 @@ void llm_sched_free(llm_sched *s) {
     if (!s) return;
     take_inbox(s);
     end_all(s);
+    if (s->p.tier) llm_tier_set_notify(s->p.tier, NULL, NULL);
     free(s->running), free(s->ended), free(s->b_seqs), free(s->b_rows), free(s->b_tokens), free(s->b_want);
     free(s->b_ch), free(s->logits), free(s->lsm), free(s->cancels);
     pthread_mutex_destroy(&s->mu);

@@ -75,9 +75,11 @@ typedef struct {
      * NULL: silent. */
     void (*log)(void *user, const char *line);
     void *log_user;
-    /* A disk tier under the prefix cache (engine/gen/tier.h), borrowed: after a
-     * prefix match, admission reads the pages that continue it from there.
-     * NULL: none. */
+    /* A disk tier under the prefix cache (engine/gen/tier.h), borrowed: a
+     * waiting request whose prefix continues on disk waits aside while the
+     * tier's thread reads it (others keep decoding), then resumes there.
+     * Scheduler and tier each keep the other until llm_sched_free, which
+     * comes before llm_tier_close. NULL: none. */
     struct llm_tier *tier;
 } llm_sched_params;
 
@@ -145,6 +147,7 @@ typedef struct {
     uint64_t generation_tokens;         /* tokens sampled */
     uint64_t preemptions;
     uint64_t prefill_waits;             /* requests that waited for another's prefill of their prefix */
+    uint64_t disk_waits;                /* requests that waited for the disk tier's reads of their prefix */
     uint64_t steps;                     /* forward passes run */
     uint64_t rows;                      /* rows those passes took */
     uint64_t shifts;                    /* context shifts made */

@@ -287,7 +287,7 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
             cur = rows + (size_t)++vi * (size_t)V;
             continue;
         }
-        if (vk) llm_choice_verified(&ch, vk, vi);
+        llm_choice_verified(&ch, vk, vi, tok);
         if (vk && vi < vk && (rc = llm_seq_truncate(s->c, s->seq, s->n_cached)) != LLM_OK) { /* drafts from vi on: wrong */
             STOP(LLM_STOP_ERROR, rc, "rolling back rejected drafts failed: %s", llm_status_str(rc));
             break;

@@ -41,7 +41,8 @@ struct llm_tier {
     char dir[PATH_MAX_LEN];
     uint64_t max_bytes, fp;
     llm_context *c;
-    int32_t n_groups;
+    int32_t n_groups, page_size;
+    size_t page_bytes[LLM_MAX_GROUPS]; /* each group's, read once: the reader never touches a cache */
     hook hooks[LLM_MAX_GROUPS];
     pthread_mutex_t mu;
     pthread_cond_t wake, room;
@@ -53,8 +54,14 @@ struct llm_tier {
     size_t n_ents, cap_ents;
     uint64_t clock;
     llm_tier_stats st;
-    unsigned char *rbuf; /* one file read at admission */
-    size_t rcap;
+    pthread_t reader;                /* reads loads (llm_tier_fetch), queued at rhead */
+    pthread_cond_t rwake, rdone;
+    struct llm_tier_load *rhead;
+    void (*notify)(void *);          /* a load is ready */
+    void *notify_user;
+    int notifying;                   /* the reader is calling notify */
+    int (*read_hook)(void *);        /* tests: before each load is read; nonzero fails it */
+    void *read_hook_user;
 };
 
 /* ---------------------------------------------------------------- the format */
@@ -247,6 +254,8 @@ static void on_spill(void *user, const kv_page_image *img) {
 
 /* ---------------------------------------------------------------- open, close */
 
+static void *reader_main(void *arg);
+
 /* The files of this model already in the folder, oldest use first; a
  * temporary file a killed write left is removed. */
 static int scan(llm_tier *t) {
@@ -301,11 +310,30 @@ int llm_tier_open(const char *dir, uint64_t max_bytes, llm_context *c, llm_tier 
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->wake, NULL);
     pthread_cond_init(&t->room, NULL);
-    if (scan(t) != 0 || pthread_create(&t->writer, NULL, writer_main, t) != 0) {
-        free(t->ents), free(t);
-        return llm_errf(err, errlen, LLM_ERR_PARAM, "%s: cannot read the folder or start its writer", dir);
+    pthread_cond_init(&t->rwake, NULL);
+    pthread_cond_init(&t->rdone, NULL);
+    int started = 0;
+    if (scan(t) == 0 && pthread_create(&t->writer, NULL, writer_main, t) == 0) {
+        started = 1;
+        if (pthread_create(&t->reader, NULL, reader_main, t) == 0) started = 2;
     }
+    if (started < 2) {
+        if (started) {
+            pthread_mutex_lock(&t->mu);
+            t->stop = 1;
+            pthread_cond_signal(&t->wake);
+            pthread_mutex_unlock(&t->mu);
+            pthread_join(t->writer, NULL);
+        }
+        pthread_mutex_destroy(&t->mu);
+        pthread_cond_destroy(&t->wake), pthread_cond_destroy(&t->room);
+        pthread_cond_destroy(&t->rwake), pthread_cond_destroy(&t->rdone);
+        free(t->ents), free(t);
+        return llm_errf(err, errlen, LLM_ERR_PARAM, "%s: cannot read the folder or start its threads", dir);
+    }
+    t->page_size = kv_cache_get_params(llm_context_cache_at(c, 0)).page_size;
     for (int32_t g = 0; g < t->n_groups; g++) {
+        t->page_bytes[g] = kv_cache_get_stats(llm_context_cache_at(c, g)).bytes_per_page;
         t->hooks[g] = (hook){.t = t, .group = (uint32_t)g};
         kv_cache_set_spill(llm_context_cache_at(c, g), on_spill, &t->hooks[g]);
     }
@@ -326,13 +354,14 @@ void llm_tier_close(llm_tier *t) {
     pthread_mutex_lock(&t->mu);
     t->stop = 1;
     pthread_cond_signal(&t->wake);
+    pthread_cond_signal(&t->rwake);
     pthread_mutex_unlock(&t->mu);
     pthread_join(t->writer, NULL);
+    pthread_join(t->reader, NULL);
     pthread_mutex_destroy(&t->mu);
-    pthread_cond_destroy(&t->wake);
-    pthread_cond_destroy(&t->room);
+    pthread_cond_destroy(&t->wake), pthread_cond_destroy(&t->room);
+    pthread_cond_destroy(&t->rwake), pthread_cond_destroy(&t->rdone);
     free(t->ents);
-    free(t->rbuf);
     free(t);
 }
 
@@ -345,66 +374,286 @@ llm_tier_stats llm_tier_get_stats(llm_tier *t) {
 
 /* ---------------------------------------------------------------- reading */
 
-/* Reads the file of (group, hash) into t->rbuf: its size, or 0. */
-static size_t read_file(llm_tier *t, uint32_t group, uint64_t hash) {
+/* A load: what a prompt needs from disk, read on the reader thread. Blocks
+ * [0, nb) of tokens; for group g and block i, want[g*nb+i] says it is to be
+ * read, buf[g*nb+i] holds the verified file once read (NULL: a miss). */
+struct llm_tier_load {
+    llm_tier *t;
+    struct llm_tier_load *next; /* in the reader's queue */
+    int32_t nb, n_groups;
+    int32_t kmax;               /* the point planned: nothing past it is read */
+    int ready, dropped;         /* under t->mu */
+    int32_t *tokens;            /* [nb * P] */
+    uint64_t *hash;             /* [n_groups * nb] the blocks' names in each group */
+    unsigned char *want;        /* [n_groups * nb] */
+    unsigned char **buf;        /* [n_groups * nb] */
+    size_t *len;
+};
+
+static void load_free(llm_tier_load *l) {
+    if (!l) return;
+    for (int32_t i = 0; l->buf && i < l->n_groups * l->nb; i++) free(l->buf[i]);
+    free(l->tokens), free(l->hash), free(l->want), free(l->buf), free(l->len), free(l);
+}
+
+/* First block a window group still needs for a query at pos (0: full group). */
+static int32_t first_block(const kv_cache_params *kp, int32_t pos) {
+    if (kp->window == 0 || kp->no_evict) return 0;
+    int64_t lowest = (int64_t)pos - kp->window + 1;
+    return lowest <= 0 ? 0 : (int32_t)(lowest / kp->page_size);
+}
+
+/* Whether group g can resume at k, with ram its own longest match <= k in
+ * RAM: every block it needs past that held in `have` (want on disk, or
+ * staged). A full group needs blocks [ram, k), a window group those of its
+ * window at k past ram. */
+typedef int (*have_fn)(const llm_tier_load *l, int32_t g, int32_t block);
+
+static int group_reaches(llm_tier *t, const llm_tier_load *l, int32_t g, int32_t k, int32_t ram, have_fn have) {
+    kv_cache_params kp = kv_cache_get_params(llm_context_cache_at(t->c, g));
+    const int32_t P = kp.page_size;
+    int32_t from = first_block(&kp, k);
+    if (from < ram / P) from = ram / P;
+    for (int32_t i = from; i < k / P; i++)
+        if (!have(l, g, i)) return 0;
+    return 1;
+}
+
+/* Group g's longest point <= k that RAM serves. */
+static int32_t ram_match(llm_tier *t, int32_t g, const int32_t *tokens, int32_t k) {
+    int32_t got = 0;
+    if (kv_prefix_lookup(llm_context_cache_at(t->c, g), tokens, k, &got)) got = 0;
+    return got;
+}
+
+/* The longest point every group reaches, from above, no lower than floor
+ * (where the next candidate is floor itself: RAM alone). */
+static int32_t reach(llm_tier *t, const llm_tier_load *l, const int32_t *tokens, int32_t floor, have_fn have) {
+    const int32_t P = t->page_size;
+    for (int32_t k = l->kmax / P * P; k > floor; k -= P) {
+        int ok = 1;
+        for (int32_t g = 0; g < t->n_groups && ok; g++) ok = group_reaches(t, l, g, k, ram_match(t, g, tokens, k), have);
+        if (ok) return k;
+    }
+    return floor;
+}
+
+static int on_disk(const llm_tier_load *l, int32_t g, int32_t i) {
+    return l->want[(size_t)g * (size_t)l->nb + (size_t)i];
+}
+
+static int staged(const llm_tier_load *l, int32_t g, int32_t i) {
+    return l->buf[(size_t)g * (size_t)l->nb + (size_t)i] != NULL;
+}
+
+/* Reads one file whole (malloc'd), or NULL. */
+static unsigned char *read_file(llm_tier *t, uint32_t group, uint64_t hash, size_t *len) {
     char path[PATH_MAX_LEN + 64];
     path_of(t, group, hash, "", path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) return NULL;
     struct stat st;
+    unsigned char *b = NULL;
     size_t n = 0;
-    if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= t->max_bytes) {
+    if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= t->max_bytes &&
+        (b = malloc((size_t)st.st_size))) {
         size_t want = (size_t)st.st_size;
-        if (want > t->rcap) {
-            unsigned char *b = realloc(t->rbuf, want);
-            if (b) t->rbuf = b, t->rcap = want;
-        }
-        while (want <= t->rcap && n < want) {
-            ssize_t r = read(fd, t->rbuf + n, want - n);
+        while (n < want) {
+            ssize_t r = read(fd, b + n, want - n);
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) break;
             n += (size_t)r;
         }
-        if (n != want) n = 0;
+        if (n != want) free(b), b = NULL;
     }
-    if (n) futimens(fd, NULL); /* its last use, kept across restarts */
+    if (b) futimens(fd, NULL); /* its last use, kept across restarts */
     close(fd);
-    return n;
+    *len = n;
+    return b;
+}
+
+/* On the reader thread: every wanted file, verified; a file missing or
+ * damaged is left out (and a damaged one removed). */
+static void read_load(llm_tier *t, llm_tier_load *l) {
+    const int32_t P = t->page_size;
+    int fail = t->read_hook && t->read_hook(t->read_hook_user);
+    for (int32_t g = 0; g < l->n_groups; g++) {
+        const size_t page_bytes = t->page_bytes[g];
+        for (int32_t i = 0; i < l->nb; i++) {
+            size_t at = (size_t)g * (size_t)l->nb + (size_t)i, len = 0;
+            if (!l->want[at]) continue;
+            uint64_t h = l->hash[at], ph = i > 0 ? l->hash[at - 1] : 0;
+            unsigned char *b = fail ? NULL : read_file(t, (uint32_t)g, h, &len);
+            const unsigned char *data = NULL;
+            int bad = b && llm_tier_parse(b, len, (uint32_t)g, t->fp, h, ph, i > 0, l->tokens + (size_t)i * P, P,
+                                          page_bytes, &data) != 0;
+            pthread_mutex_lock(&t->mu);
+            if (!b || bad) {
+                entry *e = lookup(t, (uint32_t)g, h);
+                t->st.misses++, t->st.damaged += bad;
+                if (e && (bad || !fail)) drop_entry(t, e, bad); /* gone (evicted, removed by hand) or damaged */
+            } else {
+                entry *e = lookup(t, (uint32_t)g, h);
+                if (e) e->stamp = ++t->clock;   /* the LRU order of this run */
+                t->st.bytes_read += len;
+            }
+            pthread_mutex_unlock(&t->mu);
+            if (bad) free(b), b = NULL;
+            l->buf[at] = b, l->len[at] = len;
+        }
+    }
+}
+
+static void *reader_main(void *arg) {
+    llm_tier *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->rhead && !t->stop) pthread_cond_wait(&t->rwake, &t->mu);
+        if (!t->rhead) break;
+        llm_tier_load *l = t->rhead;
+        t->rhead = l->next;
+        pthread_mutex_unlock(&t->mu);
+        read_load(t, l);
+        pthread_mutex_lock(&t->mu);
+        l->ready = 1;
+        if (l->dropped) {
+            load_free(l);
+            continue;
+        }
+        pthread_cond_broadcast(&t->rdone);
+        if (t->notify) {   /* the scheduler's wake-up takes its own lock, never this one's */
+            void (*fn)(void *) = t->notify;
+            void *user = t->notify_user;
+            t->notifying = 1;
+            pthread_mutex_unlock(&t->mu);
+            fn(user);
+            pthread_mutex_lock(&t->mu);
+            t->notifying = 0;
+            pthread_cond_broadcast(&t->rdone);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+llm_tier_load *llm_tier_fetch(llm_tier *t, const int32_t *tokens, int32_t n) {
+    if (!t || !tokens || n <= 0) return NULL;
+    const int32_t P = t->page_size;
+    int32_t nb = n / P, G = t->n_groups;
+    if (nb == 0) return NULL;
+    size_t cells = (size_t)G * (size_t)nb;
+    llm_tier_load *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    *l = (llm_tier_load){.t = t, .nb = nb, .n_groups = G, .kmax = nb * P};
+    l->tokens = malloc(sizeof(int32_t) * (size_t)nb * (size_t)P);
+    l->hash = malloc(sizeof(uint64_t) * cells);
+    l->want = calloc(cells, 1), l->buf = calloc(cells, sizeof *l->buf), l->len = calloc(cells, sizeof *l->len);
+    if (!l->tokens || !l->hash || !l->want || !l->buf || !l->len) return load_free(l), NULL;
+    memcpy(l->tokens, tokens, sizeof(int32_t) * (size_t)nb * (size_t)P);
+    for (int32_t g = 0; g < G; g++)
+        if (kv_prefix_hashes(llm_context_cache_at(t->c, g), tokens, nb * P, l->hash + (size_t)g * nb))
+            return load_free(l), NULL;
+    int32_t ram = 0;
+    if (llm_prefix_lookup(t->c, tokens, nb * P, &ram)) ram = 0;
+    int any = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < cells; i++) any |= l->want[i] = lookup(t, (uint32_t)(i / (size_t)nb), l->hash[i]) != NULL;
+    pthread_mutex_unlock(&t->mu);
+    int32_t k = any ? reach(t, l, tokens, ram, on_disk) : 0;
+    if (k <= ram) return load_free(l), NULL;
+    /* read only what the point k takes: each group's blocks past its RAM match */
+    for (int32_t g = 0; g < G; g++) {
+        kv_cache_params kp = kv_cache_get_params(llm_context_cache_at(t->c, g));
+        int32_t from = first_block(&kp, k), got = ram_match(t, g, tokens, k);
+        if (from < got / P) from = got / P;
+        for (int32_t i = 0; i < nb; i++) l->want[(size_t)g * nb + i] &= i >= from && i < k / P;
+    }
+    l->kmax = k;
+    pthread_mutex_lock(&t->mu);
+    t->st.loads++;
+    llm_tier_load **pp = &t->rhead;
+    while (*pp) pp = &(*pp)->next;
+    *pp = l;
+    pthread_cond_signal(&t->rwake);
+    pthread_mutex_unlock(&t->mu);
+    return l;
+}
+
+int llm_tier_ready(const llm_tier_load *l) {
+    if (!l) return 1;
+    pthread_mutex_lock(&l->t->mu);
+    int r = l->ready;
+    pthread_mutex_unlock(&l->t->mu);
+    return r;
+}
+
+void llm_tier_drop(llm_tier_load *l) {
+    if (!l) return;
+    llm_tier *t = l->t;
+    pthread_mutex_lock(&t->mu);
+    int mine = l->ready;   /* else the reader frees it when done */
+    l->dropped = 1;
+    pthread_mutex_unlock(&t->mu);
+    if (mine) load_free(l);
+}
+
+int32_t llm_tier_apply(llm_tier_load *l, int32_t seq, const int32_t *tokens, int32_t n) {
+    llm_tier *t = l ? l->t : NULL;
+    llm_context *c = t ? t->c : NULL;
+    int32_t m = 0, k = 0, loaded = 0;
+    if (!l) return 0;
+    const int32_t P = t->page_size;
+    if (!tokens || n < 0 || llm_prefix_lookup(c, tokens, n, &m)) goto ram_only;
+    if (l->kmax <= n && !memcmp(tokens, l->tokens, sizeof(int32_t) * (size_t)l->kmax))
+        k = reach(t, l, tokens, m, staged);
+    if (k <= m) goto ram_only;
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        kv_cache *cache = llm_context_cache_at(c, g);
+        kv_cache_params kp = kv_cache_get_params(cache);
+        const size_t page_bytes = t->page_bytes[g];
+        int32_t got = 0, from = first_block(&kp, k);
+        if (kv_seq_prefix_match(cache, seq, tokens, k, &got)) goto undo;
+        if (from > got / P && kv_seq_prefix_skip(cache, seq, tokens, from * P)) goto undo;
+        for (int32_t i = from > got / P ? from : got / P; i < k / P; i++) {
+            const unsigned char *b = l->buf[(size_t)g * (size_t)l->nb + (size_t)i];
+            if (!b || kv_seq_prefix_load(cache, seq, tokens + (size_t)i * P, b + HEADER + sizeof(int32_t) * (size_t)P,
+                                         page_bytes))
+                goto undo;
+            loaded++;
+        }
+    }
+    pthread_mutex_lock(&t->mu);
+    t->st.hits += (uint64_t)loaded;
+    pthread_mutex_unlock(&t->mu);
+    llm_tier_drop(l);
+    return k;
+undo:
+    for (int32_t g = 0; g < t->n_groups; g++) kv_seq_truncate(llm_context_cache_at(c, g), seq, 0);
+ram_only:
+    llm_tier_drop(l);
+    if (!tokens || llm_seq_prefix_match(c, seq, tokens, n, &m) != LLM_OK) m = 0;
+    return m;
 }
 
 int32_t llm_tier_extend(llm_tier *t, int32_t seq, const int32_t *tokens, int32_t n) {
-    if (!t || t->n_groups != 1 || !tokens) return 0;
-    kv_cache *cache = llm_context_cache_at(t->c, 0);
-    const kv_cache_params kp = kv_cache_get_params(cache);
-    const size_t page_bytes = kv_cache_get_stats(cache).bytes_per_page;
-    const int32_t P = kp.page_size;
-    int32_t added = 0;
-    for (;;) {
-        int32_t len = kv_seq_length(cache, seq);
-        uint64_t h, ph;
-        int hp;
-        if (len < 0 || len + P > n || kv_seq_prefix_next(cache, seq, tokens + len, &h, &ph, &hp)) break;
-        pthread_mutex_lock(&t->mu);
-        entry *e = lookup(t, 0, h);
-        if (e) e->stamp = ++t->clock;
-        else t->st.misses++;
-        pthread_mutex_unlock(&t->mu);
-        if (!e) break;
-        size_t got = read_file(t, 0, h);
-        const unsigned char *data = NULL;
-        int bad = got && llm_tier_parse(t->rbuf, got, 0, t->fp, h, ph, hp, tokens + len, P, page_bytes, &data) != 0;
-        if (!got || bad) { /* gone (evicted meanwhile, removed by hand) or damaged */
-            pthread_mutex_lock(&t->mu);
-            t->st.misses++, t->st.damaged += bad;
-            if ((e = lookup(t, 0, h))) drop_entry(t, e, bad);
-            pthread_mutex_unlock(&t->mu);
-            break;
-        }
-        if (kv_seq_prefix_load(cache, seq, tokens + len, data, page_bytes) != KV_OK) break;
-        pthread_mutex_lock(&t->mu);
-        t->st.hits++, t->st.bytes_read += got;
-        pthread_mutex_unlock(&t->mu);
-        added += P;
-    }
-    return added;
+    int32_t m = 0;
+    llm_tier_load *l = t ? llm_tier_fetch(t, tokens, n) : NULL;
+    if (!l) return tokens && n > 0 && llm_seq_prefix_match(t ? t->c : NULL, seq, tokens, n, &m) == LLM_OK ? m : 0;
+    pthread_mutex_lock(&t->mu);
+    while (!l->ready) pthread_cond_wait(&t->rdone, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    return llm_tier_apply(l, seq, tokens, n);
+}
+
+void llm_tier_set_notify(llm_tier *t, void (*fn)(void *user), void *user) {
+    pthread_mutex_lock(&t->mu);
+    while (t->notifying) pthread_cond_wait(&t->rdone, &t->mu);   /* the old listener is not running */
+    t->notify = fn, t->notify_user = user;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void llm_tier_set_read_hook(llm_tier *t, int (*fn)(void *user), void *user) {
+    pthread_mutex_lock(&t->mu);
+    t->read_hook = fn, t->read_hook_user = user;
+    pthread_mutex_unlock(&t->mu);
 }

@@ -204,9 +204,9 @@ int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child) {
 /* Each cache's longest point <= the last answer, until they agree: a full
  * group serves every point up to its match, a window group only the points
  * whose window pages it still has, so the answers only decrease. */
-int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
-    if (!c || !n_matched || (!tokens && n > 0)) return LLM_ERR_NULL;
-    *n_matched = 0;
+int llm_prefix_lookup(llm_context *c, const int32_t *tokens, int32_t n, int32_t *n_found) {
+    if (!c || !n_found || (!tokens && n > 0)) return LLM_ERR_NULL;
+    *n_found = 0;
     int32_t m = n;
     for (;;) {   /* a round in which no answer is below m: every cache agrees */
         int32_t lo = m;
@@ -217,9 +217,19 @@ int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int
         if (lo == m) break;
         m = lo;
     }
+    *n_found = m;
+    return LLM_OK;
+}
+
+int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched) {
+    if (!c || !n_matched || (!tokens && n > 0)) return LLM_ERR_NULL;
+    *n_matched = 0;
+    int32_t m;
+    int rc = llm_prefix_lookup(c, tokens, n, &m);
+    if (rc) return rc;
     for (int32_t g = 0; g < c->n_caches && m > 0; g++) {
         int32_t got;
-        int rc = kv_seq_prefix_match(c->caches[g], seq, tokens, m, &got);
+        rc = kv_seq_prefix_match(c->caches[g], seq, tokens, m, &got);
         if (rc == KV_OK && got != m) rc = LLM_ERR_SEQ;   /* cannot happen: nothing changed since the lookup */
         if (rc) {
             for (int32_t k = 0; k <= g; k++) kv_seq_truncate(c->caches[k], seq, 0);

@@ -153,6 +153,8 @@ int llm_seq_fork(llm_context *c, int32_t parent, int32_t *child);
  * positions before it), matched in each cache. *n_matched positions are then
  * cached; pass n - 1 to keep a token to feed for its logits. */
 int llm_seq_prefix_match(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_matched);
+/* The point llm_seq_prefix_match would resume tokens [n] at, changing nothing. */
+int llm_prefix_lookup(llm_context *c, const int32_t *tokens, int32_t n, int32_t *n_found);
 /* Makes the full pages seq has written so far findable by prefix matches
  * now, rather than at its next forward (kv_seq_reserve of 0 positions). */
 int llm_seq_publish(llm_context *c, int32_t seq);

@@ -110,6 +110,7 @@ static void render_chatml(const llm_chat_format *f, const llm_chat_msg *m, int32
         puts_(s, "\n");
     }
     if (gen) mark(s, "<|im_start|>"), puts_(s, "assistant\n");
+    if (gen && f->no_think) mark(s, "<think>"), puts_(s, "\n\n"), mark(s, "</think>"), puts_(s, "\n\n");
 }
 
 static void render_llama3(const llm_chat_msg *m, int32_t n, int gen, sink *s) {
@@ -277,7 +278,13 @@ int llm_chat_format_from_template(const char *tmpl, const char *bos_text, const 
     *out = llm_chat_format_of(kind);
     if (bos_text) copy_str(out->bos, sizeof out->bos, bos_text);
     if (eos_text) copy_str(out->eos, sizeof out->eos, eos_text);
-    if (kind == LLM_CHAT_CHATML) find_default_system(tmpl, out->default_system, sizeof out->default_system);
+    if (kind == LLM_CHAT_CHATML) {
+        find_default_system(tmpl, out->default_system, sizeof out->default_system);
+        /* Qwen3: the empty think block behind the switch, written with
+         * escapes or real newlines */
+        out->think_switch = strstr(tmpl, "enable_thinking") &&
+                            (strstr(tmpl, "<think>\\n\\n</think>\\n\\n") || strstr(tmpl, "<think>\n\n</think>\n\n"));
+    }
     return kind == LLM_CHAT_UNKNOWN ? -1 : 0;
 }
 
@@ -300,6 +307,12 @@ int llm_chat_format_from_vocab(const llm_tokenizer *tok, llm_chat_format *out) {
         out->eos[n] = '\0';
     }
     return kind == LLM_CHAT_UNKNOWN ? -1 : 0;
+}
+
+int llm_chat_set_thinking(llm_chat_format *f, int enable) {
+    if (!f || !f->think_switch) return -1;
+    f->no_think = !enable;
+    return 0;
 }
 
 const char *llm_chat_turn_end(const llm_chat_format *f) {

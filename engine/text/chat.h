@@ -8,7 +8,9 @@
  *           (SmolLM2-Instruct, Qwen). A default system message the template
  *           inserts when the conversation has none (SmolLM2: "You are a helpful
  *           AI assistant named SmolLM, trained by Hugging Face") is read out of
- *           the template text.
+ *           the template text. Qwen3's template takes enable_thinking: false
+ *           ends the generation prompt with an empty think block
+ *           "<think>\n\n</think>\n\n" (llm_chat_set_thinking).
  *   LLAMA3  <|start_header_id|>role<|end_header_id|>\n\ntrimmed content<|eot_id|>
  *           then <|start_header_id|>assistant<|end_header_id|>\n\n
  *   LLAMA2  [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...
@@ -61,6 +63,9 @@ typedef struct {
                                 * "" for none */
     char bos[32];              /* BOS text for formats that write it mid-conversation (Llama 2) */
     char eos[32];              /* EOS text for formats that end turns with it (Llama 2, Zephyr) */
+    int think_switch;          /* the template takes enable_thinking (Qwen3) */
+    int no_think;              /* enable_thinking false: the generation prompt ends with an
+                                * empty think block (set by llm_chat_set_thinking) */
 } llm_chat_format;
 
 /* The format of a family with no default system message, bos "<s>", eos "</s>". */
@@ -72,6 +77,12 @@ llm_chat_format llm_chat_format_of(llm_chat_kind kind);
  * matches. */
 int llm_chat_format_from_template(const char *tmpl, const char *bos_text, const char *eos_text,
                                   llm_chat_format *out);
+
+/* The template's enable_thinking: 0 renders the generation prompt as the
+ * template does with enable_thinking=false, 1 as with true (its default).
+ * Returns 0, or -1 with f unchanged when the template has no such switch:
+ * a model that cannot be asked not to think is not told it was. */
+int llm_chat_set_thinking(llm_chat_format *f, int enable);
 
 /* For a model without a template: guess the family from the control tokens
  * its vocabulary has (<|im_start|>, <|start_header_id|>, <|user|>,

@@ -46,7 +46,7 @@ class RequestParams(ctypes.Structure):
         ("min_p", c_float), ("repeat_penalty", c_float), ("presence_penalty", c_float),
         ("frequency_penalty", c_float), ("random_state", c_uint64),
         ("stops", ctypes.POINTER(c_char_p)), ("n_stops", c_int32), ("top_logprobs", c_int32),
-        ("on_event", c_void_p), ("user", c_void_p),
+        ("on_event", c_void_p), ("user", c_void_p), ("enable_thinking", c_int32),
     ]
 
 
@@ -109,8 +109,10 @@ PROTOTYPES = {
     "kve_detokenize": (c_int, [c_void_p, P_int32, c_int32, c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
     "kve_chat_apply": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int, c_char_p, c_size_t,
                                ctypes.POINTER(c_size_t)]),
-    "kve_chat_tokenize": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int32, c_int, c_int, P_int32,
-                                  c_int32, P_int32]),
+    "kve_chat_apply_ex": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int, c_int, c_char_p, c_size_t,
+                                  ctypes.POINTER(c_size_t)]),
+    "kve_chat_tokenize": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int32, c_int, c_int, c_int,
+                                  P_int32, c_int32, P_int32]),
     "kve_chat_turn_end": (c_char_p, [c_void_p]),
     "kve_token_piece": (c_void_p, [c_void_p, c_int32, ctypes.POINTER(c_size_t)]),
     "kve_grammar_parse": (c_int, [c_void_p, c_char_p, c_size_t, c_int, PP, c_char_p, c_size_t]),

@@ -209,6 +209,8 @@ PROTOTYPES = {
     "kv_prefix_spill_all": (c_int, [P_cache]),
     "kv_seq_prefix_next": (c_int, [P_cache, c_int32, P_int32, ctypes.POINTER(c_uint64), ctypes.POINTER(c_uint64),
                                    ctypes.POINTER(c_int)]),
+    "kv_prefix_hashes": (c_int, [P_cache, P_int32, c_int32, ctypes.POINTER(c_uint64)]),
+    "kv_seq_prefix_skip": (c_int, [P_cache, c_int32, P_int32, c_int32]),
     "kv_seq_prefix_load": (c_int, [P_cache, c_int32, P_int32, c_void_p, ctypes.c_size_t]),
     "kv_seq_save": (c_int, [P_cache, c_int32, c_char_p]),
     "kv_seq_restore": (c_int, [P_cache, c_char_p, P_int32]),

@@ -154,17 +154,30 @@ class Model(Closing):
             arr[i].role, arr[i].content = r, c
         return arr, keep
 
-    def apply_chat_template(self, messages, add_assistant=True):
-        """The model's chat template applied to messages (dicts with role and content)."""
+    @staticmethod
+    def _thinking(enable_thinking):
+        """The template's enable_thinking switch as the C API takes it: None
+        (the template's default) -1, False 0, True 1."""
+        if enable_thinking is None:
+            return -1
+        if not isinstance(enable_thinking, bool):
+            raise ValueError(f"enable_thinking must be None, True or False, not {enable_thinking!r}")
+        return int(enable_thinking)
+
+    def apply_chat_template(self, messages, add_assistant=True, enable_thinking=None):
+        """The model's chat template applied to messages (dicts with role and
+        content). enable_thinking: the template's switch (Qwen3's); False
+        opens the assistant's turn with an empty think block. A template
+        without the switch refuses True and False (EngineError)."""
         arr, _keep = self._messages(messages)
-        buf, n = self._sized(self._lib.kve_chat_apply, "kve_chat_apply", self._model, arr, len(messages),
-                             int(add_assistant))
+        buf, n = self._sized(self._lib.kve_chat_apply_ex, "kve_chat_apply_ex", self._model, arr, len(messages),
+                             int(add_assistant), self._thinking(enable_thinking))
         return bytes(buf)[:n].decode(errors="replace")
 
     # ------------------------------------------------------------ requests
     def _submit(self, prompt=None, tokens=None, messages=None, max_tokens=128, temperature=0.8, top_k=40,
                 top_p=0.95, min_p=0.0, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                random_state=1, stop=None, top_logprobs=-1):
+                random_state=1, stop=None, top_logprobs=-1, enable_thinking=None):
         if self._ctx is None:
             raise EngineError(-203, "the model is closed", "kve_submit")
         p = self._lib.kve_request_default_params()
@@ -190,6 +203,7 @@ class Model(Closing):
         p.frequency_penalty = float(frequency_penalty)
         p.random_state = int(random_state) & ((1 << 64) - 1)
         p.top_logprobs = int(top_logprobs)
+        p.enable_thinking = self._thinking(enable_thinking)
         err = ctypes.create_string_buffer(512)
         r = ctypes.c_void_p()
         rc = self._lib.kve_submit(self._ctx, ctypes.byref(p), ctypes.byref(r), err, len(err))
@@ -263,14 +277,14 @@ class Model(Closing):
 
     def chat(self, messages, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.0,
              repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, random_state=1, stop=None,
-             stream=False):
+             stream=False, enable_thinking=None):
         """The assistant's reply to messages ([{'role': ..., 'content': ...}])
         under the model's chat template: its text, or with stream=True an
-        iterator of text pieces."""
+        iterator of text pieces. enable_thinking: as apply_chat_template."""
         it, done = self._run(stream, messages=messages, max_tokens=max_tokens, temperature=temperature,
                              top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                             random_state=random_state, stop=stop)
+                             random_state=random_state, stop=stop, enable_thinking=enable_thinking)
         return (piece[0] for piece in it if piece[0]) if stream else done.text
 
     # ------------------------------------------------------------ OpenAI-shaped
@@ -318,16 +332,17 @@ class Model(Closing):
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
                                stop=None, stream=False, seed=None, logprobs=False, top_logprobs=None,
-                               presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0):
+                               presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0, enable_thinking=None):
         """An OpenAI chat.completion dict (llama-cpp-python's
         create_chat_completion), or with stream=True an iterator of
         chat.completion.chunk dicts. logprobs=True (with top_logprobs: N
-        alternatives) adds OpenAI's logprobs.content."""
+        alternatives) adds OpenAI's logprobs.content. enable_thinking: as
+        apply_chat_template."""
         n_top = (int(top_logprobs or 0)) if logprobs else -1
         kw = self._openai_kw(max_tokens, temperature, top_p, top_k, min_p, stop, seed, presence_penalty,
                              frequency_penalty, repeat_penalty, n_top)
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-        it, done = self._run(stream, messages=messages, **kw)
+        it, done = self._run(stream, messages=messages, enable_thinking=enable_thinking, **kw)
 
         def lp_block(toks, lps, tops):
             if not logprobs:

@@ -103,8 +103,104 @@ GEMMA3 = """{{ bos_token }}
 {%- endif -%}
 """
 
+# Qwen3 (Qwen/Qwen3-0.6B and the larger ones), with its escapes written "\\n"
+# as tokenizer_config.json has them. Its enable_thinking switch is rendered
+# three ways: absent (qwen3), true (qwen3_think), false (qwen3_nothink).
+QWEN3 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+# The switch's value for each rendering of QWEN3 (None: not passed).
+THINKING = {"qwen3": None, "qwen3_think": True, "qwen3_nothink": False}
+
 TEMPLATES = [("smollm2", SMOLLM2), ("qwen2", QWEN2), ("chatml", CHATML), ("llama3", LLAMA3),
-             ("llama2", LLAMA2), ("tinyllama", TINYLLAMA), ("gemma3", GEMMA3)]
+             ("llama2", LLAMA2), ("tinyllama", TINYLLAMA), ("gemma3", GEMMA3),
+             ("qwen3", QWEN3), ("qwen3_think", QWEN3), ("qwen3_nothink", QWEN3)]
 
 CONVERSATIONS = [
     [("user", "Hello!")],
@@ -142,9 +238,12 @@ def main():
                         msgs = [{"role": r, "content": c} for r, c in conv[:k]]
                         if name in ("llama2", "gemma3") and (k == 0 or (k == 1 and conv[0][0] == "system")):
                             continue  # the template reads messages[0]
+                        if name in THINKING and (k == 0 or conv[k - 1][0] == "assistant"):
+                            continue  # messages[0]; a last assistant turn gets a think block (not rendered)
                         bos = "<s>" if name == "llama2" else ""
+                        kw = {} if THINKING.get(name) is None else {"enable_thinking": THINKING[name]}
                         out = t.render(messages=msgs, add_generation_prompt=bool(gen),
-                                       bos_token=bos, eos_token="</s>")
+                                       bos_token=bos, eos_token="</s>", **kw)
                         if name == "llama2" and out.startswith("<s>"):
                             out = out[3:]
                         f.write("R %s %d %d %d %s\n" % (name, ci, k, gen, hexs(out)))

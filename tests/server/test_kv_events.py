@@ -85,10 +85,10 @@ def test_stored_blocks_are_what_later_requests_hit():
 
 
 def test_a_small_pool_announces_removals():
-    ev = Events("--kv-pages", "40")
+    ev = Events("--kv-pages", "16")
     try:
-        for k in range(8):   # each about 12 pages; the pool reclaims cached ones
-            ev.complete(f"Request {k}: " + " ".join(f"word{k}x{i}" for i in range(60)))
+        for k in range(6):   # each about 6 pages; the pool reclaims cached ones
+            ev.complete(f"Request {k}: " + " ".join(f"word{k}x{i}" for i in range(30)))
         ev.drain()
         stored = {h for e in ev.events if e[0] == "BlockStored" for h in e[1]}
         removed = [e for e in ev.events if e[0] == "BlockRemoved"]

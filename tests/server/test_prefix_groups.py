@@ -20,7 +20,7 @@ ARGS = ("-t", "2", "--parallel", "4", "--ctx", "2048", "--batch-tokens", "256")
 CLIENTS, TURNS = 4, 2
 SYSTEM = "You are the archivist of a small library. " + " ".join(
     f"Shelf {k} holds {['maps', 'letters', 'ledgers', 'atlases', 'diaries'][k % 5]} from the year {1700 + 7 * k}."
-    for k in range(60))
+    for k in range(40))
 QUESTIONS = ["Which shelf holds the oldest maps?", "Name one shelf with letters.", "What year is on shelf 9?"]
 
 
