@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "internal.h"
 #include "../engine/model/model.h"
 #include "../engine/weights/quant.h"
 #include "../engine/gen/session.h"

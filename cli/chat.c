@@ -1,8 +1,7 @@
 /* cli/chat.c - `kvcache chat`: an interactive conversation that keeps its KV
  * cache across turns. Each turn renders only what follows the messages the
- * cache already holds (llm_chat_render_continuation), so only the new user
- * turn is prefilled; the engine's session (engine/gen/session.h) generates the
- * reply; the stats line after each reply says how many tokens were new and
+ * cache already holds (kve_chat_tokenize), so only the new user turn is
+ * prefilled; a kve_session (kvengine.h) generates the reply; the stats line after each reply says how many tokens were new and
  * how many were reused from the cache. A line of any length is one turn; a
  * turn too long for the context is refused whole and the conversation kept. */
 #include <stdio.h>
@@ -11,9 +10,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/policy.h"
-#include "../engine/gen/session.h"
 
 static void usage(void) {
     printf("usage: kvcache chat [-m MODEL.gguf] [--system TEXT] [--no-think] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
@@ -34,7 +30,7 @@ static void usage(void) {
 }
 
 typedef struct {
-    llm_chat_msg *msgs;   /* [n] the conversation; contents owned (roles are literals) */
+    kve_chat_message *msgs; /* [n] the conversation; contents owned (roles are literals) */
     int32_t n, cap;
     int32_t n_cached;     /* msgs[0..n_cached) are in the cache, up to their end-of-turn marker */
 } conversation;
@@ -42,13 +38,13 @@ typedef struct {
 static int conv_add(conversation *cv, const char *role, const char *text) {
     if (cv->n == cv->cap) {
         int32_t cap = cv->cap ? 2 * cv->cap : 16;
-        llm_chat_msg *nm = realloc(cv->msgs, sizeof *nm * (size_t)cap);
+        kve_chat_message *nm = realloc(cv->msgs, sizeof *nm * (size_t)cap);
         if (!nm) return -1;
         cv->msgs = nm, cv->cap = cap;
     }
     char *dup = strdup(text);
     if (!dup) return -1;
-    cv->msgs[cv->n++] = (llm_chat_msg){role, dup};
+    cv->msgs[cv->n++] = (kve_chat_message){role, dup};
     return 0;
 }
 
@@ -63,29 +59,26 @@ static void conv_reset(conversation *cv, int keep_system) {
 /* The tokens of the new turn: everything after what the cache holds (BOS
  * first when it holds nothing), the template's markers as control tokens and
  * what the user typed as text. */
-static int32_t *tokenize_new(const llm_model *m, const conversation *cv, int32_t *n) {
-    int32_t *ids = NULL;
-    *n = llm_chat_tokenize_continuation(llm_model_chat(m), llm_model_tokenizer(m), cv->msgs, cv->n, cv->n_cached, 1,
-                                        cv->n_cached == 0, &ids);
-    return *n >= 0 ? ids : NULL;
+static int32_t *tokenize_new(const kve_model *m, const conversation *cv, int think, int32_t *n) {
+    return cli_chat_ids(m, cv->msgs, cv->n, cv->n_cached, cv->n_cached == 0, think, n);
 }
 
 /* What a conversation runs on. */
 typedef struct {
-    llm_model *m;
-    llm_context *c;
-    llm_session *s;
+    kve_model *m;
+    kve_session *s;
     conversation cv;
     int32_t *marker, n_marker;   /* [n_marker] the end-of-turn text's tokens */
-    llm_gen_params gp;
+    kve_generate_params gp;
     cli_policy_opts po;          /* --context-shift, --keep, --session */
+    int think;                   /* --think 1, --no-think 0, neither -1 */
     char *reply;                 /* [reply_cap] this turn's reply text, NUL-terminated */
     size_t reply_len, reply_cap;
     int turn;
     bool session_refused;        /* --session FILE could not be restored: kept unless overwritten */
 } chat_state;
 
-/* on_token: Ctrl-C stops the reply (LLM_STOP_CANCEL); the turn is closed and kept. */
+/* on_token: Ctrl-C stops the reply (KVE_STOP_CANCEL); the turn is closed and kept. */
 static int on_token(void *user, int32_t token) {
     (void)user, (void)token;
     return cli_interrupted != 0;
@@ -111,31 +104,29 @@ static int on_text(void *user, const char *text, size_t len) {
  * alone in a new conversation. NULL with *refused set when even that does
  * not fit (the message is taken back out), NULL alone on failure. */
 static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, int *refused) {
-    const int32_t n_ctx = llm_context_get_params(st->c).n_ctx, room = n_ctx - 1 - st->n_marker;
+    const int32_t n_ctx = kve_session_get_params(st->s).n_ctx, room = n_ctx - 1 - st->n_marker;
     int32_t n_held;
-    llm_session_tokens(st->s, &n_held);
-    int32_t *ids = tokenize_new(st->m, &st->cv, n_new);
+    kve_session_tokens(st->s, &n_held);
+    int32_t *ids = tokenize_new(st->m, &st->cv, st->think, n_new);
     *refused = 0;
     if (!ids || n_held + *n_new <= room) return ids;
     if (st->po.context_shift && n_held + *n_new - room <= n_held - st->gp.n_keep) {
         /* no room: drop old turns after the kept positions (the system prompt) */
-        int32_t need = n_held + *n_new - room, drop = llm_shift_discard(n_held, st->gp.n_keep);
-        drop = drop > need ? drop : need;
-        drop = drop < n_held - st->gp.n_keep ? drop : n_held - st->gp.n_keep;
-        int rc = llm_session_shift(st->s, st->gp.n_keep, drop);
-        if (rc == LLM_OK) {
+        int32_t drop;
+        int rc = kve_session_shift(st->s, st->gp.n_keep, n_held + *n_new - room, &drop);
+        if (rc == KVE_OK) {
             fprintf(stderr, "[context shift: dropped %d tokens after the first %d]\n", (int)drop, (int)st->gp.n_keep);
             return ids;
         }
-        fprintf(stderr, "kvcache chat: context shift failed: %s\n", llm_status_str(rc));
+        fprintf(stderr, "kvcache chat: context shift failed: %s\n", kve_status_str(rc));
     }
     /* no room after what the cache holds: the turn alone, as a new conversation */
     free(ids);
     conversation alone = st->cv;
     int32_t sys = alone.n > 1 && !strcmp(alone.msgs[0].role, "system") ? 1 : 0;
-    llm_chat_msg pair[2] = {alone.msgs[0], alone.msgs[alone.n - 1]};
+    kve_chat_message pair[2] = {alone.msgs[0], alone.msgs[alone.n - 1]};
     alone.msgs = sys ? pair : &pair[1], alone.n = sys + 1, alone.n_cached = 0;
-    ids = tokenize_new(st->m, &alone, n_new);
+    ids = tokenize_new(st->m, &alone, st->think, n_new);
     if (!ids) return NULL;
     if (*n_new > room) {
         fprintf(stderr, "kvcache chat: this message is %d tokens; the context holds %d (with room for a reply "
@@ -152,7 +143,7 @@ static int32_t *turn_tokens(chat_state *st, const char *line, int32_t *n_new, in
     conv_reset(&st->cv, 1);
     conv_add(&st->cv, "user", keep ? keep : "");
     free(keep);
-    llm_session_reset(st->s);
+    kve_session_reset(st->s);
     return ids;
 }
 
@@ -169,7 +160,7 @@ static int chat_turn(chat_state *st, const char *line) {
         return 1;
     }
     /* the prompt: what the session holds, then the new turn */
-    const int32_t *held = llm_session_tokens(st->s, &n_held);
+    const int32_t *held = kve_session_tokens(st->s, &n_held);
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(n_held + n_new));
     if (!prompt) return free(ids), 1;
     memcpy(prompt, held, sizeof(int32_t) * (size_t)n_held);
@@ -180,22 +171,22 @@ static int chat_turn(chat_state *st, const char *line) {
     cli_interrupted = 0;
     if (st->po.session && st->turn == 0 && n_held == 0)
         cli_session_restore("chat", st->s, st->po.session, prompt, n_held + n_new, &st->session_refused);
-    llm_gen_result res;
-    st->gp.progress = n_new > 512 ? cli_progress : NULL, st->gp.progress_user = "prefill"; /* a pasted document */
-    llm_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
+    kve_generate_result res;
+    st->gp.on_progress = n_new > 512 ? cli_progress : NULL, st->gp.progress_user = "prefill"; /* a pasted document */
+    kve_session_generate(st->s, prompt, n_held + n_new, &st->gp, &res);
     free(prompt);
     printf("\n");
     fflush(stdout);
-    if (res.reason == LLM_STOP_ERROR || res.status != LLM_OK) {
+    if (res.stop == KVE_STOP_ERROR || res.status != KVE_OK) {
         fprintf(stderr, "kvcache chat: %s\n", res.message);
         return 1;
     }
     /* close the turn in the cache: the stop token the model chose, or the marker
      * (reserve kept room for it) */
-    int rc = res.reason == LLM_STOP_EOG ? llm_session_feed(st->s, &res.eog_token, 1)
-                                        : llm_session_feed(st->s, st->marker, st->n_marker);
-    if (rc != LLM_OK) {
-        fprintf(stderr, "kvcache chat: could not close the turn: %s\n", llm_status_str(rc));
+    int rc = res.stop == KVE_STOP_EOG ? kve_session_feed(st->s, &res.eog_token, 1)
+                                      : kve_session_feed(st->s, st->marker, st->n_marker);
+    if (rc != KVE_OK) {
+        fprintf(stderr, "kvcache chat: could not close the turn: %s\n", kve_status_str(rc));
         return 1;
     }
     conv_add(&st->cv, "assistant", st->reply);
@@ -207,9 +198,9 @@ static int chat_turn(chat_state *st, const char *line) {
             st->turn, (int)prefilled, (int)res.n_reused, res.t_prefill,
             prefilled / (res.t_prefill > 0 ? res.t_prefill : 1e-9), (int)res.n_generated,
             res.n_generated / (res.t_decode > 0 ? res.t_decode : 1e-9),
-            (int)llm_seq_length(st->c, llm_session_seq(st->s)), (int)llm_context_get_params(st->c).n_ctx);
-    if (res.reason == LLM_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
-    if (res.reason == LLM_STOP_CANCEL) fprintf(stderr, "[reply stopped by Ctrl-C; the conversation goes on]\n");
+            (int)kve_session_n_cached(st->s), (int)kve_session_get_params(st->s).n_ctx);
+    if (res.stop == KVE_STOP_CONTEXT) fprintf(stderr, "[reply cut: %s]\n", res.message);
+    if (res.stop == KVE_STOP_CANCEL) fprintf(stderr, "[reply stopped by Ctrl-C; the conversation goes on]\n");
     cli_interrupted = 0;
     if (res.n_shifts) fprintf(stderr, "[context shift during the reply: dropped %d tokens]\n", (int)res.n_discarded);
     if (st->po.session && cli_session_save("chat", st->s, &st->po, st->session_refused)) return 1;
@@ -235,41 +226,38 @@ int cmd_chat(int argc, char **argv) {
     }
     if (cli_sample_check("chat", &so, 1)) return 2;
     if (cli_policy_check("chat", &po)) return 2;
-    chat_state st = {.po = po};
-    int rc = cli_load("chat", &mo, 1, 0, &st.m, &st.c);
+    chat_state st = {.po = po, .think = think};
+    int rc = cli_open("chat", &mo, &st.m, &st.s);
     if (rc) return rc;
-    if (llm_model_chat(st.m)->kind == LLM_CHAT_UNKNOWN) {
+    if (!kve_model_has_chat_template(st.m)) {
         fprintf(stderr, "kvcache chat: the model has no chat template this engine knows\n");
-        llm_context_free(st.c), llm_model_free(st.m);
+        kve_session_free(st.s), kve_model_free(st.m);
         return 1;
     }
-    if ((rc = cli_think_apply("chat", st.m, think))) {
-        llm_context_free(st.c), llm_model_free(st.m);
+    if ((rc = cli_think_check("chat", st.m, think))) {
+        kve_session_free(st.s), kve_model_free(st.m);
         return rc;
     }
-    llm_gbnf *rules = NULL;
-    llm_grammar_vocab *gv = NULL;
-    if (cli_grammar_load("chat", &so, st.m, &rules, &gv)) {   /* each reply a document of it */
-        llm_context_free(st.c), llm_model_free(st.m);
+    kve_grammar *rules = NULL;
+    if (cli_grammar_load("chat", &so, st.m, &rules)) {   /* each reply a document of it */
+        kve_session_free(st.s), kve_model_free(st.m);
         return 1;
     }
-    st.gp = llm_gen_default_params();
-    st.gp.max_tokens = (int32_t)so.n_gen;
-    st.gp.sampler = cli_sampler_params(&so); st.gp.stops = so.stops, st.gp.n_stops = so.n_stops;
-    st.gp.sampler.rules = rules;
+    st.gp = cli_generate_params(&so);
+    st.gp.grammar = rules;
     st.gp.on_text = on_text, st.gp.on_token = on_token, st.gp.user = &st;
     st.gp.context_shift = po.context_shift;
-    st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system);
+    st.gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : cli_chat_prefix_tokens(st.m, system, think);
     if (st.gp.n_keep < 4) st.gp.n_keep = 4; /* the sinks: at least 4 (StreamingLLM) */
-    st.marker = cli_tokenize(st.m, llm_chat_turn_end(llm_model_chat(st.m)), 0, 1, &st.n_marker);
+    const char *end = kve_chat_turn_end(st.m);
+    st.marker = cli_text_tokens(st.m, end, strlen(end), 0, 1, &st.n_marker);
     st.gp.reserve = st.n_marker;
     st.reply_cap = 4096;
     st.reply = malloc(st.reply_cap);
-    rc = st.marker && st.reply ? llm_session_create(st.c, &st.s) : LLM_ERR_NOMEM;
-    if (rc != LLM_OK) {
-        fprintf(stderr, "kvcache chat: %s\n", llm_status_str(rc));
-        free(st.marker), free(st.reply), llm_context_free(st.c), llm_model_free(st.m);
-        cli_grammar_free(rules, gv);
+    if (!st.marker || !st.reply) {
+        fprintf(stderr, "kvcache chat: %s\n", kve_status_str(KVE_ERR_NOMEM));
+        free(st.marker), free(st.reply), kve_session_free(st.s), kve_model_free(st.m);
+        kve_grammar_free(rules);
         return 1;
     }
     if (system) conv_add(&st.cv, "system", system);
@@ -280,7 +268,7 @@ int cmd_chat(int argc, char **argv) {
     } else if (cli_lines_interactive(in)) {
         fprintf(stderr, "kvcache chat: %s, %d-token context. Type a message and Enter; /help lists the commands,\n"
                         "Ctrl-C stops a reply, Ctrl-D or /exit quits.\n",
-                llm_model_name(st.m), (int)llm_context_get_params(st.c).n_ctx);
+                kve_model_name(st.m), (int)kve_session_get_params(st.s).n_ctx);
     }
     const char *line;
     for (int got; in && (got = cli_lines_read(in, &line)) != 0;) {
@@ -295,7 +283,7 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!strcmp(line, "/reset")) {
             conv_reset(&st.cv, 1);
-            llm_session_reset(st.s);
+            kve_session_reset(st.s);
             fprintf(stderr, "[new conversation]\n");
             continue;
         }
@@ -304,9 +292,8 @@ int cmd_chat(int argc, char **argv) {
     cli_lines_close(in);
     conv_reset(&st.cv, 0);
     free(st.cv.msgs), free(st.reply), free(st.marker);
-    llm_session_free(st.s);
-    cli_grammar_free(rules, gv);
-    llm_context_free(st.c);
-    llm_model_free(st.m);
+    kve_grammar_free(rules);
+    kve_session_free(st.s);
+    kve_model_free(st.m);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kvcache.h"
+#include "kvengine.h"
 
 /* Each subcommand gets argv after its own name; returns the exit status
  * (0 ok, 1 failure at run time, 2 bad usage). */
@@ -48,9 +49,6 @@ double cli_read_bandwidth(struct kv_pool *pool, const float *buf, size_t len, in
 
 /* ---- running a model (cli/common.c) ---- */
 
-struct llm_model;
-struct llm_context;
-
 /* The options every model subcommand takes. */
 typedef struct {
     const char *model;    /* -m PATH; default $KVCACHE_MODEL or CLI_DEFAULT_MODEL */
@@ -58,7 +56,7 @@ typedef struct {
     int64_t ctx;          /* -c/--ctx N: positions per sequence; 0: the subcommand's default */
     int64_t batch;        /* -b/--batch N: prefill chunk rows */
     const char *kv_type;  /* --kv-type f32|f16|bf16|q8 */
-    int no_window;        /* --no-window: window layers keep every position (llm_context_params) */
+    int no_window;        /* --no-window: window layers keep every position */
     int64_t window;       /* a sliding window forced on every layer (verify --policy window); 0: none */
     int64_t kv_pages;     /* KV pool pages; 0: room for every sequence at full context (serve's --kv-pages) */
     int64_t act_bits;     /* --act-bits 16|8, --exact-matmul (0); -1: the engine's default */
@@ -81,39 +79,44 @@ typedef struct {
 cli_model_opts cli_model_opts_default(void);
 /* Matches one of the options above at argv[*i]. */
 bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
-/* Loads the model and makes a context for n_seqs sequences (ctx 0: the
- * model's training context capped at 4096). Prints a clear message (and how
- * to get the default model when it is missing) and returns nonzero on
- * failure: 2 for bad options, 1 for an unreadable model. */
-int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default,
-             struct llm_model **m, struct llm_context **c);
-/* Per cache of c (one per layer group): its layers, window and bytes in use,
+/* The checks before a model is loaded: the options' ranges (ctx: --ctx or
+ * the subcommand's default), *kv from --kv-type, a warning for more threads
+ * than cores, a readable model file (else how to get the default one).
+ * 0, 2 for bad options, 1 for an unreadable model, after a message. */
+int cli_model_check(const char *cmd, const cli_model_opts *o, int64_t ctx, kv_dtype *kv);
+/* A warning when ctx is past the trained context. */
+void cli_ctx_warning(const char *cmd, const cli_model_opts *o, int64_t ctx, int32_t trained);
+/* Loads the model and makes a session on it (kvengine.h) with the options'
+ * context (0: the model's training context capped at 4096). A clear message
+ * and nonzero on failure: 2 for bad options, 1 for an unreadable model. */
+int cli_open(const char *cmd, const cli_model_opts *o, kve_model **m, kve_session **s);
+/* Per cache of s (one per layer group): its layers, window and bytes in use,
  * one indented line each; nothing for a model with one group. */
-void cli_print_cache_groups(FILE *f, struct llm_context *c);
+void cli_print_cache_groups(FILE *f, const kve_session *s);
 
 /* The most threads -t may ask for (the engine's limit); more is refused. */
 #define CLI_MAX_THREADS 256
 /* Threads -t resolves to. */
 int32_t cli_threads(const cli_model_opts *o);
-/* llm_progress_fn: a bar on stderr, only when stderr is a terminal. user:
- * the label (a C string). Call with done == total to end the line. */
+/* A progress callback (kve_progress_fn): a bar on stderr, only when stderr is
+ * a terminal. user: the label (a C string). Call with done == total to end the line. */
 void cli_progress(void *user, int64_t done, int64_t total);
-/* Tokenizes text (BOS/EOS as the model says when add_special; control tokens
- * written in it recognised only when parse_special) into a malloc'ed array of
- * *n_out ids; NULL on failure. */
-int32_t *cli_tokenize(const struct llm_model *m, const char *text, int add_special, int parse_special,
-                      int32_t *n_out);
-/* The same over text [len], NUL bytes included (a file read by its length). */
-int32_t *cli_tokenize_len(const struct llm_model *m, const char *text, size_t len, int add_special,
-                          int parse_special, int32_t *n_out);
+/* The ids of text [len] (NUL bytes included; BOS/EOS as the model says when
+ * add_special; control tokens written in it recognised only when
+ * parse_special), malloc'ed, *n_out of them; NULL on failure. */
+int32_t *cli_text_tokens(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
+                         int32_t *n_out);
+/* kve_chat_tokenize (the assistant's turn opened; think: its enable_thinking)
+ * into a malloc'ed array of *n_out ids; NULL on failure. */
+int32_t *cli_chat_ids(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_bos,
+                      int think, int32_t *n_out);
 /* A one-turn chat prompt (system may be NULL) as the model's template gives
- * it, BOS first: markers from the template, the messages as text. */
-int32_t *cli_chat_tokens(const struct llm_model *m, const char *system, const char *user, int32_t *n);
-/* llm_gen_params.on_text: writes text [len] to stdout and flushes. */
+ * it, BOS first: markers from the template, the messages as text; think: the
+ * template's enable_thinking (-1 its default). */
+int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int think, int32_t *n);
+/* kve_generate_params.on_text: writes text [len] to stdout and flushes. */
 int cli_print_text(void *user, const char *text, size_t len);
 /* ---- sampling and length, for generate and chat ---- */
-
-#include "../engine/gen/session.h" /* llm_sampler_params, LLM_MAX_STOPS */
 
 typedef struct {
     int64_t n_gen;   /* -n, --tokens: at most this many tokens */
@@ -126,7 +129,7 @@ typedef struct {
     int64_t repeat_last_n;       /* --repeat-last-n: its window, prompt included; -1: all */
     double presence_penalty;     /* --presence-penalty, in [-2, 2] */
     double frequency_penalty;    /* --frequency-penalty, in [-2, 2] */
-    const char *stops[LLM_MAX_STOPS]; /* --stop, repeatable */
+    const char *stops[KVE_MAX_STOPS]; /* --stop, repeatable */
     int32_t n_stops;
     bool too_many_stops;
     const char *grammar;         /* --grammar FILE: a GBNF-like grammar (docs/GRAMMAR.md) */
@@ -158,17 +161,14 @@ cli_sample_opts cli_sample_opts_default(int64_t n_gen);
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
 /* 0, or 2 after a message; n_min is the least -n the command takes. */
 int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min);
-llm_sampler_params cli_sampler_params(const cli_sample_opts *o);
-/* --grammar or --json-schema read, compiled and bound to m's vocabulary
- * into *g (kept with *v until cli_grammar_free); *g NULL when neither is
- * given. 0, or 1 after a message naming the file and what is wrong. */
-int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm_model *m, llm_gbnf **g,
-                     llm_grammar_vocab **v);
-void cli_grammar_free(llm_gbnf *g, llm_grammar_vocab *v);
+/* kve_generate_default_params with the options' length, sampling and stops. */
+kve_generate_params cli_generate_params(const cli_sample_opts *o);
+/* --grammar or --json-schema read and compiled for m into *g (NULL when
+ * neither is given; kve_grammar_free). 0, or 1 after a message naming the
+ * file and what is wrong. */
+int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const kve_model *m, kve_grammar **g);
 
-/* ---- cache policies (engine/gen/policy.h), for generate and chat ---- */
-
-#include "../engine/gen/session.h" /* llm_session, llm_gen_result */
+/* ---- cache policies, for generate and chat (cli/policy.c) ---- */
 
 typedef struct {
     int context_shift;    /* --context-shift: a full context drops old positions and goes on */
@@ -195,12 +195,12 @@ bool cli_policy_opt(int argc, char **argv, int *i, cli_policy_opts *o, bool look
 int cli_policy_check(const char *cmd, const cli_policy_opts *o);
 /* Tokens a chat prompt starts with whatever the user says: BOS, the system
  * message (or the template's own), the user header. The default --keep. */
-int32_t cli_chat_prefix_tokens(const struct llm_model *m, const char *system);
+int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system, int think);
 /* --think / --no-think: *think = 1 or 0 (it stays -1 when neither is given). */
 bool cli_think_opt(const char *arg, int *think);
-/* Sets the template's enable_thinking when think >= 0. 0, or 2 with a message
-   when the model's template has no such switch. */
-int cli_think_apply(const char *cmd, struct llm_model *m, int think);
+/* 0, or 2 with a message when think >= 0 and the model's template has no
+ * enable_thinking switch (kve_chat_tokenize refuses it). */
+int cli_think_check(const char *cmd, const kve_model *m, int think);
 #define CLI_THINK_HELP                                                                            \
     "  --think, --no-think  the template's enable_thinking (Qwen3): --no-think opens the reply\n"      \
     "                     with an empty <think></think> block so the model answers directly;\n"       \
@@ -209,13 +209,13 @@ int cli_think_apply(const char *cmd, struct llm_model *m, int think);
 /* --session: restores what FILE shares with prompt [n] into s (a line on
  * stderr says what happened, or why the run goes on cold); the count.
  * *refused: FILE exists but could not be restored. */
-int32_t cli_session_restore(const char *cmd, struct llm_session *s, const char *path, const int32_t *prompt,
-                            int32_t n, bool *refused);
+int32_t cli_session_restore(const char *cmd, kve_session *s, const char *path, const int32_t *prompt, int32_t n,
+                            bool *refused);
 /* --session: saves s to o->session, a line on stderr either way; 0 or 1. A
  * file that was refused is kept (a line says so) unless --session-overwrite. */
-int cli_session_save(const char *cmd, const struct llm_session *s, const cli_policy_opts *o, bool refused);
+int cli_session_save(const char *cmd, const kve_session *s, const cli_policy_opts *o, bool refused);
 /* A line per policy that acted in a generation: shifts, lookup acceptance. */
-void cli_policy_report(const llm_gen_result *res);
+void cli_policy_report(const kve_generate_result *res);
 
 /* ---- the lines chat reads (cli/lineedit.c) ---- */
 

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model/model.h"
 
 cli_model_opts cli_model_opts_default(void) {
     const char *env = getenv("KVCACHE_MODEL");
@@ -33,11 +32,8 @@ int32_t cli_threads(const cli_model_opts *o) {
     return n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
 }
 
-int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t ctx_default, llm_model **m,
-             llm_context **c) {
-    *m = NULL, *c = NULL;
-    llm_context_params p = llm_context_default_params();
-    if (kv_dtype_parse(o->kv_type, &p.kv_type) != KV_OK || p.kv_type == KV_F64) {
+int cli_model_check(const char *cmd, const cli_model_opts *o, int64_t ctx, kv_dtype *kv) {
+    if (kv_dtype_parse(o->kv_type, kv) != KV_OK || *kv == KV_F64) {
         fprintf(stderr, "kvcache %s: --kv-type must be f32, f16, bf16 or q8 (not '%s')\n", cmd, o->kv_type);
         return 2;
     }
@@ -45,8 +41,6 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
         fprintf(stderr, "kvcache %s: --act-bits must be 16 or 8 (or --exact-matmul for f32)\n", cmd);
         return 2;
     }
-    p.act_bits = (int32_t)o->act_bits;
-    int64_t ctx = o->ctx ? o->ctx : ctx_default;
     if (!cli_range(cmd, "-t", o->threads, 0, CLI_MAX_THREADS, "threads; 0: one per core") ||
         !cli_range(cmd, "--ctx", ctx, 0, 1 << 24, "positions per sequence; 0: the model's, at most 4096") ||
         !cli_range(cmd, "-b", o->batch, 1, 8192, "prompt rows per forward pass") ||
@@ -64,43 +58,52 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
                 cmd, o->model, strerror(errno));
         return 1;
     }
-    char err[512];
-    if (llm_model_load(o->model, m, err, sizeof err) != 0) {
-        fprintf(stderr, "kvcache %s: cannot load model '%s': %s\n", cmd, o->model, err);
-        return 1;
-    }
-    int32_t trained = llm_model_hparams(*m)->ctx_train;
+    return 0;
+}
+
+void cli_ctx_warning(const char *cmd, const cli_model_opts *o, int64_t ctx, int32_t trained) {
     if (ctx > trained) /* allowed (RoPE scaling may stretch it), but past what the model has seen */
         fprintf(stderr, "kvcache %s: warning: a context of %lld positions (--ctx) is more than the %d '%s' was "
                         "trained on; text past them may degrade\n",
                 cmd, (long long)ctx, (int)trained, o->model);
-    p.n_ctx = (int32_t)ctx;
-    p.n_seqs = n_seqs;
+}
+
+int cli_open(const char *cmd, const cli_model_opts *o, kve_model **m, kve_session **s) {
+    *m = NULL, *s = NULL;
+    kve_session_params p = kve_session_default_params();
+    int rc = cli_model_check(cmd, o, o->ctx, &p.kv_type);
+    if (rc) return rc;
+    char err[512];
+    if (kve_model_load(o->model, m, err, sizeof err) != KVE_OK) {
+        fprintf(stderr, "kvcache %s: cannot load model '%s': %s\n", cmd, o->model, err);
+        return 1;
+    }
+    cli_ctx_warning(cmd, o, o->ctx, kve_model_n_ctx_train(*m));
+    p.act_bits = (int32_t)o->act_bits;
+    p.n_ctx = (int32_t)o->ctx;
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
     p.no_window = o->no_window;
-    p.window = (int32_t)o->window;
-    p.n_pages = (int32_t)o->kv_pages;
-    if (llm_context_create(*m, &p, c, err, sizeof err) != 0) {
+    if (kve_session_create(*m, &p, s, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
-        llm_model_free(*m);
+        kve_model_free(*m);
         *m = NULL;
         return 1;
     }
     return 0;
 }
 
-void cli_print_cache_groups(FILE *f, llm_context *c) {
-    const llm_model *m = llm_context_model(c);
-    if (llm_model_n_groups(m) < 2) return;
-    int no_window = llm_context_get_params(c).no_window;
-    for (int32_t g = 0, n, w; llm_model_group(m, g, &n, &w) == LLM_OK; g++) {
-        kv_cache_stats s = kv_cache_get_stats(llm_context_cache_at(c, g));
+void cli_print_cache_groups(FILE *f, const kve_session *s) {
+    int32_t n, w;
+    kv_cache_stats st;
+    if (kve_session_cache_group(s, 1, &n, &w, &st) != KVE_OK) return;   /* one group */
+    int no_window = kve_session_get_params(s).no_window;
+    for (int32_t g = 0; kve_session_cache_group(s, g, &n, &w, &st) == KVE_OK; g++) {
         char what[64];
         if (w == 0) snprintf(what, sizeof what, "%d full-attention layers", (int)n);
         else snprintf(what, sizeof what, "%d window-%d layers%s", (int)n, (int)w, no_window ? " (--no-window)" : "");
         fprintf(f, "  %-36s %llu bytes in use (%d pages), %llu bytes/token\n", what,
-                (unsigned long long)s.bytes_in_use, (int)s.pages_used, (unsigned long long)s.bytes_per_token);
+                (unsigned long long)st.bytes_in_use, (int)st.pages_used, (unsigned long long)st.bytes_per_token);
     }
 }
 
@@ -149,26 +152,35 @@ bool cli_range(const char *cmd, const char *opt, int64_t v, int64_t lo, int64_t 
     return false;
 }
 
-int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int parse_special, int32_t *n_out) {
-    return cli_tokenize_len(m, text, strlen(text), add_special, parse_special, n_out);
-}
-
-int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int parse_special,
-                          int32_t *n_out) {
-    int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, parse_special, NULL, 0);
-    if (need == LLM_TOK_ERR) return NULL;
-    int32_t cap = need < 0 ? -need : need;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
-    if (!ids) return NULL;
-    *n_out = cap ? llm_tokenize(llm_model_tokenizer(m), text, len, add_special, parse_special, ids, cap) : 0;
-    if (*n_out < 0) {
+int32_t *cli_text_tokens(const kve_model *m, const char *text, size_t len, int add_special, int parse_special,
+                         int32_t *n_out) {
+    int32_t need = 0;
+    int rc = kve_tokenize(m, text, len, add_special, parse_special, NULL, 0, &need);
+    if (rc != KVE_OK && rc != KVE_ERR_SPACE) return NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(need ? need : 1));
+    if (ids && need && kve_tokenize(m, text, len, add_special, parse_special, ids, need, &need) != KVE_OK) {
         free(ids);
         return NULL;
     }
+    if (ids) *n_out = need;
     return ids;
 }
 
-/* llm_gen_params.on_text: the text to stdout as it comes (valid UTF-8, so a
+int32_t *cli_chat_ids(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_bos,
+                      int think, int32_t *n_out) {
+    int32_t need = 0;
+    int rc = kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, think, NULL, 0, &need);
+    if (rc != KVE_OK && rc != KVE_ERR_SPACE) return NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(need ? need : 1));
+    if (ids && need && kve_chat_tokenize(m, msgs, n, n_prev, 1, add_bos, think, ids, need, &need) != KVE_OK) {
+        free(ids);
+        return NULL;
+    }
+    if (ids) *n_out = need;
+    return ids;
+}
+
+/* kve_generate_params.on_text: the text to stdout as it comes (valid UTF-8, so a
  * terminal never sees half a character). */
 int cli_print_text(void *user, const char *text, size_t len) {
     (void)user;
@@ -185,7 +197,7 @@ cli_sample_opts cli_sample_opts_default(int64_t n_gen) {
 bool cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
     const char *stop = NULL;
     if (cli_opt_str(argc, argv, i, NULL, "--stop", &stop)) {
-        if (o->n_stops < LLM_MAX_STOPS) o->stops[o->n_stops++] = stop;
+        if (o->n_stops < KVE_MAX_STOPS) o->stops[o->n_stops++] = stop;
         else o->too_many_stops = true;
         return true;
     }
@@ -222,7 +234,7 @@ int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
         return 2;
     }
     if (o->too_many_stops) {
-        fprintf(stderr, "kvcache %s: --stop is given more than %d times\n", cmd, LLM_MAX_STOPS);
+        fprintf(stderr, "kvcache %s: --stop is given more than %d times\n", cmd, KVE_MAX_STOPS);
         return 2;
     }
     for (int32_t k = 0; k < o->n_stops; k++)
@@ -242,17 +254,19 @@ int cli_sample_check(const char *cmd, const cli_sample_opts *o, int64_t n_min) {
     return 0;
 }
 
-llm_sampler_params cli_sampler_params(const cli_sample_opts *o) {
-    return (llm_sampler_params){.temp = (float)o->temp, .top_k = (int32_t)o->top_k, .top_p = (float)o->top_p,
-                                .seed = (uint64_t)o->seed, .min_p = (float)o->min_p,
-                                .repeat_penalty = (float)o->repeat_penalty, .repeat_last_n = (int32_t)o->repeat_last_n,
-                                .presence_penalty = (float)o->presence_penalty,
-                                .frequency_penalty = (float)o->frequency_penalty};
+kve_generate_params cli_generate_params(const cli_sample_opts *o) {
+    kve_generate_params p = kve_generate_default_params();
+    p.max_tokens = (int32_t)o->n_gen;
+    p.temperature = (float)o->temp, p.top_k = (int32_t)o->top_k, p.top_p = (float)o->top_p;
+    p.random_state = (uint64_t)o->seed, p.min_p = (float)o->min_p;
+    p.repeat_penalty = (float)o->repeat_penalty, p.repeat_last_n = (int32_t)o->repeat_last_n;
+    p.presence_penalty = (float)o->presence_penalty, p.frequency_penalty = (float)o->frequency_penalty;
+    p.stops = o->stops, p.n_stops = o->n_stops;
+    return p;
 }
 
-int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm_model *m, llm_gbnf **g,
-                     llm_grammar_vocab **v) {
-    *g = NULL, *v = NULL;
+int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const kve_model *m, kve_grammar **g) {
+    *g = NULL;
     const char *file = o->grammar ? o->grammar : o->json_schema;
     if (!file) return 0;
     size_t len = 0;
@@ -262,22 +276,9 @@ int cli_grammar_load(const char *cmd, const cli_sample_opts *o, const struct llm
         return 1;
     }
     char err[320];
-    *g = o->grammar ? llm_gbnf_parse(text, len, err, sizeof err) : llm_json_schema_compile(text, len, err, sizeof err);
+    int rc = kve_grammar_parse(m, text, len, o->json_schema != NULL && !o->grammar, g, err, sizeof err);
     free(text);
-    if (!*g) {
-        fprintf(stderr, "kvcache %s: %s: %s\n", cmd, file, err);
-        return 1;
-    }
-    if (!(*v = llm_grammar_vocab_new(llm_model_tokenizer(m))) || llm_gbnf_bind(*g, *v)) {
-        fprintf(stderr, "kvcache %s: out of memory for the grammar\n", cmd);
-        cli_grammar_free(*g, *v);
-        *g = NULL, *v = NULL;
-        return 1;
-    }
-    return 0;
-}
-
-void cli_grammar_free(llm_gbnf *g, llm_grammar_vocab *v) {
-    llm_gbnf_free(g);
-    llm_grammar_vocab_free(v);
+    if (rc == KVE_ERR_PARAM) fprintf(stderr, "kvcache %s: %s: %s\n", cmd, file, err);
+    else if (rc != KVE_OK) fprintf(stderr, "kvcache %s: %s\n", cmd, err);
+    return rc != KVE_OK;
 }

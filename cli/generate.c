@@ -1,14 +1,12 @@
-/* cli/generate.c - `kvcache generate`: one prompt through the engine's
- * generation loop (engine/gen/session.h), the text streamed as it comes, then
- * the speed of each phase, why it stopped, and the cache in use. */
+/* cli/generate.c - `kvcache generate`: one prompt through a kve_session
+ * (kvengine.h), the text streamed as it comes, then the speed of each phase,
+ * why it stopped, and the cache in use. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/session.h"
 
 static void usage(void) {
     printf("usage: kvcache generate [-m MODEL.gguf] -p PROMPT [-n N] [--chat [--no-think]] [--temp T] [--top-k K]\n"
@@ -36,19 +34,19 @@ static void usage(void) {
 }
 
 /* The stats after the text: speed of each phase, why it stopped, the cache. */
-static int report(llm_context *c, const llm_session *s, const llm_gen_result *res, int st) {
-    if (st == LLM_ERR_CAPACITY && res->reason == LLM_STOP_CONTEXT) {
+static int report(const kve_session *s, const kve_generate_result *res, int st) {
+    if (st == KV_ERR_CAPACITY && res->stop == KVE_STOP_CONTEXT) {
         fprintf(stderr, "kvcache generate: %s (raise --ctx)\n", res->message);
         return 1;
     }
     printf("\n");
     fflush(stdout); /* the text ends before the stats begin */
-    if (res->reason == LLM_STOP_ERROR) {
+    if (res->stop == KVE_STOP_ERROR) {
         fprintf(stderr, "kvcache generate: %s\n", res->message);
         return 1;
     }
-    kv_cache_stats cs = llm_context_stats(c);
-    llm_context_params cp = llm_context_get_params(c);
+    kv_cache_stats cs = kve_session_cache_stats(s);
+    kve_session_params sp = kve_session_get_params(s);
     /* the tokens restored from a session were not prefilled: they count apart */
     const int32_t prefilled = res->n_prompt - res->n_reused;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)", (int)prefilled, res->t_prefill,
@@ -57,13 +55,13 @@ static int report(llm_context *c, const llm_session *s, const llm_gen_result *re
     fprintf(stderr, "\n");
     fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), stopped at %s\n", (int)res->n_generated,
             res->t_decode, res->n_generated / (res->t_decode > 0 ? res->t_decode : 1e-9),
-            llm_stop_reason_str(res->reason));
-    if (res->reason == LLM_STOP_CONTEXT) fprintf(stderr, "  %s\n", res->message);
+            kve_stop_reason_str(res->stop));
+    if (res->stop == KVE_STOP_CONTEXT) fprintf(stderr, "  %s\n", res->message);
     cli_policy_report(res);
     fprintf(stderr, "KV cache: %s, %llu bytes/token, %llu bytes in use (%d tokens in %d pages), %d threads\n",
-            kv_dtype_name(cp.kv_type), (unsigned long long)cs.bytes_per_token, (unsigned long long)cs.bytes_in_use,
-            (int)llm_seq_length(c, llm_session_seq(s)), (int)cs.pages_used, (int)cp.n_threads);
-    cli_print_cache_groups(stderr, c);
+            kv_dtype_name(sp.kv_type), (unsigned long long)cs.bytes_per_token, (unsigned long long)cs.bytes_in_use,
+            (int)kve_session_n_cached(s), (int)cs.pages_used, (int)sp.n_threads);
+    cli_print_cache_groups(stderr, s);
     return 0;
 }
 
@@ -121,63 +119,55 @@ int cmd_generate(int argc, char **argv) {
         free(file_text);
         return 1;
     }
-    llm_model *m;
-    llm_context *c;
-    int rc = cli_load("generate", &mo, 1, 0, &m, &c);
+    kve_model *m;
+    kve_session *s;
+    int rc = cli_open("generate", &mo, &m, &s);
     if (rc) return free(file_text), rc;
-    if (chat && llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN && (rc = cli_think_apply("generate", m, think))) {
-        llm_context_free(c), llm_model_free(m);
+    if (chat && kve_model_has_chat_template(m) && (rc = cli_think_check("generate", m, think))) {
+        kve_session_free(s), kve_model_free(m);
         return free(file_text), rc;
     }
     int32_t n_prompt = 0, *ids = NULL;
-    if (chat && llm_model_chat(m)->kind == LLM_CHAT_UNKNOWN)
+    if (chat && !kve_model_has_chat_template(m))
         fprintf(stderr, "kvcache generate: the model has no chat template this engine knows\n");
     else
-        ids = chat ? cli_chat_tokens(m, system, prompt, &n_prompt)
-                   : cli_tokenize_len(m, prompt, prompt_len, 1, special, &n_prompt);
-    llm_session *s = NULL;
-    llm_gbnf *rules = NULL;
-    llm_grammar_vocab *gv = NULL;
+        ids = chat ? cli_chat_tokens(m, system, prompt, think, &n_prompt)
+                   : cli_text_tokens(m, prompt, prompt_len, 1, special, &n_prompt);
+    kve_grammar *rules = NULL;
     rc = 1;
-    if (ids && cli_grammar_load("generate", &so, m, &rules, &gv)) {
+    if (ids && cli_grammar_load("generate", &so, m, &rules)) {
         free(ids);
         ids = NULL, n_prompt = -1;
     }
     if (n_prompt < 0) {
         /* the grammar's error is written */
     } else if (!ids) {
-        if (!chat || llm_model_chat(m)->kind != LLM_CHAT_UNKNOWN)
+        if (!chat || kve_model_has_chat_template(m))
             fprintf(stderr, "kvcache generate: could not tokenize the prompt\n");
     } else if (n_prompt == 0) {
         fprintf(stderr, "kvcache generate: the prompt is empty\n");
-    } else if ((rc = llm_session_create(c, &s)) != LLM_OK) {
-        fprintf(stderr, "kvcache generate: %s\n", llm_status_str(rc));
-        rc = 1;
     } else {
-        llm_gen_params gp = llm_gen_default_params();
-        gp.max_tokens = (int32_t)so.n_gen;
-        gp.sampler = cli_sampler_params(&so); gp.stops = so.stops, gp.n_stops = so.n_stops;
-        gp.sampler.rules = rules;
+        kve_generate_params gp = cli_generate_params(&so);
+        gp.grammar = rules;
         gp.on_text = cli_print_text;
-        if (n_prompt > 512) gp.progress = cli_progress, gp.progress_user = "prefill";
+        if (n_prompt > 512) gp.on_progress = cli_progress, gp.progress_user = "prefill";
         gp.context_shift = po.context_shift;
-        gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system) : 0;
+        gp.n_keep = po.keep >= 0 ? (int32_t)po.keep : chat ? cli_chat_prefix_tokens(m, system, think) : 0;
         gp.draft_lookup = (int32_t)po.draft_lookup;
         bool refused = false;
         if (po.session) cli_session_restore("generate", s, po.session, ids, n_prompt, &refused);
-        llm_gen_result res;
-        int st = llm_session_generate(s, ids, n_prompt, &gp, &res);
-        rc = report(c, s, &res, st);
-        if (po.session && res.reason != LLM_STOP_ERROR && !(st == LLM_ERR_CAPACITY)) {
+        kve_generate_result res;
+        int st = kve_session_generate(s, ids, n_prompt, &gp, &res);
+        rc = report(s, &res, st);
+        if (po.session && res.stop != KVE_STOP_ERROR && !(st == KV_ERR_CAPACITY)) {
             fprintf(stderr, "session: %d tokens restored, %d prefilled\n", (int)res.n_reused,
                     (int)(res.n_prompt - res.n_reused));
             if (cli_session_save("generate", s, &po, refused)) rc = 1;
         }
     }
-    llm_session_free(s);
-    cli_grammar_free(rules, gv);
+    kve_grammar_free(rules);
     free(ids), free(file_text);
-    llm_context_free(c);
-    llm_model_free(m);
+    kve_session_free(s);
+    kve_model_free(m);
     return rc;
 }

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "internal.h"
 #include "../engine/model/model.h"
 #include "../engine/gen/sampler.h"
 

@@ -1,15 +1,13 @@
 /* cli/policy.c - the cache-policy options generate and chat share
  * (--context-shift, --keep, --session, --draft-lookup) and the lines that
- * report what each did. The policies themselves are the engine's
- * (engine/gen/policy.h, engine/gen/session.h); this only parses and reports. */
+ * report what each did. The policies themselves are the engine's (a
+ * kve_session's, kvengine.h); this only parses and reports. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/session.h"
 
 cli_policy_opts cli_policy_opts_default(void) { return (cli_policy_opts){.keep = -1}; }
 
@@ -32,19 +30,17 @@ int cli_policy_check(const char *cmd, const cli_policy_opts *o) {
         fprintf(stderr, "kvcache %s: --session-overwrite goes with --session FILE\n", cmd);
         return 2;
     }
-    if (!cli_range(cmd, "--draft-lookup", o->draft_lookup, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup"))
+    if (!cli_range(cmd, "--draft-lookup", o->draft_lookup, 0, KVE_MAX_DRAFT, "tokens drafted by prompt lookup"))
         return 2;
     return 0;
 }
 
-int32_t *cli_chat_tokens(const llm_model *m, const char *system, const char *user, int32_t *n) {
-    llm_chat_msg msgs[2];
+int32_t *cli_chat_tokens(const kve_model *m, const char *system, const char *user, int think, int32_t *n) {
+    kve_chat_message msgs[2];
     int32_t k = 0;
-    if (system) msgs[k++] = (llm_chat_msg){"system", system};
-    msgs[k++] = (llm_chat_msg){"user", user};
-    int32_t *ids = NULL;
-    *n = llm_chat_tokenize(llm_model_chat(m), llm_model_tokenizer(m), msgs, k, 1, 1, &ids);
-    return *n >= 0 ? ids : NULL;
+    if (system) msgs[k++] = (kve_chat_message){"system", system};
+    msgs[k++] = (kve_chat_message){"user", user};
+    return cli_chat_ids(m, msgs, k, 0, 1, think, n);
 }
 
 bool cli_think_opt(const char *arg, int *think) {
@@ -53,24 +49,26 @@ bool cli_think_opt(const char *arg, int *think) {
     return false;
 }
 
-int cli_think_apply(const char *cmd, llm_model *m, int think) {
-    if (think < 0 || llm_model_set_chat_thinking(m, think) == 0) return 0;
+int cli_think_check(const char *cmd, const kve_model *m, int think) {
+    const kve_chat_message probe = {"user", ""};
+    int32_t n;
+    if (think < 0 || kve_chat_tokenize(m, &probe, 1, 0, 1, 0, think, NULL, 0, &n) != KVE_ERR_TEMPLATE) return 0;
     fprintf(stderr, "kvcache %s: --%s: this model's chat template has no thinking switch (enable_thinking)\n", cmd,
             think ? "think" : "no-think");
     return 2;
 }
 
-int32_t cli_chat_prefix_tokens(const llm_model *m, const char *system) {
+int32_t cli_chat_prefix_tokens(const kve_model *m, const char *system, int think) {
     /* what two prompts with different user messages share: the template's
      * part before the message, system prompt included, whatever the template */
     int32_t na = 0, nb = 0, k = 0;
-    int32_t *a = cli_chat_tokens(m, system, "a", &na), *b = cli_chat_tokens(m, system, "b", &nb);
+    int32_t *a = cli_chat_tokens(m, system, "a", think, &na), *b = cli_chat_tokens(m, system, "b", think, &nb);
     while (a && b && k < na && k < nb && a[k] == b[k]) k++;
     free(a), free(b);
     return k;
 }
 
-int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, const int32_t *prompt, int32_t n,
+int32_t cli_session_restore(const char *cmd, kve_session *s, const char *path, const int32_t *prompt, int32_t n,
                             bool *refused) {
     *refused = false;
     if (access(path, F_OK) != 0) {
@@ -79,7 +77,7 @@ int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, c
     }
     char err[512];
     int32_t got = 0;
-    if (llm_session_load(s, path, prompt, n, &got, err, sizeof err) != LLM_OK) {
+    if (kve_session_load(s, path, prompt, n, &got, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache %s: session not restored: %s; the run goes on cold\n", cmd, err);
         *refused = true;
         return 0;
@@ -89,7 +87,7 @@ int32_t cli_session_restore(const char *cmd, llm_session *s, const char *path, c
     return got;
 }
 
-int cli_session_save(const char *cmd, const llm_session *s, const cli_policy_opts *o, bool refused) {
+int cli_session_save(const char *cmd, const kve_session *s, const cli_policy_opts *o, bool refused) {
     const char *path = o->session;
     if (refused && !o->session_overwrite) {
         fprintf(stderr, "[session %s: not saved, the file it refused is kept (--session-overwrite replaces it)]\n",
@@ -97,15 +95,15 @@ int cli_session_save(const char *cmd, const llm_session *s, const cli_policy_opt
         return 0;
     }
     char err[512];
-    if (llm_session_save(s, path, err, sizeof err) != LLM_OK) {
+    if (kve_session_save(s, path, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache %s: session not saved: %s\n", cmd, err);
         return 1;
     }
-    fprintf(stderr, "[session %s: saved %d tokens]\n", path, (int)llm_session_n_cached(s));
+    fprintf(stderr, "[session %s: saved %d tokens]\n", path, (int)kve_session_n_cached(s));
     return 0;
 }
 
-void cli_policy_report(const llm_gen_result *res) {
+void cli_policy_report(const kve_generate_result *res) {
     if (res->n_shifts)
         fprintf(stderr, "context shift: %d shifts dropped %d positions\n", (int)res->n_shifts, (int)res->n_discarded);
     if (res->n_drafted)

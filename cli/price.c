@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "internal.h"
 #include "../engine/model/model.h"
 
 /* Published shapes; params count every weight (bf16 weights: 2 B each). */

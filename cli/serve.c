@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "internal.h"
 #include "../engine/model/model.h"
 #include "../engine/gen/policy.h"
 #include "../engine/gen/session.h"

@@ -6,8 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../engine/model/model.h"
-#include "../engine/text/tokenizer.h"
 
 static void usage(void) {
     printf("usage: kvcache tokenize -m MODEL (-p TEXT | -f FILE) [options]\n\n"
@@ -27,12 +25,12 @@ static void usage(void) {
 
 /* Writes bytes p [n] in single quotes, escaping quotes, backslashes, control
  * characters and bytes outside well-formed UTF-8 as \xNN. */
-static void print_piece(const char *p, int32_t n) {
+static void print_piece(const char *p, size_t n) {
     putchar('\'');
-    for (int32_t i = 0; i < n;) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)p[i];
         int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        int ok = len > 0 && i + len <= n && (len == 1 || c >= 0xC2);
+        int ok = len > 0 && i + (size_t)len <= n && (len == 1 || c >= 0xC2);
         for (int k = 1; ok && k < len; k++) ok = ((unsigned char)p[i + k] & 0xC0) == 0x80;
         if (!ok) {
             printf("\\x%02X", c);
@@ -87,21 +85,18 @@ int cmd_tokenize(int argc, char **argv) {
         free(text);
         return 1;
     }
-    llm_model *m;
+    kve_model *m;
     char err[512];
-    if (llm_model_load(mo.model, &m, err, sizeof err) != LLM_OK) {
+    if (kve_model_load(mo.model, &m, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache tokenize: %s\n", err);
         free(text);
         return 1;
     }
-    const llm_tokenizer *tok = llm_model_tokenizer(m);
     const char *src = prompt ? prompt : text;
-    int32_t need = llm_tokenize(tok, src, len, !no_bos, special, NULL, 0);
-    int32_t cap = need < 0 && need != LLM_TOK_ERR ? -need : 0;
-    int32_t *ids = cap ? malloc(sizeof *ids * (size_t)cap) : NULL;
-    int32_t n = need == 0 ? 0 : ids ? llm_tokenize(tok, src, len, !no_bos, special, ids, cap) : LLM_TOK_ERR;
+    int32_t n = 0;
+    int32_t *ids = cli_text_tokens(m, src, len, !no_bos, special, &n);
     int rc = 0;
-    if (n < 0) {
+    if (!ids) {
         fprintf(stderr, "kvcache tokenize: out of memory\n");
         rc = 1;
     } else if (ids_only) {
@@ -109,8 +104,8 @@ int cmd_tokenize(int argc, char **argv) {
         putchar('\n');
     } else {
         for (int32_t i = 0; i < n; i++) {
-            int32_t plen;
-            const char *piece = llm_token_piece(tok, ids[i], &plen);
+            size_t plen;
+            const char *piece = kve_token_piece(m, ids[i], &plen);
             printf("%6d ", (int)ids[i]);
             print_piece(piece, plen);
             putchar('\n');
@@ -119,6 +114,6 @@ int cmd_tokenize(int argc, char **argv) {
     if (!rc && count) printf("%d tokens\n", (int)n);
     free(ids);
     free(text);
-    llm_model_free(m);
+    kve_model_free(m);
     return rc;
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "internal.h"
 #include "../engine/model/model.h"
 #include "../engine/gen/sampler.h"
 #include "verify.h"

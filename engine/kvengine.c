@@ -18,9 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-struct kve_model {
-    llm_model *m;
-};
+#include "kvengine_impl.h"
 
 struct kve_context {
     const kve_model *model;
@@ -156,6 +154,39 @@ int kve_chat_apply_ex(const kve_model *m, const kve_chat_message *msgs, int32_t 
     if (r == LLM_CHAT_ERR) return KVE_ERR_NOMEM;
     *len = (size_t)(r < 0 ? -(int64_t)r - 1 : r);
     return r < 0 ? KVE_ERR_SPACE : KVE_OK;
+}
+
+int kve_chat_tokenize(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev, int add_assistant,
+                      int add_bos, int enable_thinking, int32_t *out, int32_t cap, int32_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!m || !n_out || (!out && cap > 0) || cap < 0) return KVE_ERR_NULL;
+    if (!messages_ok(msgs, n) || n_prev < 0 || n_prev > n) return KVE_ERR_PARAM;
+    if (!kve_model_has_chat_template(m)) return KVE_ERR_TEMPLATE;
+    llm_chat_format f;
+    int rc = chat_format(m, enable_thinking, &f);
+    if (rc != KVE_OK) return rc;
+    int32_t *ids = NULL;
+    int32_t k = llm_chat_tokenize_continuation(&f, llm_model_tokenizer(m->m), (const llm_chat_msg *)msgs, n, n_prev,
+                                               add_assistant, add_bos, &ids);
+    if (k < 0) return KVE_ERR_NOMEM;
+    *n_out = k;
+    rc = k > cap ? KVE_ERR_SPACE : KVE_OK;
+    if (rc == KVE_OK && k) memcpy(out, ids, sizeof *ids * (size_t)k);
+    free(ids);
+    return rc;
+}
+
+const char *kve_chat_turn_end(const kve_model *m) {
+    return kve_model_has_chat_template(m) ? llm_chat_turn_end(llm_model_chat(m->m)) : "";
+}
+
+const char *kve_token_piece(const kve_model *m, int32_t id, size_t *len) {
+    if (len) *len = 0;
+    if (!m || id < 0 || id >= llm_model_n_vocab(m->m)) return NULL;
+    int32_t n = 0;
+    const char *p = llm_token_piece(llm_model_tokenizer(m->m), id, &n);
+    if (p && len) *len = (size_t)n;
+    return p;
 }
 
 /* ---------------------------------------------------------------- context */

@@ -11,6 +11,10 @@
  *                  token ids or chat messages), sampling and stop settings;
  *                  its tokens and text come as they are made, through a
  *                  callback (on the scheduler thread) and/or by polling.
+ *     kve_session  one sequence on a cache of its own, run on the caller's
+ *                  thread: a conversation kept between calls, session files,
+ *                  prefill and decode timed apart (see "sessions" below).
+ *     kve_grammar  a grammar or JSON Schema compiled for a model's vocabulary.
  *
  *     kve_model *m;  kve_context *c;  kve_request *r;
  *     kve_model_load("model.gguf", &m, err, sizeof err);
@@ -169,6 +173,38 @@ KVE_API int kve_chat_apply(const kve_model *m, const kve_chat_message *msgs, int
  * KVE_ERR_TEMPLATE, any other value KVE_ERR_PARAM. */
 KVE_API int kve_chat_apply_ex(const kve_model *m, const kve_chat_message *msgs, int32_t n, int add_assistant,
                               int enable_thinking, char *out, size_t cap, size_t *len);
+/* The tokens of the template applied to msgs[0..n) from message n_prev on:
+ * what a cache that holds msgs[0..n_prev), each closed by its end-of-turn
+ * marker (kve_chat_turn_end), needs next (n_prev 0: the whole conversation,
+ * BOS first when add_bos). The template's markers are control tokens, the
+ * contents plain text; enable_thinking as kve_chat_apply_ex takes it. Into
+ * out[0..cap) by the "out of room" rule, *n_out ids. KVE_OK, KVE_ERR_SPACE,
+ * KVE_ERR_TEMPLATE (no template, or a thinking switch the template lacks),
+ * KVE_ERR_PARAM (no message, one without role or content, n_prev outside
+ * [0, n], enable_thinking outside [-1, 1]), KVE_ERR_NULL, KVE_ERR_NOMEM. */
+KVE_API int kve_chat_tokenize(const kve_model *m, const kve_chat_message *msgs, int32_t n, int32_t n_prev,
+                              int add_assistant, int add_bos, int enable_thinking, int32_t *out, int32_t cap,
+                              int32_t *n_out);
+/* The text that closes a turn in the model's template ("<|im_end|>",
+ * "<end_of_turn>", ...); "" for a model without a template. */
+KVE_API const char *kve_chat_turn_end(const kve_model *m);
+/* The bytes token id stands for (a control token: its text), *len of them,
+ * not NUL-terminated, valid while m is loaded; a piece may end inside a UTF-8
+ * character. NULL with *len 0 for an id outside [0, n_vocab). */
+KVE_API const char *kve_token_piece(const kve_model *m, int32_t id, size_t *len);
+
+/* ---------------------------------------------------------------- grammars */
+
+typedef struct kve_grammar kve_grammar;
+
+/* A grammar every generated text must be a document of: GBNF-like rules
+ * (json_schema 0) or a JSON Schema (1), text[0..len), compiled for m's
+ * vocabulary (docs/GRAMMAR.md). KVE_OK with *out; KVE_ERR_PARAM (err says what
+ * is wrong and where), KVE_ERR_NULL or KVE_ERR_NOMEM with *out NULL. One
+ * grammar may serve any number of generations of m, one at a time. */
+KVE_API int kve_grammar_parse(const kve_model *m, const char *text, size_t len, int json_schema, kve_grammar **out,
+                              char *err, size_t errlen);
+KVE_API void kve_grammar_free(kve_grammar *g);
 
 /* ---------------------------------------------------------------- context */
 
@@ -199,7 +235,7 @@ KVE_API kve_context_params kve_context_get_params(const kve_context *c);   /* n_
 
 /* ---------------------------------------------------------------- requests */
 
-enum { KVE_MAX_STOPS = 8, KVE_MAX_TOP = 20 };
+enum { KVE_MAX_STOPS = 8, KVE_MAX_TOP = 20, KVE_MAX_DRAFT = 64 /* kve_generate_params.draft_lookup */ };
 
 typedef struct kve_request kve_request;
 
@@ -285,6 +321,153 @@ KVE_API int kve_request_poll(kve_request *r, int timeout_ms, kve_output *out);
 KVE_API void kve_request_cancel(kve_request *r);
 /* Cancels r if it is running, waits until the scheduler lets it go, frees it. */
 KVE_API void kve_request_free(kve_request *r);
+
+/* ---------------------------------------------------------------- sessions */
+
+/* A kve_session is one sequence on a cache of its own, run on the caller's
+ * thread (no scheduler, nothing shared): a conversation that keeps its cache
+ * between calls, so each turn prefills only what is new; session files; a
+ * context shift when full; prompt-lookup drafts; prefill and decode timed
+ * apart. `kvcache generate` and `kvcache chat` run on it. Calls on one
+ * session are made by one thread at a time; sessions of one model may run
+ * on several threads at once.
+ *
+ *     kve_session *s;
+ *     kve_session_params sp = kve_session_default_params();
+ *     kve_session_create(m, &sp, &s, err, sizeof err);
+ *     kve_generate_params gp = kve_generate_default_params();
+ *     gp.on_text = print, gp.temperature = 0;
+ *     kve_generate_result res;
+ *     kve_session_generate(s, ids, n_ids, &gp, &res);   // the next turn: the whole
+ *     kve_session_free(s);                               // conversation again; what
+ *                                                        // the cache holds is kept */
+
+typedef struct {
+    int32_t n_ctx;       /* positions the sequence may hold; 0: the model's training context,
+                          * at most 4096 (default) */
+    int32_t n_threads;   /* threads for the forward pass; 0: one per core (default) */
+    int32_t n_batch;     /* prompt rows one forward pass takes at most (default 256) */
+    kv_dtype kv_type;    /* K/V storage: KV_F32, KV_F16 (default), KV_BF16, KV_Q8 */
+    int32_t act_bits;    /* weight products on 16-bit or 8-bit integer activations, 0: on f32
+                          * (the reference); -1: the engine's choice (default) */
+    int32_t no_window;   /* 1: sliding-window layers keep every position (same results, for
+                          * comparing memory); 0: default */
+} kve_session_params;
+
+KVE_API kve_session_params kve_session_default_params(void);
+
+typedef struct kve_session kve_session;
+
+/* A session for m with an empty sequence. KVE_OK; KVE_ERR_PARAM (err names
+ * the field), KVE_ERR_NOMEM (err says how much the cache needed), KVE_ERR_NULL;
+ * nothing allocated on failure. m outlives it. */
+KVE_API int kve_session_create(const kve_model *m, const kve_session_params *p, kve_session **out, char *err,
+                               size_t errlen);
+KVE_API void kve_session_free(kve_session *s);
+KVE_API kve_session_params kve_session_get_params(const kve_session *s);   /* n_ctx, n_threads resolved */
+
+/* Called with prefill progress: rows done of total (done == total at the end). */
+typedef void (*kve_progress_fn)(void *user, int64_t done, int64_t total);
+
+typedef struct {
+    int32_t max_tokens;        /* tokens to generate at most (default 128); < 0: until another
+                                * stop; 0: prefill only */
+    float temperature;         /* <= 0: greedy (default 0.8) */
+    int32_t top_k;             /* 0: all (default 40) */
+    float top_p;               /* (0, 1], 1: all (default 0.95) */
+    float min_p;               /* [0, 1], 0: off (default) */
+    float repeat_penalty;      /* > 0; 1: off (default) */
+    int32_t repeat_last_n;     /* its window in tokens, prompt included; -1: all (default 64) */
+    float presence_penalty;    /* OpenAI's, [-2, 2] (default 0) */
+    float frequency_penalty;   /* OpenAI's, [-2, 2] (default 0) */
+    uint64_t random_state;     /* the sampling stream (default 1) */
+    const char *const *stops;  /* [n_stops] stop strings, at most KVE_MAX_STOPS, none empty */
+    int32_t n_stops;
+    const kve_grammar *grammar; /* the reply is a document of it, or NULL (default) */
+    int32_t reserve;           /* positions kept free after the reply, for an end-of-turn marker
+                                * fed after it (kve_session_feed); default 0 */
+    int32_t context_shift;     /* 1: a full context keeps its first n_keep positions, drops half
+                                * of the rest and goes on; 0: a full context stops (default) */
+    int32_t n_keep;            /* positions a shift keeps (the system prompt); fewer than 4
+                                * count as 4 */
+    int32_t draft_lookup;      /* N in 1 .. KVE_MAX_DRAFT: prompt-lookup speculative decoding,
+                                * up to N tokens proposed from the prompt and output, verified in
+                                * one pass; the same tokens as without it. 0: off (default) */
+    int (*on_token)(void *user, int32_t token);                  /* each token, before its text;
+                                                                  * nonzero stops (KVE_STOP_CANCEL) */
+    int (*on_text)(void *user, const char *text, size_t len);    /* text as it is safe to show (the
+                                                                  * text rules above); nonzero stops */
+    void *user;
+    kve_progress_fn on_progress;   /* prefill progress, or NULL */
+    void *progress_user;
+} kve_generate_params;
+
+/* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
+ * penalties (repeat window 64), random_state 1, no stops, no grammar, no
+ * reserve, no shift, no drafts, no callbacks. */
+KVE_API kve_generate_params kve_generate_default_params(void);
+
+typedef struct {
+    kve_stop_reason stop;
+    int status;                     /* KVE_OK, or the error behind KVE_STOP_ERROR */
+    int32_t n_prompt;               /* prompt tokens given */
+    int32_t n_reused;               /* of those, already in the cache (not prefilled) */
+    int32_t n_generated;            /* tokens generated (an end-of-turn token not counted) */
+    int32_t eog_token;              /* with KVE_STOP_EOG: that token (not in the sequence); else -1 */
+    double t_prefill, t_decode;     /* seconds */
+    int32_t n_shifts, n_discarded;  /* context shifts made, and the positions they dropped */
+    int32_t n_passes;               /* forward passes while decoding */
+    int32_t n_drafted, n_accepted;  /* draft tokens verified, and of those accepted */
+    char message[192];              /* with KVE_STOP_ERROR or KVE_STOP_CONTEXT: what happened */
+} kve_generate_result;
+
+/* Makes the sequence hold tokens[0..n) (n >= 1), then generates after them
+ * until a stop, which *res reports: the longest common prefix with what the
+ * sequence held is kept (not prefilled again), the rest prefilled. The
+ * sequence then holds the prompt and every generated token; the cache holds
+ * all of them but perhaps the last (fed by the next generate or feed).
+ * Returns res->status: KVE_OK for every stop but KVE_STOP_ERROR; or, nothing
+ * changed: KV_ERR_CAPACITY (a prompt that leaves no room to generate, stop
+ * KVE_STOP_CONTEXT, res->message says the numbers), KVE_ERR_TOKEN or
+ * KVE_ERR_PARAM (stop KVE_STOP_ERROR, res->message says which setting); or
+ * the failure behind KVE_STOP_ERROR (KVE_ERR_NONFINITE: nothing was sampled
+ * from the bad logits), the sequence then holding the prompt and the tokens
+ * made before the failure. */
+KVE_API int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t n, const kve_generate_params *p,
+                                 kve_generate_result *res);
+/* Appends tokens[0..n) through the model without sampling (an end-of-turn
+ * marker after a reply). All or nothing: KVE_OK, KV_ERR_CAPACITY (no room),
+ * KVE_ERR_TOKEN, KVE_ERR_NULL. */
+KVE_API int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n);
+/* A context shift now: keeps the first n_keep cached positions and drops
+ * after them half of the rest, or n_min if that is more (what the next
+ * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK;
+ * KVE_ERR_PARAM (n_keep past what the cache holds, n_min past what follows
+ * it), KVE_ERR_NULL, or the cache's error, each with nothing changed. */
+KVE_API int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped);
+/* Forgets everything: the sequence is empty. */
+KVE_API void kve_session_reset(kve_session *s);
+/* The tokens the sequence holds, [*n] (valid until the next call on s). */
+KVE_API const int32_t *kve_session_tokens(const kve_session *s, int32_t *n);
+/* Of those, the ones in the cache. */
+KVE_API int32_t kve_session_n_cached(const kve_session *s);
+/* Writes the cached tokens and their K/V to path. KVE_OK, or KV_ERR_IO with
+ * err saying why (nothing changed in s). */
+KVE_API int kve_session_save(const kve_session *s, const char *path, char *err, size_t errlen);
+/* Empties s, then restores from path the longest common prefix of the
+ * file's tokens and prompt[0..n) (at most n - 1: one token is left to
+ * prefill for its logits); *n_restored positions. KVE_OK, or KV_ERR_IO with
+ * err saying why (missing, corrupt, another model or K/V type, nothing in
+ * common): s is then empty and usable. */
+KVE_API int kve_session_load(kve_session *s, const char *path, const int32_t *prompt, int32_t n, int32_t *n_restored,
+                             char *err, size_t errlen);
+/* The cache's occupancy, all layers together. */
+KVE_API kv_cache_stats kve_session_cache_stats(const kve_session *s);
+/* Cache group g (0 ..): models with sliding-window layers (Gemma 3) keep one
+ * cache per window size. Its layers, window (0: full attention) and
+ * occupancy; KVE_OK, or KVE_ERR_PARAM past the last group (nothing written). */
+KVE_API int kve_session_cache_group(const kve_session *s, int32_t g, int32_t *n_layers, int32_t *window,
+                                    kv_cache_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -222,3 +222,183 @@ TEST(kvengine_refusals_name_the_problem_and_queue_nothing) {
     kve_model_free(m);
     fx_free(&fx);
 }
+
+/* ---------------------------------------------------------------- sessions */
+
+static int open_session(fx_model *fx, kve_model **m, kve_session **s) {
+    if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 41}, fx)) return -1;
+    char err[256];
+    if (kve_model_load(fx->path, m, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "load: %s", err);
+        fx_free(fx);
+        return -1;
+    }
+    kve_session_params sp = kve_session_default_params();
+    sp.n_ctx = 128, sp.n_threads = 1;
+    if (kve_session_create(*m, &sp, s, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "session: %s", err);
+        kve_model_free(*m);
+        fx_free(fx);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    int32_t tokens[64];
+    int32_t n;
+} token_log;
+
+static int log_token(void *user, int32_t token) {
+    token_log *l = user;
+    if (l->n < 64) l->tokens[l->n++] = token;
+    return 0;
+}
+
+/* A session's turns each give the plain loop's greedy tokens over the whole
+ * conversation, prefilling only what is new; a saved session restores. */
+TEST(kvengine_session_turns_equal_a_plain_decode_loop_and_reuse_the_cache) {
+    fx_model fx;
+    kve_model *m;
+    kve_session *s;
+    if (open_session(&fx, &m, &s)) return;
+    int32_t conv[128], n_conv = 8, want[N_GEN];
+    test_rng g = {99};
+    conv[0] = 1;
+    for (int i = 1; i < 8; i++) conv[i] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+    kve_generate_params gp = kve_generate_default_params();
+    gp.temperature = 0, gp.max_tokens = N_GEN, gp.on_token = log_token;
+    for (int turn = 0; turn < 2; turn++) {
+        int32_t n_want = plain_greedy(&fx, conv, n_conv, N_GEN, want);
+        token_log log = {.n = 0};
+        gp.user = &log;
+        kve_generate_result res;
+        int32_t held, cached = kve_session_n_cached(s);
+        CHECK_EQ_INT(kve_session_generate(s, conv, n_conv, &gp, &res), KVE_OK);
+        CHECK_EQ_INT(res.n_prompt, n_conv);
+        CHECK_EQ_INT(res.n_reused, cached);   /* what the cache held is not prefilled again */
+        CHECK(turn == 0 || cached >= n_conv - 4);
+        CHECK_EQ_INT(res.n_generated, n_want);
+        CHECK_EQ_INT(log.n, n_want);
+        CHECK(!memcmp(log.tokens, want, sizeof(int32_t) * (size_t)(log.n < n_want ? log.n : n_want)));
+        CHECK(res.stop == (n_want < N_GEN ? KVE_STOP_EOG : KVE_STOP_LENGTH));
+        const int32_t *t = kve_session_tokens(s, &held);
+        CHECK_EQ_INT(held, n_conv + res.n_generated);
+        /* the next turn: what the session holds and three more tokens */
+        memcpy(conv, t, sizeof(int32_t) * (size_t)held);
+        n_conv = held;
+        for (int i = 0; i < 3; i++) conv[n_conv++] = FX_BYTE0 + 7 * i + turn;
+    }
+    /* save, then restore into a fresh session: all but the last prompt token come from the file */
+    char path[300], err[256];
+    snprintf(path, sizeof path, "%s.session", fx.path);
+    int32_t held;
+    kve_session_tokens(s, &held);   /* the three new tokens after what it holds */
+    CHECK_EQ_INT(kve_session_feed(s, conv + held, n_conv - held), KVE_OK);
+    CHECK_EQ_INT(kve_session_n_cached(s), n_conv);
+    CHECK_EQ_INT(kve_session_save(s, path, err, sizeof err), KVE_OK);
+    kve_session_reset(s);
+    int32_t n0;
+    kve_session_tokens(s, &n0);
+    CHECK_EQ_INT(n0, 0);
+    int32_t restored;
+    CHECK_EQ_INT(kve_session_load(s, path, conv, n_conv, &restored, err, sizeof err), KVE_OK);
+    CHECK_EQ_INT(restored, n_conv - 1);
+    int32_t n_want = plain_greedy(&fx, conv, n_conv, N_GEN, want);
+    token_log log = {.n = 0};
+    gp.user = &log;
+    kve_generate_result res;
+    CHECK_EQ_INT(kve_session_generate(s, conv, n_conv, &gp, &res), KVE_OK);
+    CHECK_EQ_INT(res.n_reused, n_conv - 1);
+    CHECK_EQ_INT(log.n, n_want);
+    CHECK(!memcmp(log.tokens, want, sizeof(int32_t) * (size_t)(log.n < n_want ? log.n : n_want)));
+    /* a shift drops at least what is asked after the kept positions */
+    int32_t before = kve_session_n_cached(s), dropped;
+    CHECK_EQ_INT(kve_session_shift(s, 4, before - 4, &dropped), KVE_OK);
+    CHECK_EQ_INT(dropped, before - 4);
+    CHECK_EQ_INT(kve_session_n_cached(s), 4);
+    remove(path);
+    kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+TEST(kvengine_session_refusals_name_the_problem_and_change_nothing) {
+    fx_model fx;
+    kve_model *m;
+    kve_session *s;
+    if (open_session(&fx, &m, &s)) return;
+    char err[256];
+    kve_session *bad_s = (kve_session *)&err;   /* must come back NULL */
+    kve_session_params sp = kve_session_default_params();
+    sp.n_batch = 0;
+    CHECK_EQ_INT(kve_session_create(m, &sp, &bad_s, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(bad_s == NULL && strstr(err, "batch") != NULL);
+    sp = kve_session_default_params();
+    sp.act_bits = 5;
+    CHECK_EQ_INT(kve_session_create(m, &sp, &bad_s, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "activation") != NULL);
+    CHECK(kve_session_get_params(s).n_ctx == 128 && kve_session_get_params(s).n_threads == 1);
+    /* a first turn to hold something */
+    int32_t toks[6] = {1, FX_BYTE0 + 3, FX_BYTE0 + 9, FX_BYTE0 + 4, FX_BYTE0 + 1, FX_BYTE0 + 5};
+    kve_generate_params gp = kve_generate_default_params();
+    gp.temperature = 0, gp.max_tokens = 4;
+    kve_generate_result res;
+    CHECK_EQ_INT(kve_session_generate(s, toks, 6, &gp, &res), KVE_OK);
+    int32_t held, held2;
+    kve_session_tokens(s, &held);
+    int32_t cached = kve_session_n_cached(s);
+    gp.top_p = 0;   /* bad sampling */
+    CHECK_EQ_INT(kve_session_generate(s, toks, 6, &gp, &res), KVE_ERR_PARAM);
+    CHECK_EQ_INT(res.status, KVE_ERR_PARAM);
+    gp.top_p = 1;
+    int32_t badtok[2] = {1, FX_VOCAB + 2};
+    CHECK_EQ_INT(kve_session_generate(s, badtok, 2, &gp, &res), KVE_ERR_TOKEN);
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = FX_BYTE0 + i % 50;
+    CHECK_EQ_INT(kve_session_generate(s, longp, 200, &gp, &res), KV_ERR_CAPACITY);
+    CHECK(res.stop == KVE_STOP_CONTEXT && res.message[0]);
+    CHECK_EQ_INT(kve_session_feed(s, badtok, 2), KVE_ERR_TOKEN);
+    int32_t dropped = 7;
+    CHECK_EQ_INT(kve_session_shift(s, cached + 1, 0, &dropped), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_shift(s, 4, cached, &dropped), KVE_ERR_PARAM);
+    CHECK_EQ_INT(dropped, 0);
+    kve_session_tokens(s, &held2);
+    CHECK_EQ_INT(held2, held);   /* every refusal left the conversation as it was */
+    CHECK_EQ_INT(kve_session_n_cached(s), cached);
+    /* session files: a missing one or garbage is refused, the session empty and usable */
+    int32_t restored = 9;
+    CHECK_EQ_INT(kve_session_load(s, "/nonexistent/kvcache.session", toks, 6, &restored, err, sizeof err),
+                 KV_ERR_IO);
+    CHECK(restored == 0 && err[0]);
+    CHECK_EQ_INT(kve_session_n_cached(s), 0);
+    CHECK_EQ_INT(kve_session_save(s, "/nonexistent/dir/x.session", err, sizeof err), KV_ERR_IO);
+    CHECK_EQ_INT(kve_session_generate(s, toks, 6, &gp, &res), KVE_OK);
+    /* cache groups: one here */
+    int32_t nl, w;
+    kv_cache_stats st;
+    CHECK_EQ_INT(kve_session_cache_group(s, 0, &nl, &w, &st), KVE_OK);
+    CHECK(nl >= 1 && w == 0 && st.bytes_in_use > 0);
+    CHECK(kve_session_cache_stats(s).bytes_in_use == st.bytes_in_use);
+    CHECK_EQ_INT(kve_session_cache_group(s, 1, &nl, &w, &st), KVE_ERR_PARAM);
+    /* grammars, pieces, chat tokens */
+    kve_grammar *gr = (kve_grammar *)&err;
+    CHECK_EQ_INT(kve_grammar_parse(m, "root ::= = x", 12, 0, &gr, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(gr == NULL && strstr(err, "line 1") != NULL);
+    CHECK_EQ_INT(kve_grammar_parse(m, "{\"type\": 5}", 11, 1, &gr, err, sizeof err), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_grammar_parse(m, "root ::= \"ab\"", 13, 0, &gr, err, sizeof err), KVE_OK);
+    kve_grammar_free(gr);
+    size_t plen = 5;
+    CHECK(kve_token_piece(m, FX_VOCAB + 1, &plen) == NULL && plen == 0);
+    CHECK(kve_token_piece(m, FX_BYTE0 + 65, &plen) != NULL && plen >= 1);
+    kve_chat_message msg = {"user", "hi"};
+    int32_t n_ids;
+    if (!kve_model_has_chat_template(m)) {
+        CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 0, 1, 1, -1, NULL, 0, &n_ids), KVE_ERR_TEMPLATE);
+        CHECK(!strcmp(kve_chat_turn_end(m), ""));
+    }
+    CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 2, 1, 1, -1, NULL, 0, &n_ids), KVE_ERR_PARAM);
+    kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}

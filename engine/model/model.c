@@ -484,7 +484,6 @@ void llm_model_free(llm_model *m) {
 const llm_hparams *llm_model_hparams(const llm_model *m) { return &m->hp; }
 const llm_tokenizer *llm_model_tokenizer(const llm_model *m) { return m->tok; }
 const llm_chat_format *llm_model_chat(const llm_model *m) { return &m->chat; }
-int llm_model_set_chat_thinking(llm_model *m, int enable) { return llm_chat_set_thinking(&m->chat, enable); }
 const char *llm_model_name(const llm_model *m) { return m->name; }
 const char *llm_model_arch(const llm_model *m) { return m->arch->name; }
 uint64_t llm_model_weight_bytes(const llm_model *m) { return m->weight_bytes; }

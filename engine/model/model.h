@@ -75,9 +75,6 @@ int llm_hparams_read(const llm_gguf *g, llm_hparams *hp, char *err, size_t errle
 const llm_hparams *llm_model_hparams(const llm_model *m);
 const llm_tokenizer *llm_model_tokenizer(const llm_model *m);
 const llm_chat_format *llm_model_chat(const llm_model *m); /* kind LLM_CHAT_UNKNOWN: none known */
-/* llm_chat_set_thinking on the model's own format, for a program that renders
- * every prompt one way (the CLI); a server sets it on a copy per request. */
-int llm_model_set_chat_thinking(llm_model *m, int enable);
 const char *llm_model_name(const llm_model *m);            /* general.name, or the file name */
 const char *llm_model_arch(const llm_model *m);            /* general.architecture, e.g. "llama" */
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */

@@ -16,7 +16,7 @@ import ctypes.util
 import os
 import threading
 
-from ._ffi import P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
+from ._ffi import CacheStats, P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
 
 LIB_NAME = "libkvengine.so"
 
@@ -59,8 +59,40 @@ class Output(ctypes.Structure):
     ]
 
 
+class SessionParams(ctypes.Structure):
+    _fields_ = [("n_ctx", c_int32), ("n_threads", c_int32), ("n_batch", c_int32), ("kv_type", c_int),
+                ("act_bits", c_int32), ("no_window", c_int32)]
+
+
+TOKEN_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int32)
+TEXT_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+class GenerateParams(ctypes.Structure):
+    _fields_ = [
+        ("max_tokens", c_int32), ("temperature", c_float), ("top_k", c_int32), ("top_p", c_float),
+        ("min_p", c_float), ("repeat_penalty", c_float), ("repeat_last_n", c_int32),
+        ("presence_penalty", c_float), ("frequency_penalty", c_float), ("random_state", c_uint64),
+        ("stops", ctypes.POINTER(c_char_p)), ("n_stops", c_int32), ("grammar", c_void_p),
+        ("reserve", c_int32), ("context_shift", c_int32), ("n_keep", c_int32), ("draft_lookup", c_int32),
+        ("on_token", c_void_p), ("on_text", c_void_p), ("user", c_void_p),
+        ("on_progress", c_void_p), ("progress_user", c_void_p),
+    ]
+
+
+class GenerateResult(ctypes.Structure):
+    _fields_ = [
+        ("stop", c_int), ("status", c_int), ("n_prompt", c_int32), ("n_reused", c_int32),
+        ("n_generated", c_int32), ("eog_token", c_int32), ("t_prefill", ctypes.c_double),
+        ("t_decode", ctypes.c_double), ("n_shifts", c_int32), ("n_discarded", c_int32), ("n_passes", c_int32),
+        ("n_drafted", c_int32), ("n_accepted", c_int32), ("message", ctypes.c_char * 192),
+    ]
+
+
 STRUCTS = {"kve_context_params": ContextParams, "kve_chat_message": ChatMessage, "kve_event": Event,
-           "kve_request_params": RequestParams, "kve_output": Output}
+           "kve_request_params": RequestParams, "kve_output": Output, "kve_session_params": SessionParams,
+           "kve_generate_params": GenerateParams, "kve_generate_result": GenerateResult}
 
 PP = ctypes.POINTER(c_void_p)
 # name: (restype, argtypes), in the header's order
@@ -79,6 +111,12 @@ PROTOTYPES = {
                                ctypes.POINTER(c_size_t)]),
     "kve_chat_apply_ex": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int, c_int, c_char_p, c_size_t,
                                   ctypes.POINTER(c_size_t)]),
+    "kve_chat_tokenize": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int32, c_int, c_int, c_int,
+                                  P_int32, c_int32, P_int32]),
+    "kve_chat_turn_end": (c_char_p, [c_void_p]),
+    "kve_token_piece": (c_void_p, [c_void_p, c_int32, ctypes.POINTER(c_size_t)]),
+    "kve_grammar_parse": (c_int, [c_void_p, c_char_p, c_size_t, c_int, PP, c_char_p, c_size_t]),
+    "kve_grammar_free": (None, [c_void_p]),
     "kve_context_default_params": (ContextParams, []),
     "kve_context_create": (c_int, [c_void_p, ctypes.POINTER(ContextParams), PP, c_char_p, c_size_t]),
     "kve_context_free": (None, [c_void_p]),
@@ -88,6 +126,22 @@ PROTOTYPES = {
     "kve_request_poll": (c_int, [c_void_p, c_int, ctypes.POINTER(Output)]),
     "kve_request_cancel": (None, [c_void_p]),
     "kve_request_free": (None, [c_void_p]),
+    "kve_session_default_params": (SessionParams, []),
+    "kve_session_create": (c_int, [c_void_p, ctypes.POINTER(SessionParams), PP, c_char_p, c_size_t]),
+    "kve_session_free": (None, [c_void_p]),
+    "kve_session_get_params": (SessionParams, [c_void_p]),
+    "kve_generate_default_params": (GenerateParams, []),
+    "kve_session_generate": (c_int, [c_void_p, P_int32, c_int32, ctypes.POINTER(GenerateParams),
+                                     ctypes.POINTER(GenerateResult)]),
+    "kve_session_feed": (c_int, [c_void_p, P_int32, c_int32]),
+    "kve_session_shift": (c_int, [c_void_p, c_int32, c_int32, P_int32]),
+    "kve_session_reset": (None, [c_void_p]),
+    "kve_session_tokens": (P_int32, [c_void_p, P_int32]),
+    "kve_session_n_cached": (c_int32, [c_void_p]),
+    "kve_session_save": (c_int, [c_void_p, c_char_p, c_char_p, c_size_t]),
+    "kve_session_load": (c_int, [c_void_p, c_char_p, P_int32, c_int32, P_int32, c_char_p, c_size_t]),
+    "kve_session_cache_stats": (CacheStats, [c_void_p]),
+    "kve_session_cache_group": (c_int, [c_void_p, c_int32, P_int32, P_int32, ctypes.POINTER(CacheStats)]),
 }
 
 STOP_NAMES = ["none", "eog", "string", "length", "context", "cancel", "error"]

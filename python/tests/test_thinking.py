@@ -52,6 +52,28 @@ def test_chat_with_the_switch_is_the_rendered_prompt(qwen3):
         assert r["usage"]["prompt_tokens"] == len(ids)
 
 
+def chat_tokens(m, thinking, n_prev=0, add_bos=1):
+    """kve_chat_tokenize's ids for MSGS (the assistant's turn opened)."""
+    import ctypes
+    arr, _keep = m._messages(MSGS)
+    buf, n = m._sized(m._lib.kve_chat_tokenize, "kve_chat_tokenize", m._model, arr, len(MSGS), n_prev, 1, add_bos,
+                      thinking, ctype=ctypes.c_int32)
+    return list(buf[:n])
+
+
+def test_chat_tokenize_takes_the_switch_as_the_template(qwen3):
+    m, render = qwen3
+    for thinking, kw in ((-1, {}), (1, {"enable_thinking": True}), (0, {"enable_thinking": False})):
+        assert chat_tokens(m, thinking) == m.tokenize(render(**kw), add_special=True, special=True), kw
+    # after the system message the cache holds: the rest, the switch included
+    rest = render(enable_thinking=False).split("<|im_end|>", 1)[1]
+    assert chat_tokens(m, 0, n_prev=1, add_bos=0) == m.tokenize(rest, add_special=False, special=True)
+    import kvcache
+    with pytest.raises(kvcache.EngineError) as e:   # -1, 0 or 1
+        chat_tokens(m, 2)
+    assert e.value.status == -101   # KVE_ERR_PARAM
+
+
 def test_bad_values_and_a_template_without_the_switch(qwen3):
     import kvcache
     m, _ = qwen3
@@ -71,3 +93,8 @@ def test_bad_values_and_a_template_without_the_switch(qwen3):
             with pytest.raises(kvcache.EngineError, match="no thinking switch"):
                 s.chat(MSGS, max_tokens=2, enable_thinking=v)
         assert s.apply_chat_template(MSGS) == s.apply_chat_template(MSGS, enable_thinking=None)
+        for v in (0, 1):
+            with pytest.raises(kvcache.EngineError) as e:
+                chat_tokens(s, v)
+            assert e.value.status == -301   # KVE_ERR_TEMPLATE
+        assert chat_tokens(s, -1) == s.tokenize(s.apply_chat_template(MSGS), add_special=True, special=True)
