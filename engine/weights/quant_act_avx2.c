@@ -38,13 +38,6 @@ static inline __m256i lanes_below(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0; Q4_K's bytes per 32 elements */
-static inline int64_t block32_bytes(const int type) {
-    return type == LLM_TYPE_Q4_K ? (int64_t)sizeof(llm_block_q4_k) / 8
-         : type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
-         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
-         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
-}
 
 /* The 32 quants of a Q4_0, Q4_1, Q5_0 or Q8_0 block as the integer vectors
  * the products take: with W16 as int16 (elements 0..15 in *w0, 16..31 in
@@ -92,7 +85,7 @@ wbytes(const int type, const uint8_t *row, int64_t b, __m256i *sc16) {
     switch (type) {
     case LLM_TYPE_Q4_0: case LLM_TYPE_Q4_1: case LLM_TYPE_Q5_0: case LLM_TYPE_Q8_0: {
         __m256i v, unused;
-        block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 0, &v, &unused);
+        block32_quants(type, row + b * llm_packed_block_bytes(type) + llm_packed_head(type), 0, &v, &unused);
         return v;
     }
     case LLM_TYPE_Q4_K: case LLM_TYPE_Q5_K: {
@@ -192,7 +185,7 @@ static inline int words_direct(const int type) {
 static inline __attribute__((always_inline)) int
 wwords(const int type, const uint8_t *row, int64_t b, __m256i *lo, __m256i *hi) {
     if (!words_direct(type)) return 0;
-    block32_quants(type, row + b * block32_bytes(type) + llm_packed_head(type), 1, lo, hi);
+    block32_quants(type, row + b * llm_packed_block_bytes(type) + llm_packed_head(type), 1, lo, hi);
     return 1;
 }
 
@@ -216,7 +209,7 @@ static inline void plain_scales(const int type, const uint8_t *row, int64_t b, f
         *wb = -(half_at(sb + offsetof(llm_block_q4_k, dmin)) * (float)mn);
         return;
     }
-    const uint8_t *p = row + b * block32_bytes(type);
+    const uint8_t *p = row + b * llm_packed_block_bytes(type);
     *wa = half_at(p);
     *wb = type == LLM_TYPE_Q4_1 ? half_at(p + offsetof(llm_block_q4_1, m)) : 0.0f;
 }
@@ -253,7 +246,7 @@ chunk_scales(const int type, const uint8_t *row, int64_t b0, int nv, __m256 *wa,
         *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
         return;
     }
-    const int bb = (int)block32_bytes(type);
+    const int bb = (int)llm_packed_block_bytes(type);
     const uint8_t *p = row + b0 * bb;
     __m256i g;
     if (nv == 8) {
@@ -570,7 +563,7 @@ enum { PF_AHEAD = 3072 };
 static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
                                                               const llm_act_row *x, const int NT, float *out,
                                                               const int W16) {
-    const int64_t bb = block32_bytes(type);
+    const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     __m256 acc[LANE_ROWS][8];   /* [X row][b % 8], a lane per weight row: the reference's lane sums */
     UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
@@ -695,7 +688,7 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, _
  * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead). */
 static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
-    const int64_t bb = block32_bytes(type);
+    const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = llm_packed_block(type, grp, b);
     if (llm_packed_lanes(type)) {

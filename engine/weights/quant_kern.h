@@ -133,11 +133,19 @@ enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, L
 static inline int llm_packed_lanes(int type) {
     return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K;
 }
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0; Q4_K's bytes per 32
+ * elements (inline: the kernels take it per block) */
+static inline int64_t llm_packed_block_bytes(int type) {
+    return type == LLM_TYPE_Q4_K ? (int64_t)sizeof(llm_block_q4_k) / 8
+         : type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
+         : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
+         : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
+}
 /* Where block b (of 32 elements) of a packed group begins: its packed
  * block, or for Q4_K its super-block */
 static inline const uint8_t *llm_packed_block(int type, const uint8_t *grp, int64_t b) {
     if (type == LLM_TYPE_Q4_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q4_k);
-    return grp + b * 8 * llm_type_block_bytes(type);
+    return grp + b * 8 * llm_packed_block_bytes(type);
 }
 /* Block b's quants in lanes (llm_packed_lanes types) */
 static inline const uint8_t *llm_packed_lane_quants(int type, const uint8_t *grp, int64_t b) {
