@@ -234,8 +234,8 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
         double span = w && (double)w < at ? (double)w : at;
         kv += (double)kv_cache_get_stats(llm_context_cache_at(b->c, g)).bytes_per_token * span;
     }
-    uint64_t packed = llm_model_packed_bytes(b->m);
-    double floor_mb = ((double)(packed ? packed : llm_model_weight_bytes(b->m)) + kv) / 1e6;
+    const uint64_t streamed = llm_model_streamed_bytes(b->m);
+    double floor_mb = ((double)streamed + kv) / 1e6;
     double floor_tps = n_gen && b->read_gbs > 0 ? b->read_gbs * 1e3 / floor_mb : 0;
     const llm_context_params cp = llm_context_get_params(b->c);
     if (b->json) {
@@ -243,14 +243,15 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
         printf("{\"model\": ");
         json_str(llm_model_name(b->m));
         printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"reps\": %lld, \"kernels\": \"%s\", "
-               "\"act_bits\": %d, \"packed_bytes\": %llu, \"%s_tokens\": %lld, \"%s_tps\": %.3f, "
-               "\"%s_tps_stdev\": %.3f",
+               "\"act_bits\": %d, \"packed_bytes\": %llu, \"streamed_bytes\": %llu, \"%s_tokens\": %lld, "
+               "\"%s_tps\": %.3f, \"%s_tps_stdev\": %.3f",
                (int)cp.n_threads, (long long)depth, kv_dtype_name(cp.kv_type), (long long)b->reps,
-               llm_quant_kernels(), (int)cp.act_bits, (unsigned long long)llm_model_packed_bytes(b->m), k,
+               llm_quant_kernels(), (int)cp.act_bits, (unsigned long long)llm_model_packed_bytes(b->m),
+               (unsigned long long)streamed, k,
                (long long)(n_prompt ? n_prompt : n_gen), k, mean, k, sd);
         if (n_gen) {
             /* a floor ratio above 1 is possible when the weights stay in the last-level cache */
-            const uint64_t llc = llc_bytes(), weights = packed ? packed : llm_model_weight_bytes(b->m);
+            const uint64_t llc = llc_bytes(), weights = streamed;
             printf(", \"bytes_per_token\": %.0f, \"read_gbs\": %.2f, \"floor_tps\": %.2f, \"floor_ratio\": %.3f, "
                    "\"llc_bytes\": %llu, \"weights_fit_llc\": %s, \"kv_bytes_in_use\": [",
                    floor_mb * 1e6, b->read_gbs, floor_tps, floor_tps > 0 ? mean / floor_tps : 0,
@@ -352,16 +353,15 @@ int cmd_bench_model(int argc, char **argv) {
         fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
         rc = 1;
     } else if (!json && b.read_gbs > 0) {
-        uint64_t packed = llm_model_packed_bytes(b.m);
-        printf("  floor: the weights the products stream (%.1f MB%s) + each layer group's K/V at the row's\n"
-               "  mean depth (a window group's at most its window), read once per token at the %.1f GB/s\n"
-               "  read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
-               (double)(packed ? packed : llm_model_weight_bytes(b.m)) / 1e6, packed ? ", packed" : "",
-               b.read_gbs, (int)cp.n_threads);
+        const uint64_t streamed = llm_model_streamed_bytes(b.m);
+        printf("  floor: the weights the products stream (%.1f MB, packed where they are) + each layer group's\n"
+               "  K/V at the row's mean depth (a window group's at most its window), read once per token at\n"
+               "  the %.1f GB/s read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
+               (double)streamed / 1e6, b.read_gbs, (int)cp.n_threads);
         const uint64_t llc = llc_bytes();
         if (llc)
             printf("  the last-level cache holds %.1f MiB: the weights %s (a ratio above 1 means they are read from it)\n",
-                   (double)llc / (1 << 20), (packed ? packed : llm_model_weight_bytes(b.m)) <= llc ? "fit in it" : "do not fit");
+                   (double)llc / (1 << 20), streamed <= llc ? "fit in it" : "do not fit");
     }
     llm_session_free(b.s);
     free(toks), free(b.x);

@@ -379,19 +379,35 @@ int llm_model_load(const char *path, llm_model **out, char *err, size_t errlen) 
  * llm_pack_rows), the form integer-activation products read fastest, in one
  * allocation instead of the mapped pages. Unless KVCACHE_PACK=0; without
  * the memory the products read the mapped rows, with the same results. */
+enum { PER_LAYER = 7 };
+
+/* The matrices every token's forward pass multiplies, [n_layers * PER_LAYER + 1]:
+ * each layer's projections, then the output (slots a layer lacks: no rows) */
+static llm_matrix *product_matrix(llm_model *m, size_t i) {
+    if (i == (size_t)m->hp.n_layers * PER_LAYER) return &m->output;
+    llm_layer_weights *w = &m->layers[i / PER_LAYER];
+    llm_matrix *mine[PER_LAYER] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    return mine[i % PER_LAYER];
+}
+
+uint64_t llm_model_streamed_bytes(const llm_model *m) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i <= (size_t)m->hp.n_layers * PER_LAYER; i++) {
+        const llm_matrix *w = product_matrix((llm_model *)m, i);
+        if (w->rows > 0)
+            bytes += w->packed ? (uint64_t)llm_packed_bytes(w->type, w->rows, w->cols)
+                               : (uint64_t)w->rows * (uint64_t)llm_row_bytes(w->type, w->cols);
+    }
+    return bytes;
+}
+
 static void pack_weights(llm_model *m) {
     const char *env = getenv("KVCACHE_PACK");
     if (env && !strcmp(env, "0")) return;
-    enum { PER_LAYER = 7 };
     size_t n = (size_t)m->hp.n_layers * PER_LAYER + 1;
     llm_matrix **all = malloc(n * sizeof *all);
     if (!all) return;
-    for (int32_t l = 0; l < m->hp.n_layers; l++) {
-        llm_layer_weights *w = &m->layers[l];
-        llm_matrix *mine[PER_LAYER] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        memcpy(all + (size_t)l * PER_LAYER, mine, sizeof mine);
-    }
-    all[n - 1] = &m->output;
+    for (size_t i = 0; i < n; i++) all[i] = product_matrix(m, i);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) bytes += (uint64_t)llm_packed_bytes(all[i]->type, all[i]->rows, all[i]->cols);
     /* in 2 MiB pages where the kernel gives them (transparent huge pages on

@@ -80,6 +80,10 @@ const char *llm_model_arch(const llm_model *m);            /* general.architectu
 uint64_t llm_model_weight_bytes(const llm_model *m);       /* bytes of every tensor in the file */
 /* bytes of the weights' packed copy (quant.h, llm_pack_rows; KVCACHE_PACK=0: none) */
 uint64_t llm_model_packed_bytes(const llm_model *m);
+/* bytes a token's products stream: every layer's projections and the output,
+ * each in its packed copy if it has one, else as the file has it (the token
+ * embeddings, read a row at a time, and the norms are not counted) */
+uint64_t llm_model_streamed_bytes(const llm_model *m);
 int32_t llm_model_n_vocab(const llm_model *m);
 /* The layer groups: layers that share a sliding window share one cache, and
  * a context makes one cache per group, in this order (llm_context_cache_at).
