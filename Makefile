@@ -204,7 +204,8 @@ test-server-asan: deps $(MODEL) $(PY_DEPS)
 	    KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q -p no:cacheprovider tests/server \
 	    -k "$(SERVER_ASAN_TESTS)"
 
-# The Python thread tests and the C concurrent-call tests under ThreadSanitizer
+# The Python thread tests, the C concurrent-call tests and the disk tier's
+# reader and writer threads beside the scheduler under ThreadSanitizer
 # (gcc's: its runtime can be preloaded into a Python that was not built with it,
 # clang 14's faults when preloaded), then the Python thread tests once more
 # under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
@@ -229,6 +230,7 @@ test-threads: deps $(PY_DEPS)
 	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests thread_count
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests tier_scheduler
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" LD_PRELOAD=$$(gcc -print-file-name=libtsan.so) \
 	    KVCACHE_LIB=$(abspath build-tsan)/libkvcache.so $(PY_THREAD_TESTS)
 	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/libkvcache.so
