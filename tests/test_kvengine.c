@@ -72,7 +72,8 @@ static int32_t drain(kve_request *r, int32_t *out, int32_t cap, kve_output *o, s
     }
 }
 
-static int open_engine(fx_model *fx, kve_model **m, kve_context **c, int32_t n_seqs) {
+/* The tiny Q8_0 model every test here runs, written and loaded */
+static int load_fixture(fx_model *fx, kve_model **m) {
     if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 41}, fx)) return -1;
     char err[256];
     if (kve_model_load(fx->path, m, err, sizeof err) != KVE_OK) {
@@ -80,6 +81,12 @@ static int open_engine(fx_model *fx, kve_model **m, kve_context **c, int32_t n_s
         fx_free(fx);
         return -1;
     }
+    return 0;
+}
+
+static int open_engine(fx_model *fx, kve_model **m, kve_context **c, int32_t n_seqs) {
+    if (load_fixture(fx, m)) return -1;
+    char err[256];
     kve_context_params cp = kve_context_default_params();
     cp.n_ctx = 128, cp.n_seqs = n_seqs, cp.n_threads = 1;
     if (kve_context_create(*m, &cp, c, err, sizeof err) != KVE_OK) {
@@ -226,13 +233,8 @@ TEST(kvengine_refusals_name_the_problem_and_queue_nothing) {
 /* ---------------------------------------------------------------- sessions */
 
 static int open_session(fx_model *fx, kve_model **m, kve_session **s) {
-    if (fx_build(&(fx_spec){.type = GW_Q8_0, .seed = 41}, fx)) return -1;
+    if (load_fixture(fx, m)) return -1;
     char err[256];
-    if (kve_model_load(fx->path, m, err, sizeof err) != KVE_OK) {
-        test_fail(__FILE__, __LINE__, "load: %s", err);
-        fx_free(fx);
-        return -1;
-    }
     kve_session_params sp = kve_session_default_params();
     sp.n_ctx = 128, sp.n_threads = 1;
     if (kve_session_create(*m, &sp, s, err, sizeof err) != KVE_OK) {
