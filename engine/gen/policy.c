@@ -170,8 +170,9 @@ int32_t llm_lookup_ctl_next(llm_lookup_ctl *c, const llm_pass_cost *cost, int32_
     double t[LLM_PASS_COST_ROWS + 1];
     pass_costs(cost, n, t);
     if (!(t[rows_other + 1] > 0)) return 0; /* nothing measured yet: a plain pass first */
-    /* draft i is taken, once those before it were, at the rate seen at
-     * position i, pulled towards that of i - 1 where i was seldom tried */
+    /* the lookup's token at run position i is right, once those before it
+     * were, at the rate seen there, pulled towards that of i - 1 where i
+     * was seldom reached; the chain first runs up to the current run's end */
     double a = LOOKUP_PRIOR, e = 1, p = 1, best_v = (tokens_other + 1) / t[rows_other + 1];
     for (int32_t i = 1; i <= c->run && i < LLM_LOOKUP_RUN; i++) a = (c->hit[i] + a) / (c->tried[i] + 1);
     int32_t best = 0;
