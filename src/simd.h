@@ -1,6 +1,9 @@
 /* src/simd.h - the few primitives the FP32 attention kernel is built from,
- * with a portable scalar version and AVX2+FMA and AVX-512 versions picked at
- * run time by CPU feature (or by KVCACHE_SIMD / kv_simd_select). */
+ * with a portable scalar version (simd_scalar.c) and AVX2+FMA and AVX-512
+ * versions, picked at run time by CPU feature (or by KVCACHE_SIMD /
+ * kv_simd_select). The two vector versions are one source, simd_avx2.c,
+ * written over the vector-width layer of simd_vec.h and compiled at 8 lanes
+ * and again at 16 (simd_avx512.c). */
 #ifndef KV_SIMD_H
 #define KV_SIMD_H
 
