@@ -153,6 +153,13 @@ int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n) {
     return llm_session_feed(s->s, tokens, n);
 }
 
+int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits) {
+    if (!s || (!tokens && n) || (!logits && first < n)) return KVE_ERR_NULL;
+    if (n < 0 || first < 0 || first > n) return KVE_ERR_PARAM;
+    int rc = llm_session_eval(s->s, tokens, n, first, logits);
+    return rc == LLM_ERR_SHAPE ? KVE_ERR_PARAM : rc;
+}
+
 int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped) {
     if (n_dropped) *n_dropped = 0;
     if (!s || !n_dropped) return KVE_ERR_NULL;

@@ -135,6 +135,27 @@ KVE_API int32_t kve_model_n_vocab(const kve_model *m);
 KVE_API int32_t kve_model_n_ctx_train(const kve_model *m);    /* the context it was trained for */
 KVE_API const char *kve_model_name(const kve_model *m);        /* general.name, or the file name */
 KVE_API int kve_model_has_chat_template(const kve_model *m);   /* 1: chat messages are accepted */
+KVE_API int32_t kve_model_bos(const kve_model *m);             /* the beginning-of-sequence id, or -1 */
+
+/* The shape that sizes the cache and the bytes a token reads. */
+typedef struct {
+    int32_t n_layers;
+    int32_t dim;             /* embedding width */
+    int32_t n_heads;         /* query heads */
+    int32_t n_kv_heads;      /* K/V heads the cache stores (fewer than n_heads: GQA/MQA) */
+    int32_t head_dim;
+    int32_t ffn_dim;
+    int32_t n_groups;        /* cache groups: layers that share an attention window share one
+                              * (kve_model_group) */
+    uint64_t weight_bytes;   /* bytes of every tensor in the file */
+} kve_model_shape;
+
+/* Zeros for m NULL. */
+KVE_API kve_model_shape kve_model_get_shape(const kve_model *m);
+/* Cache group g in [0, n_groups): its layer count and window (0: full
+ * attention) into the pointers (either may be NULL). KVE_OK, KVE_ERR_PARAM
+ * for g out of range (nothing written), KVE_ERR_NULL. */
+KVE_API int kve_model_group(const kve_model *m, int32_t g, int32_t *n_layers, int32_t *window);
 
 /* The "out of room" rule of the three calls below: *n_out (or *len) is always
  * set to the size of the whole result; when it does not fit in cap, nothing
@@ -439,6 +460,14 @@ KVE_API int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t 
  * marker after a reply). All or nothing: KVE_OK, KV_ERR_CAPACITY (no room),
  * KVE_ERR_TOKEN, KVE_ERR_NULL. */
 KVE_API int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n);
+/* kve_session_feed that also returns the model's scores: the logits of the
+ * token after each of tokens[first..n), n_vocab floats per token, row after
+ * row into logits[(n - first) * n_vocab] (first == n: none, logits may then
+ * be NULL). For scoring text (perplexity, log-likelihoods of a continuation).
+ * The logits are as the model made them: NaN or infinity are not checked.
+ * All or nothing: KVE_OK, KV_ERR_CAPACITY (no room), KVE_ERR_TOKEN,
+ * KVE_ERR_PARAM (n < 0, first outside [0, n]), KVE_ERR_NULL. */
+KVE_API int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits);
 /* A context shift now: keeps the first n_keep cached positions and drops
  * after them half of the rest, or n_min if that is more (what the next
  * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK;
