@@ -1,5 +1,5 @@
 /* cli/internal.h - for the diagnostic subcommands that measure the engine's
- * insides (bench model, verify, info, serve): a model and
+ * insides (verify, info) and for serve: a model and
  * context as the engine's internal headers have them. The user-facing
  * commands (generate, chat, tokenize) use cli.h and kvengine.h alone. */
 #ifndef KV_CLI_INTERNAL_H

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "gen/scheduler.h"
 #include "text/tokenizer.h"
+#include "weights/quant.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -101,8 +102,11 @@ kve_model_shape kve_model_get_shape(const kve_model *m) {
     sh.n_layers = hp->n_layers, sh.dim = hp->dim, sh.n_heads = hp->n_heads, sh.n_kv_heads = hp->n_kv_heads;
     sh.head_dim = hp->head_dim, sh.ffn_dim = hp->ffn_dim, sh.n_groups = llm_model_n_groups(m->m);
     sh.weight_bytes = llm_model_weight_bytes(m->m);
+    sh.packed_bytes = llm_model_packed_bytes(m->m), sh.streamed_bytes = llm_model_streamed_bytes(m->m);
     return sh;
 }
+
+const char *kve_kernels(void) { return llm_quant_kernels(); }
 
 int kve_model_group(const kve_model *m, int32_t g, int32_t *n_layers, int32_t *window) {
     if (!m) return KVE_ERR_NULL;

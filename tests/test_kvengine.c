@@ -407,7 +407,9 @@ TEST(kvengine_session_refusals_name_the_problem_and_change_nothing) {
 
 /* kve_session_eval's logits, in chunks that start and end inside the
  * prefill batches and after a generated token not yet in the cache, equal
- * the float64 forward of the fixture at every scored position. */
+ * the float64 forward of the fixture at every scored position; truncation
+ * keeps what it says and leaves the cut pages to the prefix cache until
+ * kve_session_clear_prefixes; the shape is the fixture's. */
 TEST(kvengine_session_eval_scores_every_position_as_the_f64_reference) {
     enum { N = 40 };
     fx_model fx;
@@ -443,6 +445,20 @@ TEST(kvengine_session_eval_scores_every_position_as_the_f64_reference) {
     CHECK_EQ_INT(kve_session_eval(s, toks, 30, 30, NULL), KV_ERR_CAPACITY);
     CHECK_EQ_INT(kve_session_eval(s, toks, 2, 0, NULL), KVE_ERR_NULL);
     CHECK_EQ_INT(kve_session_n_cached(s), N);
+    /* truncated, the cut pages resume a later generation until the prefix cache is cleared */
+    CHECK_EQ_INT(kve_session_truncate(s, N + 1), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_truncate(s, 20), KVE_OK);
+    CHECK_EQ_INT(kve_session_n_cached(s), 20);
+    CHECK_EQ_INT(kve_session_truncate(s, 0), KVE_OK);
+    kve_generate_params g0 = kve_generate_default_params();
+    g0.max_tokens = 0;
+    kve_generate_result r0;
+    CHECK_EQ_INT(kve_session_generate(s, toks, N, &g0, &r0), KVE_OK);
+    CHECK(r0.n_reused >= 16);   /* whole pages of the cut sequence */
+    kve_session_reset(s);
+    kve_session_clear_prefixes(s);
+    CHECK_EQ_INT(kve_session_generate(s, toks, N, &g0, &r0), KVE_OK);
+    CHECK_EQ_INT(r0.n_reused, 0);
     /* after a generated token (held, not yet cached) the scores follow it too */
     kve_session_reset(s);
     kve_generate_params gp = kve_generate_default_params();
