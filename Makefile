@@ -87,7 +87,7 @@ $(BUILD)/engine/%_avx512vnni.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -m
 $(BUILD)/engine/weights/quant%.o: CFLAGS_ALL += -ffp-contract=off
 $(BUILD)/engine/weights/quant_avx512.o $(BUILD)/engine/weights/quant_avx512vnni.o: engine/weights/quant_avx2.c engine/weights/quant_act_avx2.c
 # simd_avx512.c is simd_avx2.c compiled again at the AVX-512 width (src/simd_vec.h).
-$(BUILD)/src/simd_avx512.o: src/simd_avx2.c src/simd_vec.h
+$(BUILD)/src/simd_avx512.o: src/simd_avx2.c
 
 # Only server/ (and so the kvcache binary) uses these Debian-packaged
 # libraries (libcivetweb-dev, libjansson-dev; scripts/deps.sh). civetweb ships

@@ -9,6 +9,8 @@
 
 #include <immintrin.h>
 
+/* Plain static inline: forced inlining moved gcc's register allocation in the
+ * AVX-512 decode kernels (docs/PERFORMANCE.md, "Tuning record"). */
 #define VINL static inline
 
 #if KV_VW == 8
