@@ -804,9 +804,11 @@ static inline __attribute__((always_inline)) __m512i join512(const int32_t *lo, 
 
 /* rows_against_lanes on 32 X rows from t0 (four groups of lanes), in the
  * 16 lanes of 512-bit vectors: each weight pair broadcast once for two
- * vectors of X rows, half a block (8 pairs) of both in 16 registers at a
- * time. A broadcast per product was slower than rows_against_lanes: the
- * machines measured load one 512-bit vector a cycle. acc[g][r][b % 8]: X rows
+ * vectors of X rows, a quarter block (4 pairs) of both in 8 registers at a
+ * time, the 8 weight rows' sums in 16 (16 chains of vpdpwssd, each loaded
+ * X vector used 8 times). A broadcast per product was slower than
+ * rows_against_lanes: the machines measured load one 512-bit vector a
+ * cycle. acc[g][r][b % 8]: X rows
  * 16g.. (lane l: X row 16g + l), weight row r. The float part is terms'
  * on 16 lanes. */
 static inline __attribute__((always_inline)) void
@@ -817,33 +819,31 @@ rows_against_lanes32(const int type, const rows_buf *rb, int64_t nb, int64_t c0,
     for (int k = 0; k < 4; k++) l[k] = x[t0 + 8 * k].lanes;
     for (int64_t b = c0; b < c1; b++) {
         const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
-        UNROLL for (int r0 = 0; r0 < 8; r0 += 4) {
-            __m512i a[4][2];   /* [weight row][X rows 16g..] */
-            UNROLL for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm512_setzero_si512();
-            UNROLL for (int h = 0; h < 16; h += 8) {
-                __m512i xv[2][8];
-                UNROLL for (int g = 0; g < 2; g++)
-                    UNROLL for (int j = 0; j < 8; j++)
-                        xv[g][j] = join512(l[2 * g] + b * 128 + 8 * (h + j), l[2 * g + 1] + b * 128 + 8 * (h + j));
-                UNROLL for (int j = 0; j < 8; j++)
-                    UNROLL for (int r = 0; r < 4; r++) {
-                        const __m512i w = _mm512_set1_epi32(*pair_at(rb, b - c0, r0 + r, h + j, PAIRS));
-                        a[r][0] = dp_pairs512(a[r][0], xv[0][j], w);
-                        a[r][1] = dp_pairs512(a[r][1], xv[1][j], w);
-                    }
-            }
-            const int64_t db = llm_act_lanes_d(nb) + b * 8, sb = llm_act_lanes_s(nb) + b * 8;
-            UNROLL for (int g = 0; g < 2; g++) {
-                const __m512 dv = _mm512_castsi512_ps(join512(l[2 * g] + db, l[2 * g + 1] + db));
-                const __m512i Bv = join512(l[2 * g] + sb, l[2 * g + 1] + sb);
-                UNROLL for (int r = 0; r < 4; r++) {
-                    __m512i S = a[r][g];
-                    if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
-                    __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r0 + r]));
-                    if (with_offsets(type)) u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r0 + r])));
-                    __m512 *ac = &acc[t0 / 16 + g][r0 + r][b % 8];
-                    *ac = _mm512_add_ps(*ac, _mm512_mul_ps(dv, u));
+        __m512i a[8][2];   /* [weight row][X rows 16g..] */
+        UNROLL for (int r = 0; r < 8; r++) a[r][0] = a[r][1] = _mm512_setzero_si512();
+        UNROLL for (int h = 0; h < 16; h += 4) {
+            __m512i xv[2][4];
+            UNROLL for (int g = 0; g < 2; g++)
+                UNROLL for (int j = 0; j < 4; j++)
+                    xv[g][j] = join512(l[2 * g] + b * 128 + 8 * (h + j), l[2 * g + 1] + b * 128 + 8 * (h + j));
+            UNROLL for (int j = 0; j < 4; j++)
+                UNROLL for (int r = 0; r < 8; r++) {
+                    const __m512i w = _mm512_set1_epi32(*pair_at(rb, b - c0, r, h + j, PAIRS));
+                    a[r][0] = dp_pairs512(a[r][0], xv[0][j], w);
+                    a[r][1] = dp_pairs512(a[r][1], xv[1][j], w);
                 }
+        }
+        const int64_t db = llm_act_lanes_d(nb) + b * 8, sb = llm_act_lanes_s(nb) + b * 8;
+        UNROLL for (int g = 0; g < 2; g++) {
+            const __m512 dv = _mm512_castsi512_ps(join512(l[2 * g] + db, l[2 * g + 1] + db));
+            const __m512i Bv = join512(l[2 * g] + sb, l[2 * g + 1] + sb);
+            UNROLL for (int r = 0; r < 8; r++) {
+                __m512i S = a[r][g];
+                if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
+                __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r]));
+                if (with_offsets(type)) u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r])));
+                __m512 *ac = &acc[t0 / 16 + g][r][b % 8];
+                *ac = _mm512_add_ps(*ac, _mm512_mul_ps(dv, u));
             }
         }
     }
