@@ -339,16 +339,17 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
 
 /* The packed types at the row counts that choose the prefill tiles: a few
  * rows (2, 3), the tiles of 4 (and 2 on AVX2) with a remainder (9, 13),
- * and more than a block of 64 (70: 64 + 6), on a last group of 5 rows and
- * a row range that starts and ends inside groups; every kernel, plain and
+ * AVX-512's passes of 32 X rows with the rest in tiles (45: 32 + 13), and
+ * more than a block of 64 (70: 64 + 6), on a last group of 5 rows and a
+ * row range that starts and ends inside groups; every kernel, plain and
  * packed rows, equal to the scalar plain product bit for bit. */
 TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {37};
     static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0};
-    static const int64_t ms[] = {2, 3, 9, 13, 70};
+    static const int64_t ms[] = {2, 3, 9, 13, 45, 70};
     for (int ti = 0; ti < 3; ti++)
-        for (int mi = 0; mi < 5; mi++)
+        for (int mi = 0; mi < 6; mi++)
             for (int bits = 8; bits <= 16; bits += 8) {
                 const int type = types[ti];
                 const int64_t n = type == LLM_TYPE_Q4_K ? 768 : 224, rows = 13, m = ms[mi];

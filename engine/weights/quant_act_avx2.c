@@ -270,17 +270,29 @@ static inline float lanes_sum(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(g, _mm_shuffle_ps(g, g, 1)));
 }
 
+/* log2 of a type's quant offset (Q4_0, Q5_0: unsigned quants, the offset
+ * taken off the block sums), and whether its weights have offsets wb; the
+ * other types' wb are all 0 */
+static inline int quant_offset(const int type) {
+    return type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;
+}
+static inline int with_offsets(const int type) {
+    return type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K;
+}
+
 /* The float part of 8 lanes, by the reference's operations in its order:
  * t1 = S wa, t2 = B wb, c = d (t1 + t2). S: the exact block sums (of
  * unsigned quants for Q4_0 and Q5_0, whose offsets go here), B: the
- * activation blocks' quant sums, d: their scales. */
+ * activation blocks' quant sums, d: their scales. Where wb is 0, t2 (0
+ * times an integer: +-0) is left out, which changes no lane sum: t1 + -0
+ * is t1, and a term of -0 leaves a running sum begun at +0 as it was. */
 static inline __attribute__((always_inline)) __m256 terms(const int type, __m256i S, __m256i Bv, __m256 dxv,
                                                           __m256 wa, __m256 wb) {
-    const int off = type == LLM_TYPE_Q4_0 ? 3 : type == LLM_TYPE_Q5_0 ? 4 : 0;   /* log2 of the quant offset */
+    const int off = quant_offset(type);
     if (off) S = _mm256_sub_epi32(S, _mm256_slli_epi32(Bv, off));
-    __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
-    __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb);
-    return _mm256_mul_ps(dxv, _mm256_add_ps(t1, t2));
+    __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(S), wa);
+    if (with_offsets(type)) u = _mm256_add_ps(u, _mm256_mul_ps(_mm256_cvtepi32_ps(Bv), wb));
+    return _mm256_mul_ps(dxv, u);
 }
 
 /* One chunk of 8 blocks b0 .. b0+7 (FULL) or the row's last nv < 8 of one
@@ -685,15 +697,23 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, _
 
 /* Block b of a packed group into slot i of the buffer. A lane-packed block
  * becomes its pair vectors, then by two transposes each row's elements
- * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead). */
+ * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead); with
+ * PAIRS the pair vectors themselves, [pair][row] (pair_at), for the
+ * products that broadcast one row's pair at a time. */
 static inline __attribute__((always_inline)) void
-packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16) {
+packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16,
+                  const int PAIRS) {
     const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = llm_packed_block(type, grp, b);
     if (llm_packed_lanes(type)) {
         __m256i pr[16], rows[8];
         lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
+        if (PAIRS) {
+            UNROLL for (int j = 0; j < 16; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, pr[j]);
+            packed_scales(type, grp, b, &rb->wa[i], &rb->wb[i]);
+            return;
+        }
         UNROLL for (int half = 0; half < 2; half++) {
             transpose8_epi32(pr + 8 * half, rows);
             UNROLL for (int r = 0; r < 8; r++) rb->w[i][r][half] = rows[r];
@@ -727,6 +747,13 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
     rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
 }
 
+/* Pair j (elements 2j, 2j + 1) of weight row r in slot i of the buffer:
+ * rows' vectors ([row][half]), or with PAIRS the pair vectors ([pair][row]) */
+static inline __attribute__((always_inline)) const int32_t *pair_at(const rows_buf *rb, int64_t i, int r, int j,
+                                                                    const int PAIRS) {
+    return (const int32_t *)rb->w[i] + (PAIRS ? 8 * j + r : 16 * r + j);
+}
+
 /* The same with the activation rows in lanes (llm_act_row.lanes, 16-bit):
  * 8 X rows' pairs of a block stay in 16 registers while each of the 8
  * weight rows' pairs is broadcast against them, so the 8 sums of a weight
@@ -734,7 +761,7 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
  * horizontal sum. acc[g][r][b % 8]: X rows 8g.., weight row r. */
 static inline __attribute__((always_inline)) void
 rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, int64_t c1, const llm_act_row *x,
-                   int nt, __m256 (*acc)[8][8]) {
+                   int nt, __m256 (*acc)[8][8], const int PAIRS) {
     for (int t0 = 0; t0 < nt; t0 += 8) {
         for (int64_t b = c0; b < c1; b++) {
             const int32_t *lanes = x[t0].lanes;
@@ -745,11 +772,10 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
             const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 8));
             const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
             UNROLL for (int r = 0; r < 8; r++) {
-                const int32_t *wp = (const int32_t *)rb->w[b - c0][r];   /* its 16 pairs */
                 __m256i a0 = _mm256_setzero_si256(), a1 = a0;
                 UNROLL for (int j = 0; j < 16; j += 2) {
-                    a0 = dp_pairs(a0, xv[j], bcast32(wp + j));
-                    a1 = dp_pairs(a1, xv[j + 1], bcast32(wp + j + 1));
+                    a0 = dp_pairs(a0, xv[j], bcast32(pair_at(rb, b - c0, r, j, PAIRS)));
+                    a1 = dp_pairs(a1, xv[j + 1], bcast32(pair_at(rb, b - c0, r, j + 1, PAIRS)));
                 }
                 __m256 *ac = &acc[t0 / 8][r][b % 8];
                 *ac = _mm256_add_ps(*ac, terms(type, _mm256_add_epi32(a0, a1), Bv, dv, _mm256_set1_ps(wa[r]),
@@ -758,6 +784,72 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
         }
     }
 }
+
+/* With AVX-512 VNNI, passes of 32 X rows (rows_against_lanes32); without
+ * VNNI (vpmaddwd and vpaddd, two 512-bit operations a product) they ran
+ * at 0.6x of rows_against_lanes */
+#if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
+#define X_WIDE 1
+static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
+    return _mm512_dpwssd_epi32(acc, w, x);
+}
+
+/* 8 int32 lanes at lo, then 8 at hi */
+static inline __attribute__((always_inline)) __m512i join512(const int32_t *lo, const int32_t *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+/* rows_against_lanes on 32 X rows from t0 (four groups of lanes), in the
+ * 16 lanes of 512-bit vectors: each weight pair broadcast once for two
+ * vectors of X rows, a quarter block (4 pairs) of both in 8 registers at a
+ * time, the 8 weight rows' sums in 16 (16 chains of vpdpwssd, each loaded
+ * X vector used 8 times). A broadcast per product was slower than
+ * rows_against_lanes: the machines measured load one 512-bit vector a
+ * cycle. acc[g][r][b % 8]: X rows
+ * 16g.. (lane l: X row 16g + l), weight row r. The float part is terms'
+ * on 16 lanes. */
+static inline __attribute__((always_inline)) void
+rows_against_lanes32(const int type, const rows_buf *rb, int64_t nb, int64_t c0, int64_t c1, const llm_act_row *x,
+                     int t0, __m512 (*acc)[8][8], const int PAIRS) {
+    const int off = quant_offset(type);
+    const int32_t *l[4];
+    for (int k = 0; k < 4; k++) l[k] = x[t0 + 8 * k].lanes;
+    for (int64_t b = c0; b < c1; b++) {
+        const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
+        __m512i a[8][2];   /* [weight row][X rows 16g..] */
+        UNROLL for (int r = 0; r < 8; r++) a[r][0] = a[r][1] = _mm512_setzero_si512();
+        UNROLL for (int h = 0; h < 16; h += 4) {
+            __m512i xv[2][4];
+            UNROLL for (int g = 0; g < 2; g++)
+                UNROLL for (int j = 0; j < 4; j++)
+                    xv[g][j] = join512(l[2 * g] + b * 128 + 8 * (h + j), l[2 * g + 1] + b * 128 + 8 * (h + j));
+            UNROLL for (int j = 0; j < 4; j++)
+                UNROLL for (int r = 0; r < 8; r++) {
+                    const __m512i w = _mm512_set1_epi32(*pair_at(rb, b - c0, r, h + j, PAIRS));
+                    a[r][0] = dp_pairs512(a[r][0], xv[0][j], w);
+                    a[r][1] = dp_pairs512(a[r][1], xv[1][j], w);
+                }
+        }
+        const int64_t db = llm_act_lanes_d(nb) + b * 8, sb = llm_act_lanes_s(nb) + b * 8;
+        UNROLL for (int g = 0; g < 2; g++) {
+            const __m512 dv = _mm512_castsi512_ps(join512(l[2 * g] + db, l[2 * g + 1] + db));
+            const __m512i Bv = join512(l[2 * g] + sb, l[2 * g + 1] + sb);
+            UNROLL for (int r = 0; r < 8; r++) {
+                __m512i S = a[r][g];
+                if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
+                __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r]));
+                if (with_offsets(type)) u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r])));
+                __m512 *ac = &acc[t0 / 16 + g][r][b % 8];
+                *ac = _mm512_add_ps(*ac, _mm512_mul_ps(dv, u));
+            }
+        }
+    }
+}
+
+#else
+#define X_WIDE 0
+#endif
 
 #if QK_X_LANES
 /* llm_qkern.act_lanes: each 8 rows' pairs of quants by 8 x 8 transposes of
@@ -795,22 +887,49 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
            const llm_act_row *x, int nt, float *out, const int W16) {
     rows_buf rb;
     const int lanes = QK_X_LANES && W16 && x[0].lanes;
+    /* X rows [0, wide) in passes of 32 (rows_against_lanes32) */
+    const int wide = X_WIDE && lanes ? nt / 32 * 32 : 0;
+    /* with lanes, a lane-packed group's pair vectors as they load */
+    const int pairs = lanes && PACKED && llm_packed_lanes(type);
     union {
         __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
         __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
+#if X_WIDE
+        __m512 lanes512[NT_MAX / 16][8][8];   /* [X rows / 16][weight row][b % 8] */
+#endif
     } acc;
     for (int t = 0; t < (nt + 7) / 8 * 8; t++)
         UNROLL for (int i = 0; i < 8; i++) acc.rows[t][i] = _mm256_setzero_ps();
     for (int64_t c0 = 0; c0 < nb; c0 += CB) {
         const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
         for (int64_t b = c0; b < c1; b++) {
-            if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16);
+            if (PACKED && pairs) packed_block_into(type, grp, b, &rb, b - c0, W16, 1);
+            else if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16, 0);
             else plain_block_into(type, w, nr, b, &rb, b - c0);
         }
-        if (lanes) rows_against_lanes(type, &rb, nb, c0, c1, x, nt, acc.lanes);
-        else rows_against_x(type, &rb, c0, c1, x, nt, acc.rows, W16);
+#if X_WIDE
+        for (int t0 = 0; t0 < wide; t0 += 32) {
+            if (pairs) rows_against_lanes32(type, &rb, nb, c0, c1, x, t0, acc.lanes512, 1);
+            else rows_against_lanes32(type, &rb, nb, c0, c1, x, t0, acc.lanes512, 0);
+        }
+#endif
+        /* the rest: its sums from acc.lanes[wide / 8], past the passes' */
+        if (pairs && wide < nt) rows_against_lanes(type, &rb, nb, c0, c1, x + wide, nt - wide, acc.lanes + wide / 8, 1);
+        else if (lanes && wide < nt)
+            rows_against_lanes(type, &rb, nb, c0, c1, x + wide, nt - wide, acc.lanes + wide / 8, 0);
+        else if (!lanes) rows_against_x(type, &rb, c0, c1, x, nt, acc.rows, W16);
     }
-    for (int t0 = 0; t0 < nt; t0 += 8) {
+#if X_WIDE
+    for (int t0 = 0; t0 < wide; t0 += 16)
+        UNROLL for (int r = 0; r < nr; r++) {   /* lanes_final on 16 lanes */
+            const __m512 *a = acc.lanes512[t0 / 16][r];
+            _Alignas(64) float o[16];
+            _mm512_store_ps(o, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                             _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]))));
+            for (int k = 0; k < 16; k++) out[PACKED ? 8 * (t0 + k) + r : r * nt + t0 + k] = o[k];
+        }
+#endif
+    for (int t0 = wide; t0 < nt; t0 += 8) {
         UNROLL for (int i = 0; i < 8; i++) {   /* i: an X row (rows), or a weight row (lanes) */
             _Alignas(32) float o[8];
             lanes_final(lanes ? acc.lanes[t0 / 8][i] : acc.rows[t0 + i], o);
@@ -873,12 +992,20 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 #else
 #define LANE_TILES 0
 #endif
+/* With AVX-512 (X_WIDE), each 32 rows in lanes go first to group_rows'
+ * passes of 32, faster there than the tiles above (figures in
+ * docs/PERFORMANCE.md) */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
-        if (nt > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {               \
-            t = nt / 8 * 8;                                                                            \
+        if (X_WIDE && W_ && nt >= 32 && x[0].lanes) {                                                  \
+            t = nt / 32 * 32;                                                                          \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
+        }                                                                                              \
+        if (nt - t > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {           \
+            const int n = (nt - t) / 8 * 8;                                                            \
+            group_rows(T_, 1, grp, NULL, 8, nb, x + t, n, out + 8 * t, W_);                            \
+            t += n;                                                                                    \
         }                                                                                              \
         while (t < nt) t += packed_rows(T_, grp, nb, x + t, nt - t, out + 8 * t, W_);                  \
     }
