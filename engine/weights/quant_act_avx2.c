@@ -29,6 +29,89 @@ static inline __m256i hsum8_epi32(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
+/* One X row of 16-bit quants against one weight row (decode): with AVX-512
+ * a block of 32 is one zmm of int16 quants, its products one vpmaddwd, and
+ * 8 blocks' vectors are summed across by a shuffle tree, half the work of
+ * hsum8 on twice as many ymm vectors. ZMM_ROW1: the types that take it, in
+ * plain rows (Q6_K, Q8_0) and in packed groups (Q8_0). */
+#ifdef __AVX512BW__
+#define ZMM_ROW1(type) ((type) == LLM_TYPE_Q6_K || (type) == LLM_TYPE_Q8_0)
+
+/* The sums of lanes 0-7 and of lanes 8-15 of v[i] (a block's elements 0..15
+ * and 16..31, where v[i] is its vpmaddwd), i < 8, exact; the result's 128-bit
+ * quarters hold them for [i 0..3, lanes 0-7], [i 0..3, lanes 8-15], [i 4..7,
+ * lanes 0-7], [i 4..7, lanes 8-15] */
+static inline __attribute__((always_inline)) __m512i halves8_epi32(const __m512i v[8]) {
+    __m512i a[4];
+    UNROLL for (int k = 0; k < 4; k++)   /* per quarter: v[2k], v[2k+1], v[2k], v[2k+1] */
+        a[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
+                                _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    /* per quarter: v[0..3] and v[4..7] */
+    const __m512i b0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    const __m512i b1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(b0, b1, 0x88), _mm512_shuffle_i32x4(b0, b1, 0xDD));
+}
+
+/* lane i: the sum of v[i]'s two halves in h (halves8_epi32) */
+static inline __attribute__((always_inline)) __m256i join_halves(__m512i h) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(_mm512_shuffle_i32x4(h, h, 0x08)),
+                            _mm512_castsi512_si256(_mm512_shuffle_i32x4(h, h, 0x0D)));
+}
+
+/* The exact sums of 8 Q8_0 blocks against 16-bit quants: block i's 32
+ * quants at q + i * step, its activation block's at xq + i * xstep (xstep
+ * 32: 8 blocks of a row; 0: 8 rows' blocks against one) */
+static inline __attribute__((always_inline)) __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq,
+                                                              const int xstep) {
+    __m512i v[8];
+    const __m512i x0 = _mm512_loadu_si512(xq);
+    UNROLL for (int i = 0; i < 8; i++)
+        v[i] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + i * step))),
+                                 xstep ? _mm512_loadu_si512(xq + xstep * i) : x0);
+    return join_halves(halves8_epi32(v));
+}
+
+/* The 8 exact block sums of the Q6_K super-block p against 16-bit quants
+ * xq (its 256): the quants less 32, 64 at a time (two blocks), the products
+ * summed per sub-block of 16 and only then times its scale. */
+static inline __attribute__((always_inline)) __m256i q6k_sums8(const uint8_t *p, const int16_t *xq) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    /* qh bits 2s, 2s+1 to bits 4, 5 for blocks s = 0, 1 (low, high 256 bits) and s = 2, 3 */
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512i v[8];
+    UNROLL for (int h = 0; h < 2; h++) {   /* elements 128h .. 128h+127: blocks 4h .. 4h+3 */
+        const __m512i L = _mm512_loadu_si512(p + offsetof(llm_block_q6_k, ql) + 64 * h);
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, qh) + 32 * h)));
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(H, sh01), m30);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(H, sh23), m30);
+        /* (a & 15) | b, less 32 */
+        const __m512i q01 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(L, h01, m4, 0xEC), k32);
+        const __m512i q23 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), h23, m4, 0xEC), k32);
+        const __m512i q[4] = {q01, q01, q23, q23};
+        UNROLL for (int s = 0; s < 4; s++) {
+            const __m256i w8 = s % 2 ? _mm512_extracti64x4_epi64(q[s], 1) : _mm512_castsi512_si256(q[s]);
+            v[4 * h + s] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(w8), _mm512_loadu_si512(xq + 32 * (4 * h + s)));
+        }
+    }
+    /* the sub-block scales in halves8_epi32's order: 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, ... */
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q6_k, scales)));
+    /* |sub-block sum| <= 16 * 32 * 16383, times |scale| <= 128: below 2^30 */
+    return join_halves(_mm512_mullo_epi32(halves8_epi32(v), _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, order))));
+}
+#else
+#define ZMM_ROW1(type) 0
+static inline __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq, const int xstep) {
+    (void)q, (void)step, (void)xq, (void)xstep;
+    return _mm256_setzero_si256();
+}
+static inline __m256i q6k_sums8(const uint8_t *p, const int16_t *xq) {
+    (void)p, (void)xq;
+    return _mm256_setzero_si256();
+}
+#endif
+
 static inline __m256i join(__m128i lo, __m128i hi) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
@@ -376,6 +459,16 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
         for (; b0 + 8 <= nb; b0 += 8) {
             const uint8_t *ahead = w[r] + b0 / 8 * cb + ROW_PREFETCH_BYTES;
             for (int64_t o = 0; o < cb; o += 64) __builtin_prefetch(ahead + o, 0, 2);
+            if (T == 1 && W16 && ZMM_ROW1(type)) {
+                const int16_t *xq = (const int16_t *)x->q + 32 * b0;
+                const __m256i S = type == LLM_TYPE_Q6_K ? q6k_sums8(w[r] + b0 / 8 * cb, xq)
+                                : q8_sums8(w[r] + b0 * cb / 8 + llm_packed_head(type), cb / 8, xq, 32);
+                __m256 wa, wb;
+                chunk_scales(type, w[r], b0, 8, &wa, &wb);
+                acc[0] = _mm256_add_ps(acc[0], terms(type, S, _mm256_loadu_si256((const __m256i *)(x->s + b0)),
+                                                     _mm256_loadu_ps(x->d + b0), wa, wb));
+                continue;
+            }
             act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
         }
         if (b0 < nb) act_tail(type, w[r], b0, (int)(nb - b0), x, T, acc, W16);
@@ -578,6 +671,8 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
             lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
         } else if (llm_packed_lanes(type)) {
             S[0] = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
+        } else if (NT == 1 && W16 && ZMM_ROW1(type)) {   /* Q8_0 */
+            S[0] = q8_sums8(p + llm_packed_rest((int)bb, hd, 0), bb - hd, (const int16_t *)x->q + 32 * b, 0);
         } else if (NT == 1) {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
