@@ -606,20 +606,24 @@ static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q
 /* The scales (wa) and offsets (wb) of the 8 rows of block b of a packed
  * group, as the reference's weight_block gives them (Q4_K: d sc and
  * -(dmin mn) of the sub-block, exact) */
+/* Sub-block s's of a packed Q4_K super-block p, d and dmin its 8 rows' */
+static inline __attribute__((always_inline)) void q4k_scales(const uint8_t *p, int s, __m256 d, __m256 dmin,
+                                                             __m256 *wa, __m256 *wb) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
+    const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_MN + 8 * (s / 2))));
+    const __m256i sc = _mm256_and_si256(v, _mm256_set1_epi32(63));
+    const __m256i mn = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(v, 6), 4),
+                                       _mm256_and_si256(_mm256_srli_epi32(m, 4 * (s % 2)), _mm256_set1_epi32(15)));
+    *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+    *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+}
+
 static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *grp, int64_t b,
                                                                 __m256 *wa, __m256 *wb) {
     const uint8_t *p = llm_packed_block(type, grp, b);
     if (type == LLM_TYPE_Q4_K) {
-        const int s = (int)(b % 8);
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
-        const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_MN + 8 * (s / 2))));
-        const __m256i sc = _mm256_and_si256(v, _mm256_set1_epi32(63));
-        const __m256i mn = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(v, 6), 4),
-                                           _mm256_and_si256(_mm256_srli_epi32(m, 4 * (s % 2)), _mm256_set1_epi32(15)));
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
-        *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+        q4k_scales(p, (int)(b % 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D))),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN))), wa, wb);
         return;
     }
     *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
@@ -703,11 +707,40 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
     UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
 }
 
+/* packed_group for one X row of 16-bit quants and a Q4_K group (decode),
+ * by super-block: its rows' d and dmin converted once for its 8 blocks */
+static void packed_q4k_row1(const uint8_t *grp, int64_t nb, const llm_act_row *x, float *out) {
+    const int64_t bb = llm_packed_block_bytes(LLM_TYPE_Q4_K);
+    __m256 acc[8];
+    UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t *p = llm_packed_block(LLM_TYPE_Q4_K, grp, b0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
+        UNROLL for (int s = 0; s < 8; s++) {
+            const int64_t b = b0 + s;
+            const uint8_t *at = grp + b * 8 * bb;
+            for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+            const int16_t *xp = (const int16_t *)x->q + 32 * b;
+            __m256i S;
+            __m256 wa, wb;
+            lane_sums16(p + LLM_PK4K_Q + 128 * s, &xp, 1, &S);
+            q4k_scales(p, s, d, dmin, &wa, &wb);
+            acc[s] = _mm256_add_ps(acc[s], block_terms(LLM_TYPE_Q4_K, S, wa, wb, x, b));
+        }
+    }
+    lanes_final(acc, out);
+}
+
 /* packed_group on the first rows of x [0 .. n), as many as it takes at
  * once (up to LANE_ROWS with 16-bit quants, else 1), each count compiled
  * apart; returns how many it took. */
 static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
                                                             const llm_act_row *x, int n, float *out, const int W16) {
+    if (type == LLM_TYPE_Q4_K && W16 && n == 1) {
+        packed_q4k_row1(grp, nb, x, out);
+        return 1;
+    }
     if (!W16 || n == 1) {
         packed_group(type, grp, nb, x, 1, out, W16);
         return 1;
