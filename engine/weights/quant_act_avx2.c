@@ -58,17 +58,40 @@ static inline __attribute__((always_inline)) __m256i join_halves(__m512i h) {
                             _mm512_castsi512_si256(_mm512_shuffle_i32x4(h, h, 0x0D)));
 }
 
-/* The exact sums of 8 Q8_0 blocks against 16-bit quants: block i's 32
- * quants at q + i * step, its activation block's at xq + i * xstep (xstep
- * 32: 8 blocks of a row; 0: 8 rows' blocks against one) */
-static inline __attribute__((always_inline)) __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq,
-                                                              const int xstep) {
+/* The exact sums of 8 Q8_0 blocks of a row against 16-bit quants xq
+ * (their 256): block i's 32 quants at q + i * step */
+static inline __attribute__((always_inline)) __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq) {
     __m512i v[8];
-    const __m512i x0 = _mm512_loadu_si512(xq);
     UNROLL for (int i = 0; i < 8; i++)
         v[i] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + i * step))),
-                                 xstep ? _mm512_loadu_si512(xq + xstep * i) : x0);
+                                 _mm512_loadu_si512(xq + 32 * i));
     return join_halves(halves8_epi32(v));
+}
+
+/* The exact sums of a packed Q8_0 block's 8 rows (their quants at q, 32
+ * bytes a row) against one block of 16-bit quants xq: two rows a zmm, its
+ * even and odd bytes taken apart as int16 by vpmaddubsw against 1, 0 and
+ * 0, 1 and multiplied with x's even and odd elements (permuted once), so
+ * no widening shuffle per row; lane r of the result is row r's sum. */
+static inline __attribute__((always_inline)) __m256i q8_rows8_sums(const uint8_t *q, const int16_t *xq) {
+    const __m512i even = _mm512_set1_epi16(1), odd = _mm512_set1_epi16(0x100);
+    const __m512i pe = _mm512_set_epi16(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
+                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i x = _mm512_loadu_si512(xq);
+    const __m512i xe = _mm512_permutexvar_epi16(pe, x), xo = _mm512_permutexvar_epi16(_mm512_add_epi16(pe, _mm512_set1_epi16(1)), x);
+    __m512i u[4];   /* lanes 0-7: row 2k's partial sums, 8-15: row 2k+1's */
+    UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i w = _mm512_loadu_si512(q + 64 * k);
+        u[k] = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(even, w), xe),
+                                _mm512_madd_epi16(_mm512_maddubs_epi16(odd, w), xo));
+    }
+    const __m512i a0 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[0], u[1]), _mm512_unpackhi_epi32(u[0], u[1]));
+    const __m512i a1 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[2], u[3]), _mm512_unpackhi_epi32(u[2], u[3]));
+    /* quarter c: u[0..3]'s sums over quarter c (c < 2: rows 0, 2, 4, 6; else 1, 3, 5, 7) */
+    const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi64(a0, a1), _mm512_unpackhi_epi64(a0, a1));
+    const __m512i z = _mm512_add_epi32(b, _mm512_shuffle_i32x4(b, b, 0xB1));
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 8, 1, 9, 2, 10, 3, 11);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, z));
 }
 
 /* The 8 exact block sums of the Q6_K super-block p against 16-bit quants
@@ -102,12 +125,16 @@ static inline __attribute__((always_inline)) __m256i q6k_sums8(const uint8_t *p,
 }
 #else
 #define ZMM_ROW1(type) 0
-static inline __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq, const int xstep) {
-    (void)q, (void)step, (void)xq, (void)xstep;
+static inline __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq) {
+    (void)q, (void)step, (void)xq;
     return _mm256_setzero_si256();
 }
 static inline __m256i q6k_sums8(const uint8_t *p, const int16_t *xq) {
     (void)p, (void)xq;
+    return _mm256_setzero_si256();
+}
+static inline __m256i q8_rows8_sums(const uint8_t *q, const int16_t *xq) {
+    (void)q, (void)xq;
     return _mm256_setzero_si256();
 }
 #endif
@@ -462,7 +489,7 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
             if (T == 1 && W16 && ZMM_ROW1(type)) {
                 const int16_t *xq = (const int16_t *)x->q + 32 * b0;
                 const __m256i S = type == LLM_TYPE_Q6_K ? q6k_sums8(w[r] + b0 / 8 * cb, xq)
-                                : q8_sums8(w[r] + b0 * cb / 8 + llm_packed_head(type), cb / 8, xq, 32);
+                                : q8_sums8(w[r] + b0 * cb / 8 + llm_packed_head(type), cb / 8, xq);
                 __m256 wa, wb;
                 chunk_scales(type, w[r], b0, 8, &wa, &wb);
                 acc[0] = _mm256_add_ps(acc[0], terms(type, S, _mm256_loadu_si256((const __m256i *)(x->s + b0)),
@@ -676,7 +703,7 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
         } else if (llm_packed_lanes(type)) {
             S[0] = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
         } else if (NT == 1 && W16 && ZMM_ROW1(type)) {   /* Q8_0 */
-            S[0] = q8_sums8(p + llm_packed_rest((int)bb, hd, 0), bb - hd, (const int16_t *)x->q + 32 * b, 0);
+            S[0] = q8_rows8_sums(p + llm_packed_rest((int)bb, hd, 0), (const int16_t *)x->q + 32 * b);
         } else if (NT == 1) {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
