@@ -29,6 +29,116 @@ static inline __m256i hsum8_epi32(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
+/* One X row of 16-bit quants against one weight row (decode): with AVX-512
+ * a block of 32 is one zmm of int16 quants, its products one vpmaddwd, and
+ * 8 blocks' vectors are summed across by a shuffle tree, half the work of
+ * hsum8 on twice as many ymm vectors. ZMM_ROW1: the types that take it, in
+ * plain rows (Q6_K, Q8_0) and in packed groups (Q8_0). */
+#ifdef __AVX512BW__
+#define ZMM_ROW1(type) ((type) == LLM_TYPE_Q6_K || (type) == LLM_TYPE_Q8_0)
+
+/* The sums of lanes 0-7 and of lanes 8-15 of v[i] (a block's elements 0..15
+ * and 16..31, where v[i] is its vpmaddwd), i < 8, exact; the result's 128-bit
+ * quarters hold them for [i 0..3, lanes 0-7], [i 0..3, lanes 8-15], [i 4..7,
+ * lanes 0-7], [i 4..7, lanes 8-15] */
+static inline __attribute__((always_inline)) __m512i halves8_epi32(const __m512i v[8]) {
+    __m512i a[4];
+    UNROLL for (int k = 0; k < 4; k++)   /* per quarter: v[2k], v[2k+1], v[2k], v[2k+1] */
+        a[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
+                                _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    /* per quarter: v[0..3] and v[4..7] */
+    const __m512i b0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    const __m512i b1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(b0, b1, 0x88), _mm512_shuffle_i32x4(b0, b1, 0xDD));
+}
+
+/* lane i: the sum of v[i]'s two halves in h (halves8_epi32) */
+static inline __attribute__((always_inline)) __m256i join_halves(__m512i h) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(_mm512_shuffle_i32x4(h, h, 0x08)),
+                            _mm512_castsi512_si256(_mm512_shuffle_i32x4(h, h, 0x0D)));
+}
+
+/* The exact sums of 8 Q8_0 blocks of a row against 16-bit quants xq
+ * (their 256): block i's 32 quants at q + i * step */
+static inline __attribute__((always_inline)) __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq) {
+    __m512i v[8];
+    UNROLL for (int i = 0; i < 8; i++)
+        v[i] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + i * step))),
+                                 _mm512_loadu_si512(xq + 32 * i));
+    return join_halves(halves8_epi32(v));
+}
+
+/* The exact sums of a packed Q8_0 block's 8 rows (their quants at q, 32
+ * bytes a row) against one block of 16-bit quants xq: two rows a zmm, its
+ * even and odd bytes taken apart as int16 by vpmaddubsw against 1, 0 and
+ * 0, 1 and multiplied with x's even and odd elements (permuted once), so
+ * no widening shuffle per row; lane r of the result is row r's sum. */
+static inline __attribute__((always_inline)) __m256i q8_rows8_sums(const uint8_t *q, const int16_t *xq) {
+    const __m512i even = _mm512_set1_epi16(1), odd = _mm512_set1_epi16(0x100);
+    const __m512i pe = _mm512_set_epi16(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
+                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i x = _mm512_loadu_si512(xq);
+    const __m512i xe = _mm512_permutexvar_epi16(pe, x), xo = _mm512_permutexvar_epi16(_mm512_add_epi16(pe, _mm512_set1_epi16(1)), x);
+    __m512i u[4];   /* lanes 0-7: row 2k's partial sums, 8-15: row 2k+1's */
+    UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i w = _mm512_loadu_si512(q + 64 * k);
+        u[k] = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(even, w), xe),
+                                _mm512_madd_epi16(_mm512_maddubs_epi16(odd, w), xo));
+    }
+    const __m512i a0 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[0], u[1]), _mm512_unpackhi_epi32(u[0], u[1]));
+    const __m512i a1 = _mm512_add_epi32(_mm512_unpacklo_epi32(u[2], u[3]), _mm512_unpackhi_epi32(u[2], u[3]));
+    /* quarter c: u[0..3]'s sums over quarter c (c < 2: rows 0, 2, 4, 6; else 1, 3, 5, 7) */
+    const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi64(a0, a1), _mm512_unpackhi_epi64(a0, a1));
+    const __m512i z = _mm512_add_epi32(b, _mm512_shuffle_i32x4(b, b, 0xB1));
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 8, 1, 9, 2, 10, 3, 11);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, z));
+}
+
+/* The 8 exact block sums of the Q6_K super-block p against 16-bit quants
+ * xq (its 256): the quants less 32, 64 at a time (two blocks), the products
+ * summed per sub-block of 16 and only then times its scale. */
+static inline __attribute__((always_inline)) __m256i q6k_sums8(const uint8_t *p, const int16_t *xq) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    /* qh bits 2s, 2s+1 to bits 4, 5 for blocks s = 0, 1 (low, high 256 bits) and s = 2, 3 */
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512i v[8];
+    UNROLL for (int h = 0; h < 2; h++) {   /* elements 128h .. 128h+127: blocks 4h .. 4h+3 */
+        const __m512i L = _mm512_loadu_si512(p + offsetof(llm_block_q6_k, ql) + 64 * h);
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q6_k, qh) + 32 * h)));
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(H, sh01), m30);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(H, sh23), m30);
+        /* (a & 15) | b, less 32 */
+        const __m512i q01 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(L, h01, m4, 0xEC), k32);
+        const __m512i q23 = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), h23, m4, 0xEC), k32);
+        const __m512i q[4] = {q01, q01, q23, q23};
+        UNROLL for (int s = 0; s < 4; s++) {
+            const __m256i w8 = s % 2 ? _mm512_extracti64x4_epi64(q[s], 1) : _mm512_castsi512_si256(q[s]);
+            v[4 * h + s] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(w8), _mm512_loadu_si512(xq + 32 * (4 * h + s)));
+        }
+    }
+    /* the sub-block scales in halves8_epi32's order: 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, ... */
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + offsetof(llm_block_q6_k, scales)));
+    /* |sub-block sum| <= 16 * 32 * 16383, times |scale| <= 128: below 2^30 */
+    return join_halves(_mm512_mullo_epi32(halves8_epi32(v), _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, order))));
+}
+#else
+#define ZMM_ROW1(type) 0
+static inline __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq) {
+    (void)q, (void)step, (void)xq;
+    return _mm256_setzero_si256();
+}
+static inline __m256i q6k_sums8(const uint8_t *p, const int16_t *xq) {
+    (void)p, (void)xq;
+    return _mm256_setzero_si256();
+}
+static inline __m256i q8_rows8_sums(const uint8_t *q, const int16_t *xq) {
+    (void)q, (void)xq;
+    return _mm256_setzero_si256();
+}
+#endif
+
 static inline __m256i join(__m128i lo, __m128i hi) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
@@ -388,6 +498,16 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
         for (; b0 + 8 <= nb; b0 += 8) {
             const uint8_t *ahead = w[r] + b0 / 8 * cb + ROW_PREFETCH_BYTES;
             for (int64_t o = 0; o < cb; o += 64) __builtin_prefetch(ahead + o, 0, 2);
+            if (T == 1 && W16 && ZMM_ROW1(type)) {
+                const int16_t *xq = (const int16_t *)x->q + 32 * b0;
+                const __m256i S = type == LLM_TYPE_Q6_K ? q6k_sums8(w[r] + b0 / 8 * cb, xq)
+                                : q8_sums8(w[r] + b0 * cb / 8 + llm_packed_head(type), cb / 8, xq);
+                __m256 wa, wb;
+                chunk_scales(type, w[r], b0, 8, &wa, &wb);
+                acc[0] = _mm256_add_ps(acc[0], terms(type, S, _mm256_loadu_si256((const __m256i *)(x->s + b0)),
+                                                     _mm256_loadu_ps(x->d + b0), wa, wb));
+                continue;
+            }
             act_chunk(type, w[r], b0, 8, x, T, acc, W16, 1);
         }
         if (b0 < nb) act_tail(type, w[r], b0, (int)(nb - b0), x, T, acc, W16);
@@ -525,20 +645,24 @@ static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q
 /* The scales (wa) and offsets (wb) of the 8 rows of block b of a packed
  * group, as the reference's weight_block gives them (Q4_K: d sc and
  * -(dmin mn) of the sub-block, exact) */
+/* Sub-block s's of a packed Q4_K super-block p, d and dmin its 8 rows' */
+static inline __attribute__((always_inline)) void q4k_scales(const uint8_t *p, int s, __m256 d, __m256 dmin,
+                                                             __m256 *wa, __m256 *wb) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
+    const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_MN + 8 * (s / 2))));
+    const __m256i sc = _mm256_and_si256(v, _mm256_set1_epi32(63));
+    const __m256i mn = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(v, 6), 4),
+                                       _mm256_and_si256(_mm256_srli_epi32(m, 4 * (s % 2)), _mm256_set1_epi32(15)));
+    *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+    *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+}
+
 static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *grp, int64_t b,
                                                                 __m256 *wa, __m256 *wb) {
     const uint8_t *p = llm_packed_block(type, grp, b);
     if (type == LLM_TYPE_Q4_K) {
-        const int s = (int)(b % 8);
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
-        const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_MN + 8 * (s / 2))));
-        const __m256i sc = _mm256_and_si256(v, _mm256_set1_epi32(63));
-        const __m256i mn = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(v, 6), 4),
-                                           _mm256_and_si256(_mm256_srli_epi32(m, 4 * (s % 2)), _mm256_set1_epi32(15)));
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
-        *wa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        *wb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+        q4k_scales(p, (int)(b % 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D))),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN))), wa, wb);
         return;
     }
     *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
@@ -590,6 +714,8 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
             lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
         } else if (llm_packed_lanes(type)) {
             S[0] = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
+        } else if (NT == 1 && W16 && ZMM_ROW1(type)) {   /* Q8_0 */
+            S[0] = q8_rows8_sums(p + llm_packed_rest((int)bb, hd, 0), (const int16_t *)x->q + 32 * b);
         } else if (NT == 1) {
             __m256i xa, xb, v[8];
             x_block(x, b, W16, &xa, &xb);
@@ -620,11 +746,40 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
     UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
 }
 
+/* packed_group for one X row of 16-bit quants and a Q4_K group (decode),
+ * by super-block: its rows' d and dmin converted once for its 8 blocks */
+static void packed_q4k_row1(const uint8_t *grp, int64_t nb, const llm_act_row *x, float *out) {
+    const int64_t bb = llm_packed_block_bytes(LLM_TYPE_Q4_K);
+    __m256 acc[8];
+    UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t *p = llm_packed_block(LLM_TYPE_Q4_K, grp, b0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
+        UNROLL for (int s = 0; s < 8; s++) {
+            const int64_t b = b0 + s;
+            const uint8_t *at = grp + b * 8 * bb;
+            for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+            const int16_t *xp = (const int16_t *)x->q + 32 * b;
+            __m256i S;
+            __m256 wa, wb;
+            lane_sums16(p + LLM_PK4K_Q + 128 * s, &xp, 1, &S);
+            q4k_scales(p, s, d, dmin, &wa, &wb);
+            acc[s] = _mm256_add_ps(acc[s], block_terms(LLM_TYPE_Q4_K, S, wa, wb, x, b));
+        }
+    }
+    lanes_final(acc, out);
+}
+
 /* packed_group on the first rows of x [0 .. n), as many as it takes at
  * once (up to LANE_ROWS with 16-bit quants, else 1), each count compiled
  * apart; returns how many it took. */
 static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
                                                             const llm_act_row *x, int n, float *out, const int W16) {
+    if (type == LLM_TYPE_Q4_K && W16 && n == 1) {
+        packed_q4k_row1(grp, nb, x, out);
+        return 1;
+    }
     if (!W16 || n == 1) {
         packed_group(type, grp, nb, x, 1, out, W16);
         return 1;
