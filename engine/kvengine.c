@@ -414,9 +414,37 @@ static int grow(kve_request *r, size_t len) {
     return 0;
 }
 
-/* The scheduler's events (on its thread): into the buffer, then to the callback. */
+/* The caller's callback with the scheduler's event ev. */
+static void call_back(const kve_request *r, const llm_sched_event *ev) {
+    kve_event e = {.token = ev->token, .text = ev->text, .text_len = ev->text_len, .logprob = ev->logprob,
+                   .stop = (kve_stop_reason)ev->finish, .choice = ev->choice, .n_top = ev->n_top,
+                   .top_ids = ev->top_ids, .top_logprobs = ev->top_logprobs, .n_prompt = ev->n_prompt,
+                   .n_cached = ev->n_cached, .n_generated = ev->n_generated, .status = ev->status,
+                   .error = ev->finish == LLM_STOP_ERROR ? ev->error : NULL};
+    r->fn(r->user, &e);
+}
+
+/* Records why the request failed (under r->mu). */
+static void set_error(kve_request *r, const llm_sched_event *ev) {
+    r->status = ev->status ? ev->status : KVE_ERR_PARAM;
+    snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : kve_status_str(r->status));
+}
+
+/* The scheduler's events (on its thread): into the buffer, then to the
+ * callback; unbuffered, a token goes to the callback alone, with no lock. */
 static void on_sched_event(void *user, const llm_sched_event *ev) {
     kve_request *r = user;
+    if (r->unbuffered && !ev->done) {
+        if (ev->finish != LLM_STOP_NONE) {
+            pthread_mutex_lock(&r->mu);
+            r->n_prompt = ev->n_prompt, r->n_cached = ev->n_cached;
+            if (ev->choice == 0) r->stop0 = (kve_stop_reason)ev->finish;
+            if (ev->finish == LLM_STOP_ERROR && !r->status) set_error(r, ev);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (r->fn) call_back(r, ev);
+        return;
+    }
     pthread_mutex_lock(&r->mu);
     r->n_prompt = ev->n_prompt, r->n_cached = ev->n_cached;
     if (ev->done) {
@@ -427,22 +455,6 @@ static void on_sched_event(void *user, const llm_sched_event *ev) {
         r->done = 1;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
-        return;
-    }
-    if (r->unbuffered) {   /* no buffer: the callback has the tokens */
-        if (ev->choice == 0 && ev->finish != LLM_STOP_NONE) r->stop0 = (kve_stop_reason)ev->finish;
-        if (ev->finish == LLM_STOP_ERROR && !r->status) {
-            r->status = ev->status ? ev->status : KVE_ERR_PARAM;
-            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : kve_status_str(r->status));
-        }
-        kve_event_fn fn = r->fn;
-        pthread_mutex_unlock(&r->mu);
-        kve_event e = {.token = ev->token, .text = ev->text, .text_len = ev->text_len, .logprob = ev->logprob,
-                       .stop = (kve_stop_reason)ev->finish, .choice = ev->choice, .n_top = ev->n_top,
-                       .top_ids = ev->top_ids, .top_logprobs = ev->top_logprobs, .n_prompt = ev->n_prompt,
-                       .n_cached = ev->n_cached, .n_generated = ev->n_generated, .status = ev->status,
-                       .error = ev->finish == LLM_STOP_ERROR ? ev->error : NULL};
-        if (fn) fn(r->user, &e);
         return;
     }
     int oom = grow(r, ev->text_len);
@@ -461,26 +473,15 @@ static void on_sched_event(void *user, const llm_sched_event *ev) {
     r->n_generated = ev->n_generated > r->n_generated ? ev->n_generated : r->n_generated;
     if (ev->finish != LLM_STOP_NONE && r->stop == KVE_STOP_NONE) {
         r->stop = (kve_stop_reason)ev->finish;
-        if (ev->finish == LLM_STOP_ERROR) {
-            r->status = ev->status ? ev->status : KVE_ERR_PARAM;
-            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : kve_status_str(r->status));
-        }
+        if (ev->finish == LLM_STOP_ERROR) set_error(r, ev);
     } else if (oom && r->stop == KVE_STOP_NONE) {
         r->stop = KVE_STOP_ERROR, r->status = KVE_ERR_NOMEM;
         snprintf(r->error, sizeof r->error, "out of memory for the request's output");
         llm_sched_cancel(r->ctx->s, r->id);
     }
     pthread_cond_broadcast(&r->cv);
-    kve_event_fn fn = r->fn;
     pthread_mutex_unlock(&r->mu);
-    if (fn) {
-        kve_event e = {.token = ev->token, .text = ev->text, .text_len = ev->text_len, .logprob = ev->logprob,
-                       .stop = (kve_stop_reason)ev->finish, .choice = ev->choice, .n_top = ev->n_top,
-                       .top_ids = ev->top_ids, .top_logprobs = ev->top_logprobs, .n_prompt = ev->n_prompt,
-                       .n_cached = ev->n_cached, .n_generated = ev->n_generated, .status = ev->status,
-                       .error = ev->finish == LLM_STOP_ERROR ? ev->error : NULL};
-        fn(r->user, &e);
-    }
+    if (r->fn) call_back(r, ev);
 }
 
 /* The prompt's token ids (malloc'ed) from whichever form p gives. */

@@ -3,6 +3,9 @@
  * loop written here (llm_eval + llm_argmax on a context of its own), the
  * callback and polling see the same output, several requests at once each
  * get their own, and every refusal names what is wrong and queues nothing.
+ * kve_submit_ex: n choices each equal the plain loop, a banned token gives
+ * way to the plain logits' next best, grammar and tool-call replies are
+ * documents of their grammar, the counters count what was submitted.
  * Under the sanitizer runs this is the API's memory and thread check. */
 #include <math.h>
 #include <stdio.h>
