@@ -84,6 +84,7 @@ static void queue_wait(gen_queue *q, int ms) {
 int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e) {
     *out = NULL, *n = 0;
     if (r->tokens) {   /* a completion prompt given as ids */
+        if (r->n_tokens == 0) return srv_error_set(e, 400, "invalid_request_error", "the prompt is empty");
         for (int32_t i = 0; i < r->n_tokens; i++)
             if (r->tokens[i] >= kve_model_n_vocab(s->m))
                 return srv_error_set(e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
@@ -131,6 +132,10 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
         free(*out), *out = NULL, *n = 0;
         return srv_error_set(e, 400, "invalid_request_error", "the %s cannot be tokenized (too long?)",
                              r->kind == SRV_CHAT ? "messages" : "prompt");
+    }
+    if (*n == 0) {   /* an empty text and a model that adds no BOS */
+        free(*out), *out = NULL;
+        return srv_error_set(e, 400, "invalid_request_error", "the prompt is empty");
     }
     return 0;
 }
