@@ -17,10 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "../engine/model/model.h"
-#include "../engine/weights/quant.h"
-#include "../engine/gen/session.h"
+#include "cli.h"
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvcache bench model|attention [options]   (kvcache bench model --help)\n"
@@ -111,11 +108,11 @@ static void json_str(const char *s) {
 }
 
 /* Feeds toks [from, to) in chunks, with a progress bar: a deep cache takes a while. */
-static int feed_to(llm_session *s, const int32_t *toks, int32_t from, int32_t to) {
-    int st = LLM_OK;
-    for (int32_t at = from; at < to && st == LLM_OK;) {
+static int feed_to(kve_session *s, const int32_t *toks, int32_t from, int32_t to) {
+    int st = KVE_OK;
+    for (int32_t at = from; at < to && st == KVE_OK;) {
         int32_t n = to - at < 1024 ? to - at : 1024;
-        st = llm_session_feed(s, toks + at, n);
+        st = kve_session_feed(s, toks + at, n);
         at += n;
         if (to - from > 1024) cli_progress("depth", at - from, to - from);
     }
@@ -125,17 +122,17 @@ static int feed_to(llm_session *s, const int32_t *toks, int32_t from, int32_t to
 /* Back to the depth's tokens before the next run. A window cache (Gemma 3)
  * has evicted the keys a truncation back would need once a run passes the
  * window, so the session starts over: prefill the depth again, untimed. */
-static int back_to_depth(llm_session *s, const int32_t *toks, int32_t depth) {
-    int st = llm_session_truncate(s, depth);
-    if (st == LLM_OK && llm_session_n_cached(s) < depth) st = feed_to(s, toks, llm_session_n_cached(s), depth);
+static int back_to_depth(kve_session *s, const int32_t *toks, int32_t depth) {
+    int st = kve_session_truncate(s, depth);
+    if (st == KVE_OK && kve_session_n_cached(s) < depth) st = feed_to(s, toks, kve_session_n_cached(s), depth);
     return st;
 }
 
 /* What every row shares. */
 typedef struct {
-    llm_model *m;
-    llm_context *c;
-    llm_session *s;
+    kve_model *m;
+    kve_session *s;
+    kve_model_shape shape;
     const int32_t *toks;
     int64_t reps;
     int json;
@@ -144,12 +141,12 @@ typedef struct {
 } bench;
 
 /* The read bandwidth by as many threads as the model runs, over 256 MiB. */
-static double measure_bandwidth(llm_context *c) {
+static double measure_bandwidth(int32_t n_threads) {
     size_t len = (size_t)64 << 20;
     float *buf = aligned_alloc(4096, len * sizeof(float));
     kv_pool *pool = NULL;
     double gbs = 0;
-    if (buf && kv_pool_create(llm_context_get_params(c).n_threads, &pool) == KV_OK) {
+    if (buf && kv_pool_create(n_threads, &pool) == KV_OK) {
         for (size_t i = 0; i < len; i++) buf[i] = (float)(i & 1023);
         gbs = cli_read_bandwidth(pool, buf, len, 4);
     }
@@ -189,40 +186,40 @@ static uint64_t llc_bytes(void) {
 }
 
 /* One row: reps runs of prefill (n_gen 0) or decode of n tokens at depth,
- * then its line (or JSON object) on stdout. An llm_status. */
+ * then its line (or JSON object) on stdout. A kve_status. */
 static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
-    llm_gen_params gp = llm_gen_default_params();
-    gp.sampler.temp = 0, gp.ignore_eog = 1; /* every run does the same work */
-    llm_gen_result res;
+    kve_generate_params gp = kve_generate_default_params();
+    gp.temperature = 0, gp.ignore_eog = 1; /* every run does the same work */
+    kve_generate_result res;
     char label[64];
     snprintf(label, sizeof label, "%s %lld @ d%lld", n_prompt ? "prefill" : "decode",
              (long long)(n_prompt ? n_prompt : n_gen), (long long)depth);
     enum { MAX_GROUPS = 4 };
     uint64_t in_use[MAX_GROUPS] = {0};
     int32_t in_use_len = 0;
-    const int32_t n_groups = llm_model_n_groups(b->m) < MAX_GROUPS ? llm_model_n_groups(b->m) : MAX_GROUPS;
-    int st = LLM_OK;
-    for (int64_t r = 0; r < b->reps && st == LLM_OK; r++) {
+    const int32_t n_groups = b->shape.n_groups < MAX_GROUPS ? b->shape.n_groups : MAX_GROUPS;
+    int st = KVE_OK;
+    for (int64_t r = 0; r < b->reps && st == KVE_OK; r++) {
         cli_progress(label, r, b->reps);
         if (n_prompt) { /* one batched pass over n_prompt tokens after the depth */
             gp.max_tokens = 0;
-            for (int32_t g = 0; g < llm_context_n_caches(b->c); g++) /* measured, not reused from the last run */
-                kv_prefix_clear(llm_context_cache_at(b->c, g));
-            st = llm_session_generate(b->s, b->toks, (int32_t)(depth + n_prompt), &gp, &res);
+            kve_session_clear_prefixes(b->s); /* measured, not reused from the last run */
+            st = kve_session_generate(b->s, b->toks, (int32_t)(depth + n_prompt), &gp, &res);
             b->x[r] = (double)n_prompt / res.t_prefill;
         } else { /* n_gen forward passes of one token: the first fed as a one-token prompt, the rest sampled */
             gp.max_tokens = (int32_t)n_gen;
-            st = llm_session_generate(b->s, b->toks, (int32_t)(depth + 1), &gp, &res);
+            st = kve_session_generate(b->s, b->toks, (int32_t)(depth + 1), &gp, &res);
             b->x[r] = (double)n_gen / (res.t_prefill + res.t_decode);
-            if (st == LLM_OK && res.reason != LLM_STOP_LENGTH) st = LLM_ERR_CAPACITY;
+            if (st == KVE_OK && res.stop != KVE_STOP_LENGTH) st = KV_ERR_CAPACITY;
+            kv_cache_stats cs;
             for (int32_t g = 0; g < n_groups; g++) /* what each cache holds at the run's end */
-                in_use[g] = kv_cache_get_stats(llm_context_cache_at(b->c, g)).bytes_in_use;
-            in_use_len = llm_seq_length(b->c, llm_session_seq(b->s));
+                in_use[g] = kve_session_cache_group(b->s, g, NULL, NULL, &cs) == KVE_OK ? cs.bytes_in_use : 0;
+            in_use_len = kve_session_n_cached(b->s);
         }
-        if (st == LLM_OK) st = back_to_depth(b->s, b->toks, (int32_t)depth);
+        if (st == KVE_OK) st = back_to_depth(b->s, b->toks, (int32_t)depth);
     }
     cli_progress(label, b->reps, b->reps);
-    if (st != LLM_OK) return st;
+    if (st != KVE_OK) return st;
     double mean, sd;
     stats(b->x, (int)b->reps, &mean, &sd);
     /* the floor: what a decoded token reads at the measured bandwidth, at the
@@ -230,23 +227,24 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
      * copy when there is one), and per cache group the K/V of the positions
      * its layers attend, at most a window's */
     double at = (double)depth + (double)n_gen / 2, kv = 0;
-    for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(b->m, g, &nl, &w) == LLM_OK; g++) {
+    kv_cache_stats cs;
+    for (int32_t g = 0, w; g < n_groups && kve_session_cache_group(b->s, g, NULL, &w, &cs) == KVE_OK; g++) {
         double span = w && (double)w < at ? (double)w : at;
-        kv += (double)kv_cache_get_stats(llm_context_cache_at(b->c, g)).bytes_per_token * span;
+        kv += (double)cs.bytes_per_token * span;
     }
-    const uint64_t streamed = llm_model_streamed_bytes(b->m);
+    const uint64_t streamed = b->shape.streamed_bytes;
     double floor_mb = ((double)streamed + kv) / 1e6;
     double floor_tps = n_gen && b->read_gbs > 0 ? b->read_gbs * 1e3 / floor_mb : 0;
-    const llm_context_params cp = llm_context_get_params(b->c);
+    const kve_session_params cp = kve_session_get_params(b->s);
     if (b->json) {
         const char *k = n_prompt ? "prefill" : "decode";
         printf("{\"model\": ");
-        json_str(llm_model_name(b->m));
+        json_str(kve_model_name(b->m));
         printf(", \"threads\": %d, \"depth\": %lld, \"kv_type\": \"%s\", \"reps\": %lld, \"kernels\": \"%s\", "
                "\"act_bits\": %d, \"packed_bytes\": %llu, \"streamed_bytes\": %llu, \"%s_tokens\": %lld, "
                "\"%s_tps\": %.3f, \"%s_tps_stdev\": %.3f",
                (int)cp.n_threads, (long long)depth, kv_dtype_name(cp.kv_type), (long long)b->reps,
-               llm_quant_kernels(), (int)cp.act_bits, (unsigned long long)llm_model_packed_bytes(b->m),
+               kve_kernels(), (int)cp.act_bits, (unsigned long long)b->shape.packed_bytes,
                (unsigned long long)streamed, k,
                (long long)(n_prompt ? n_prompt : n_gen), k, mean, k, sd);
         if (n_gen) {
@@ -266,7 +264,7 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
         if (floor_tps > 0) printf(" %9.1f %6.2f", floor_tps, mean / floor_tps);
         if (n_gen) {
             printf("   KV in use at %d:", (int)in_use_len);
-            for (int32_t g = 0, nl, w; g < n_groups && llm_model_group(b->m, g, &nl, &w) == LLM_OK; g++) {
+            for (int32_t g = 0, nl, w; g < n_groups && kve_model_group(b->m, g, &nl, &w) == KVE_OK; g++) {
                 if (w) printf("%s %d window-%d layers %llu", g ? ";" : "", (int)nl, (int)w, (unsigned long long)in_use[g]);
                 else printf("%s %d full layers %llu", g ? ";" : "", (int)nl, (unsigned long long)in_use[g]);
             }
@@ -274,7 +272,7 @@ static int bench_row(bench *b, int64_t depth, int64_t n_prompt, int64_t n_gen) {
         printf("\n");
     }
     fflush(stdout);
-    return LLM_OK;
+    return KVE_OK;
 }
 
 int cmd_bench_model(int argc, char **argv) {
@@ -307,15 +305,17 @@ int cmd_bench_model(int argc, char **argv) {
         return 2;
     }
     bench b = {.reps = reps, .json = json};
-    int rc = cli_load("bench model", &mo, 1, need, &b.m, &b.c);
+    if (!mo.ctx) mo.ctx = need;
+    int rc = cli_open("bench model", &mo, &b.m, &b.s);
     if (rc) return rc;
-    if (llm_context_get_params(b.c).n_ctx < need) {
+    if (kve_session_get_params(b.s).n_ctx < need) {
         fprintf(stderr, "kvcache bench model: --ctx %d is less than depth + tokens + 1 = %lld\n",
-                (int)llm_context_get_params(b.c).n_ctx, (long long)need);
-        llm_context_free(b.c), llm_model_free(b.m);
+                (int)kve_session_get_params(b.s).n_ctx, (long long)need);
+        kve_session_free(b.s), kve_model_free(b.m);
         return 2;
     }
-    const int32_t V = llm_model_n_vocab(b.m);
+    b.shape = kve_model_get_shape(b.m);
+    const int32_t V = kve_model_n_vocab(b.m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)need);
     b.x = calloc((size_t)reps, sizeof(double));
     uint64_t rng = 42;
@@ -324,36 +324,36 @@ int cmd_bench_model(int argc, char **argv) {
         toks[i] = (int32_t)((rng >> 33) % (uint64_t)V);
     }
     b.toks = toks;
-    int st = toks && b.x ? llm_session_create(b.c, &b.s) : LLM_ERR_NOMEM;
-    const llm_context_params cp = llm_context_get_params(b.c);
-    if (st == LLM_OK && !json) {
+    int st = toks && b.x ? KVE_OK : KVE_ERR_NOMEM;
+    const kve_session_params cp = kve_session_get_params(b.s);
+    if (st == KVE_OK && !json) {
         int ab = cp.act_bits;
         printf("model %s (%.1f MB of weights, %.1f MB of them packed), %d threads, %s K/V, %s kernels, %s "
                "activations, %lld runs each\n",
-               llm_model_name(b.m), (double)llm_model_weight_bytes(b.m) / 1e6,
-               (double)llm_model_packed_bytes(b.m) / 1e6, (int)cp.n_threads, kv_dtype_name(cp.kv_type),
-               llm_quant_kernels(), ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
+               kve_model_name(b.m), (double)b.shape.weight_bytes / 1e6,
+               (double)b.shape.packed_bytes / 1e6, (int)cp.n_threads, kv_dtype_name(cp.kv_type),
+               kve_kernels(), ab == 16 ? "int16" : ab == 8 ? "int8" : "f32", (long long)reps);
         printf("  %-8s %-6s %-8s %10s %8s%s\n", "test", "tokens", "depth", "tokens/s", "+/-",
                max_n ? "     floor  ratio" : "");
         fflush(stdout);
     }
-    for (int di = 0; di < depths.n && st == LLM_OK; di++) {
+    for (int di = 0; di < depths.n && st == KVE_OK; di++) {
         const int64_t d = depths.v[di];
-        llm_session_reset(b.s);
+        kve_session_reset(b.s);
         st = feed_to(b.s, toks, 0, (int32_t)d);
-        for (int k = 0; k < prompts.n && st == LLM_OK; k++)
+        for (int k = 0; k < prompts.n && st == KVE_OK; k++)
             if (prompts.v[k]) st = bench_row(&b, d, prompts.v[k], 0);
-        for (int k = 0; k < gens.n && st == LLM_OK; k++) {
+        for (int k = 0; k < gens.n && st == KVE_OK; k++) {
             if (!gens.v[k]) continue;
-            if (b.read_gbs == 0) b.read_gbs = measure_bandwidth(b.c);
+            if (b.read_gbs == 0) b.read_gbs = measure_bandwidth(cp.n_threads);
             st = bench_row(&b, d, 0, gens.v[k]);
         }
     }
-    if (st != LLM_OK) {
-        fprintf(stderr, "kvcache bench model: %s\n", llm_status_str(st));
+    if (st != KVE_OK) {
+        fprintf(stderr, "kvcache bench model: %s\n", kve_status_str(st));
         rc = 1;
     } else if (!json && b.read_gbs > 0) {
-        const uint64_t streamed = llm_model_streamed_bytes(b.m);
+        const uint64_t streamed = b.shape.streamed_bytes;
         printf("  floor: the weights the products stream (%.1f MB, packed where they are) + each layer group's\n"
                "  K/V at the row's mean depth (a window group's at most its window), read once per token at\n"
                "  the %.1f GB/s read by %d threads before the decode rows; ratio: decode's tokens/s over the floor's\n",
@@ -363,9 +363,8 @@ int cmd_bench_model(int argc, char **argv) {
             printf("  the last-level cache holds %.1f MiB: the weights %s (a ratio above 1 means they are read from it)\n",
                    (double)llc / (1 << 20), streamed <= llc ? "fit in it" : "do not fit");
     }
-    llm_session_free(b.s);
+    kve_session_free(b.s);
     free(toks), free(b.x);
-    llm_context_free(b.c);
-    llm_model_free(b.m);
+    kve_model_free(b.m);
     return rc;
 }

@@ -37,11 +37,7 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
 }
 
 int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int parse_special, int32_t *n_out) {
-    return cli_tokenize_len(m, text, strlen(text), add_special, parse_special, n_out);
-}
-
-int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int parse_special,
-                          int32_t *n_out) {
+    const size_t len = strlen(text);
     int32_t need = llm_tokenize(llm_model_tokenizer(m), text, len, add_special, parse_special, NULL, 0);
     if (need == LLM_TOK_ERR) return NULL;
     int32_t cap = need < 0 ? -need : need;

@@ -1,5 +1,5 @@
 /* cli/internal.h - for the diagnostic subcommands that measure the engine's
- * insides (bench model, verify, perplexity, price, info): a model and
+ * insides (verify, info): a model and
  * context as the engine's internal headers have them. The user-facing
  * commands (generate, chat, tokenize, serve) use cli.h and kvengine.h alone. */
 #ifndef KV_CLI_INTERNAL_H
@@ -16,8 +16,5 @@ int cli_load(const char *cmd, const cli_model_opts *o, int32_t n_seqs, int64_t c
  * written in it recognised only when parse_special) into a malloc'ed array of
  * *n_out ids; NULL on failure. */
 int32_t *cli_tokenize(const llm_model *m, const char *text, int add_special, int parse_special, int32_t *n_out);
-/* The same over text [len], NUL bytes included (a file read by its length). */
-int32_t *cli_tokenize_len(const llm_model *m, const char *text, size_t len, int add_special, int parse_special,
-                          int32_t *n_out);
 
 #endif

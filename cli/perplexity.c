@@ -15,9 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/sampler.h"
+#include "cli.h"
 
 static void usage(void) {
     printf("usage: kvcache perplexity [-m MODEL.gguf] -f TEXT [--ctx N] [--chunks N] [--kv-type T]\n"
@@ -47,6 +45,12 @@ static uint64_t fnv(uint64_t h, const int32_t *ids, size_t n) {
     for (size_t i = 0; i < n; i++)
         for (int b = 0; b < 4; b++) h = (h ^ (uint8_t)((uint32_t)ids[i] >> (8 * b))) * 1099511628211ull;
     return h;
+}
+
+static int32_t argmax(const float *v, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) best = v[i] > v[best] ? i : best;
+    return best;
 }
 
 /* lp = log softmax(logits), the normalizer summed in double. */
@@ -85,21 +89,20 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "kvcache perplexity: cannot read '%s': %s\n", file, strerror(errno));
         return 1;
     }
-    llm_model *m;
-    llm_context *c;
-    int rc = cli_load("perplexity", &mo, 1, 0, &m, &c);
+    kve_model *m;
+    kve_session *s;
+    int rc = cli_open("perplexity", &mo, &m, &s);
     if (rc) return free(text), rc;
-    const int32_t V = llm_model_n_vocab(m), ctx = (int32_t)mo.ctx, first = ctx / 2;
-    const int32_t n_batch = llm_context_get_params(c).n_batch;
-    int32_t n_tok = 0, *ids = cli_tokenize_len(m, text, text_len, 1, 0, &n_tok); /* a NUL is a byte */
+    const int32_t V = kve_model_n_vocab(m), ctx = (int32_t)mo.ctx, first = ctx / 2;
+    const int32_t n_batch = kve_session_get_params(s).n_batch;
+    int32_t n_tok = 0, *ids = cli_text_tokens(m, text, text_len, 1, 0, &n_tok); /* a NUL is a byte */
     free(text);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n_batch);
     float *lp = malloc(sizeof(float) * (size_t)V), *base = malloc(sizeof(float) * (size_t)V);
-    uint8_t *want = malloc((size_t)n_batch);
     FILE *kl = NULL;
     char tmp_path[4096] = "";
     rc = 1;
-    if (!ids || !logits || !lp || !base || !want) {
+    if (!ids || !logits || !lp || !base) {
         fprintf(stderr, "kvcache perplexity: out of memory or untokenizable text\n");
         goto done;
     }
@@ -111,7 +114,7 @@ int cmd_perplexity(int argc, char **argv) {
         goto done;
     }
     /* llama.cpp starts every window with BOS when the model adds one */
-    int32_t bos = llm_tokenizer_bos(llm_model_tokenizer(m));
+    int32_t bos = kve_model_bos(m);
     int add_bos = bos >= 0 && n_tok > 0 && ids[0] == bos;
     uint64_t per = (uint64_t)(ctx - 1 - first), n_scored = per * (uint64_t)n_chunks, hash = 1469598103934665603ull;
     for (int32_t k = 0; k < n_chunks; k++) {
@@ -141,23 +144,20 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
     printf("perplexity: %s, %d tokens: %d windows of %d, each scored on its last %d predictions; %s K/V\n",
-           llm_model_name(m), (int)n_tok, (int)n_chunks, (int)ctx, (int)per, kv_dtype_name(llm_context_get_params(c).kv_type));
-    int32_t seq;
-    llm_seq_new(c, &seq);
+           kve_model_name(m), (int)n_tok, (int)n_chunks, (int)ctx, (int)per,
+           kv_dtype_name(kve_session_get_params(s).kv_type));
     double nll = 0, nll2 = 0, kl_sum = 0, kl_max = 0, t0 = cli_now();
     uint64_t count = 0, same_top = 0;
-    int st = KV_OK;
-    for (int32_t k = 0; k < n_chunks && st == KV_OK; k++) {
+    int st = KVE_OK;
+    for (int32_t k = 0; k < n_chunks && st == KVE_OK; k++) {
         const int32_t *w = ids + (size_t)k * (size_t)ctx;
-        llm_seq_truncate(c, seq, 0);
-        for (int32_t a = 0; a < ctx && st == KV_OK; a += n_batch) {
-            int32_t t = ctx - a < n_batch ? ctx - a : n_batch, rows[2] = {0, t}, n_want = 0;
-            for (int32_t j = 0; j < t; j++) n_want += want[j] = (a + j >= first && a + j < ctx - 1);
-            llm_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows, .tokens = w + a, .want = want};
-            st = llm_forward(c, &b, n_want ? logits : NULL);
-            for (int32_t j = 0, o = 0; j < t && st == KV_OK; j++) {
-                if (!want[j]) continue;
-                const float *lg = logits + (size_t)o++ * (size_t)V;
+        kve_session_reset(s);
+        for (int32_t a = 0; a < ctx && st == KVE_OK; a += n_batch) {
+            /* scored: the predictions after tokens [first, ctx - 1) of the window */
+            int32_t t = ctx - a < n_batch ? ctx - a : n_batch, from = first - a < 0 ? 0 : first - a < t ? first - a : t;
+            st = kve_session_eval(s, w + a, t, from, logits);
+            for (int32_t j = from; j < t && a + j < ctx - 1 && st == KVE_OK; j++) {
+                const float *lg = logits + (size_t)(j - from) * (size_t)V;
                 log_softmax(lg, V, lp);
                 double l = -(double)lp[w[a + j + 1]];
                 nll += l, nll2 += l * l, count++;
@@ -169,7 +169,7 @@ int cmd_perplexity(int argc, char **argv) {
                     double d = 0;
                     for (int32_t i = 0; i < V; i++) d += exp((double)base[i]) * ((double)base[i] - lp[i]);
                     kl_sum += d, kl_max = d > kl_max ? d : kl_max;
-                    same_top += llm_argmax(base, V) == llm_argmax(lp, V);
+                    same_top += argmax(base, V) == argmax(lp, V);
                 } else if (kl && fwrite(lp, sizeof(float), (size_t)V, kl) != (size_t)V) {
                     fprintf(stderr, "kvcache perplexity: cannot write '%s'\n", tmp_path);
                     goto done;
@@ -177,11 +177,11 @@ int cmd_perplexity(int argc, char **argv) {
             }
             cli_progress("perplexity", (int64_t)k * ctx + a + t, (int64_t)n_chunks * ctx);
         }
-        if (st == KV_OK && !isatty(2))
+        if (st == KVE_OK && !isatty(2))
             fprintf(stderr, "[%d/%d] ppl %.4f\n", (int)k + 1, (int)n_chunks, exp(nll / (double)count));
     }
-    if (st != KV_OK) {
-        fprintf(stderr, "kvcache perplexity: %s\n", llm_status_str(st));
+    if (st != KVE_OK) {
+        fprintf(stderr, "kvcache perplexity: %s\n", kve_status_str(st));
         goto done;
     }
     double secs = cli_now() - t0, mean = nll / (double)count;
@@ -208,8 +208,8 @@ int cmd_perplexity(int argc, char **argv) {
 done:
     if (kl) fclose(kl);
     if (tmp_path[0]) remove(tmp_path);
-    free(ids), free(logits), free(lp), free(base), free(want);
-    llm_context_free(c);
-    llm_model_free(m);
+    free(ids), free(logits), free(lp), free(base);
+    kve_session_free(s);
+    kve_model_free(m);
     return rc;
 }

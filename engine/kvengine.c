@@ -11,6 +11,7 @@
 #include "gen/tier.h"
 #include "text/grammar.h"
 #include "text/tokenizer.h"
+#include "weights/quant.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -119,6 +120,25 @@ int32_t kve_model_n_vocab(const kve_model *m) { return m ? llm_model_n_vocab(m->
 int32_t kve_model_n_ctx_train(const kve_model *m) { return m ? llm_model_hparams(m->m)->ctx_train : 0; }
 const char *kve_model_name(const kve_model *m) { return m ? llm_model_name(m->m) : ""; }
 int kve_model_has_chat_template(const kve_model *m) { return m && llm_model_chat(m->m)->kind != LLM_CHAT_UNKNOWN; }
+int32_t kve_model_bos(const kve_model *m) { return m ? llm_tokenizer_bos(llm_model_tokenizer(m->m)) : -1; }
+
+kve_model_shape kve_model_get_shape(const kve_model *m) {
+    kve_model_shape sh = {0};
+    if (!m) return sh;
+    const llm_hparams *hp = llm_model_hparams(m->m);
+    sh.n_layers = hp->n_layers, sh.dim = hp->dim, sh.n_heads = hp->n_heads, sh.n_kv_heads = hp->n_kv_heads;
+    sh.head_dim = hp->head_dim, sh.ffn_dim = hp->ffn_dim, sh.n_groups = llm_model_n_groups(m->m);
+    sh.weight_bytes = llm_model_weight_bytes(m->m);
+    sh.packed_bytes = llm_model_packed_bytes(m->m), sh.streamed_bytes = llm_model_streamed_bytes(m->m);
+    return sh;
+}
+
+const char *kve_kernels(void) { return llm_quant_kernels(); }
+
+int kve_model_group(const kve_model *m, int32_t g, int32_t *n_layers, int32_t *window) {
+    if (!m) return KVE_ERR_NULL;
+    return llm_model_group(m->m, g, n_layers, window) == LLM_OK ? KVE_OK : KVE_ERR_PARAM;
+}
 
 int kve_tokenize(const kve_model *m, const char *text, size_t len, int add_special, int parse_special, int32_t *out,
                  int32_t cap, int32_t *n_out) {

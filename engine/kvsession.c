@@ -172,6 +172,7 @@ int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t n, const
     g.on_token = p->on_token, g.on_text = p->on_text, g.user = p->user;
     g.progress = p->on_progress, g.progress_user = p->progress_user;
     g.context_shift = p->context_shift, g.n_keep = p->n_keep, g.draft_lookup = p->draft_lookup;
+    g.ignore_eog = p->ignore_eog;
     llm_gen_result r;
     int rc = llm_session_generate(s->s, tokens, n, &g, &r);
     *res = (kve_generate_result){.stop = (kve_stop_reason)r.reason, .status = r.status, .n_prompt = r.n_prompt,
@@ -189,6 +190,13 @@ int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n) {
     return llm_session_feed(s->s, tokens, n);
 }
 
+int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits) {
+    if (!s || (!tokens && n) || (!logits && first < n)) return KVE_ERR_NULL;
+    if (n < 0 || first < 0 || first > n) return KVE_ERR_PARAM;
+    int rc = llm_session_eval(s->s, tokens, n, first, logits);
+    return rc == LLM_ERR_SHAPE ? KVE_ERR_PARAM : rc;
+}
+
 int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped) {
     if (n_dropped) *n_dropped = 0;
     if (!s || !n_dropped) return KVE_ERR_NULL;
@@ -202,8 +210,21 @@ int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_
     return rc;
 }
 
+int kve_session_truncate(kve_session *s, int32_t n) {
+    if (!s) return KVE_ERR_NULL;
+    int32_t held;
+    llm_session_tokens(s->s, &held);
+    if (n < 0 || n > held) return KVE_ERR_PARAM;
+    return llm_session_truncate(s->s, n);
+}
+
 void kve_session_reset(kve_session *s) {
     if (s) llm_session_reset(s->s);
+}
+
+void kve_session_clear_prefixes(kve_session *s) {
+    if (!s) return;
+    for (int32_t g = 0; g < llm_context_n_caches(s->c); g++) kv_prefix_clear(llm_context_cache_at(s->c, g));
 }
 
 const int32_t *kve_session_tokens(const kve_session *s, int32_t *n) {
@@ -235,10 +256,8 @@ kv_cache_stats kve_session_cache_stats(const kve_session *s) {
 
 int kve_session_cache_group(const kve_session *s, int32_t g, int32_t *n_layers, int32_t *window,
                             kv_cache_stats *stats) {
-    if (!s || !n_layers || !window || !stats) return KVE_ERR_NULL;
-    int32_t n, w;
-    if (g < 0 || llm_model_group(llm_context_model(s->c), g, &n, &w) != LLM_OK) return KVE_ERR_PARAM;
-    *n_layers = n, *window = w;
-    *stats = kv_cache_get_stats(llm_context_cache_at(s->c, g));
+    if (!s) return KVE_ERR_NULL;
+    if (g < 0 || llm_model_group(llm_context_model(s->c), g, n_layers, window) != LLM_OK) return KVE_ERR_PARAM;
+    if (stats) *stats = kv_cache_get_stats(llm_context_cache_at(s->c, g));
     return KVE_OK;
 }

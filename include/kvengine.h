@@ -135,6 +135,37 @@ KVE_API int32_t kve_model_n_vocab(const kve_model *m);
 KVE_API int32_t kve_model_n_ctx_train(const kve_model *m);    /* the context it was trained for */
 KVE_API const char *kve_model_name(const kve_model *m);        /* general.name, or the file name */
 KVE_API int kve_model_has_chat_template(const kve_model *m);   /* 1: chat messages are accepted */
+KVE_API int32_t kve_model_bos(const kve_model *m);             /* the beginning-of-sequence id, or -1 */
+
+/* The shape that sizes the cache and the bytes a token reads. */
+typedef struct {
+    int32_t n_layers;
+    int32_t dim;             /* embedding width */
+    int32_t n_heads;         /* query heads */
+    int32_t n_kv_heads;      /* K/V heads the cache stores (fewer than n_heads: GQA/MQA) */
+    int32_t head_dim;
+    int32_t ffn_dim;
+    int32_t n_groups;        /* cache groups: layers that share an attention window share one
+                              * (kve_model_group) */
+    uint64_t weight_bytes;   /* bytes of every tensor in the file */
+    uint64_t packed_bytes;   /* bytes of the copy the engine repacks matrices into for its
+                              * kernels (0: none; KVCACHE_PACK=0 turns it off) */
+    uint64_t streamed_bytes; /* bytes a decoded token's matrix products read: every layer's
+                              * projections and the output, each in its packed copy if it has
+                              * one (the floor of decode is this plus the K/V it attends, over
+                              * the memory's bandwidth) */
+} kve_model_shape;
+
+/* Zeros for m NULL. */
+KVE_API kve_model_shape kve_model_get_shape(const kve_model *m);
+/* Cache group g in [0, n_groups): its layer count and window (0: full
+ * attention) into the pointers (either may be NULL). KVE_OK, KVE_ERR_PARAM
+ * for g out of range (nothing written), KVE_ERR_NULL. */
+KVE_API int kve_model_group(const kve_model *m, int32_t g, int32_t *n_layers, int32_t *window);
+/* The instruction set the weight products run on, chosen once per process
+ * from the CPU: "scalar", "avx2", "avx512" or "avx512vnni" (KVCACHE_SIMD and
+ * KVCACHE_NO_VNNI may lower it). */
+KVE_API const char *kve_kernels(void);
 
 /* The "out of room" rule of the three calls below: *n_out (or *len) is always
  * set to the size of the whole result; when it does not fit in cap, nothing
@@ -549,6 +580,8 @@ typedef struct {
     void *user;
     kve_progress_fn on_progress;   /* prefill progress, or NULL */
     void *progress_user;
+    int32_t ignore_eog;        /* 1: end-of-turn tokens are generated like any other, only the
+                                * other stops end (benchmarks); 0: they stop (default) */
 } kve_generate_params;
 
 /* max_tokens 128, temperature 0.8, top_k 40, top_p 0.95, min_p 0, no
@@ -588,14 +621,32 @@ KVE_API int kve_session_generate(kve_session *s, const int32_t *tokens, int32_t 
  * marker after a reply). All or nothing: KVE_OK, KV_ERR_CAPACITY (no room),
  * KVE_ERR_TOKEN, KVE_ERR_NULL. */
 KVE_API int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n);
+/* kve_session_feed that also returns the model's scores: the logits of the
+ * token after each of tokens[first..n), n_vocab floats per token, row after
+ * row into logits[(n - first) * n_vocab] (first == n: none, logits may then
+ * be NULL). For scoring text (perplexity, log-likelihoods of a continuation).
+ * The logits are as the model made them: NaN or infinity are not checked.
+ * All or nothing: KVE_OK, KV_ERR_CAPACITY (no room), KVE_ERR_TOKEN,
+ * KVE_ERR_PARAM (n < 0, first outside [0, n]), KVE_ERR_NULL. */
+KVE_API int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits);
 /* A context shift now: keeps the first n_keep cached positions and drops
  * after them half of the rest, or n_min if that is more (what the next
  * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK;
  * KVE_ERR_PARAM (n_keep past what the cache holds, n_min past what follows
  * it), KVE_ERR_NULL, or the cache's error, each with nothing changed. */
 KVE_API int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped);
+/* Keeps the first n tokens the sequence holds (0 <= n <= what it holds):
+ * KVE_OK, KVE_ERR_PARAM (nothing changed), KVE_ERR_NULL. A sliding-window
+ * cache that has evicted positions a cut back to n needs cannot keep them:
+ * the sequence is then emptied (kve_session_tokens says which happened).
+ * The positions cut stay findable in the prefix cache: a later generation
+ * from an empty sequence may resume from them. */
+KVE_API int kve_session_truncate(kve_session *s, int32_t n);
 /* Forgets everything: the sequence is empty. */
 KVE_API void kve_session_reset(kve_session *s);
+/* Empties the prefix cache: no later generation resumes from positions cut
+ * before (to measure a prefill, or to free what it held). */
+KVE_API void kve_session_clear_prefixes(kve_session *s);
 /* The tokens the sequence holds, [*n] (valid until the next call on s). */
 KVE_API const int32_t *kve_session_tokens(const kve_session *s, int32_t *n);
 /* Of those, the ones in the cache. */
@@ -614,7 +665,8 @@ KVE_API int kve_session_load(kve_session *s, const char *path, const int32_t *pr
 KVE_API kv_cache_stats kve_session_cache_stats(const kve_session *s);
 /* Cache group g (0 ..): models with sliding-window layers (Gemma 3) keep one
  * cache per window size. Its layers, window (0: full attention) and
- * occupancy; KVE_OK, or KVE_ERR_PARAM past the last group (nothing written). */
+ * occupancy, into the pointers (each may be NULL); KVE_OK, KVE_ERR_PARAM past
+ * the last group (nothing written), KVE_ERR_NULL. */
 KVE_API int kve_session_cache_group(const kve_session *s, int32_t g, int32_t *n_layers, int32_t *window,
                                     kv_cache_stats *stats);
 

@@ -680,3 +680,91 @@ TEST(kvengine_submit_ex_and_context_options_refuse_bad_input_and_change_nothing)
     kve_model_free(m);
     fx_free(&fx);
 }
+
+/* kve_session_eval's logits, in chunks that start and end inside the
+ * prefill batches and after a generated token not yet in the cache, equal
+ * the float64 forward of the fixture at every scored position; truncation
+ * keeps what it says and leaves the cut pages to the prefix cache until
+ * kve_session_clear_prefixes; the shape is the fixture's. */
+TEST(kvengine_session_eval_scores_every_position_as_the_f64_reference) {
+    enum { N = 40 };
+    fx_model fx;
+    kve_model *m;
+    kve_session *s;
+    if (load_fixture(&fx, &m)) return;
+    char err[256];
+    kve_session_params sp = kve_session_default_params();
+    sp.n_ctx = 64, sp.n_threads = 2, sp.n_batch = 7, sp.kv_type = KV_F32, sp.act_bits = 0;
+    if (kve_session_create(m, &sp, &s, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "session: %s", err);
+        return kve_model_free(m), fx_free(&fx);
+    }
+    const int32_t V = kve_model_n_vocab(m);
+    int32_t toks[N];
+    toks[0] = kve_model_bos(m);
+    CHECK_EQ_INT(toks[0], 1);
+    for (int32_t i = 1; i < N; i++) toks[i] = FX_BYTE0 + (int32_t)((i * 37 + 11) % 200);
+    double *ref = malloc(sizeof(double) * (size_t)N * (size_t)V);
+    float *got = malloc(sizeof(float) * (size_t)N * (size_t)V);
+    fx_reference(&fx, toks, N, ref);
+    /* tokens [0, 25) scoring from 5, then [25, 40) scoring all */
+    CHECK_EQ_INT(kve_session_eval(s, toks, 25, 5, got), KVE_OK);
+    CHECK_EQ_INT(kve_session_eval(s, toks + 25, 15, 0, got + (size_t)20 * (size_t)V), KVE_OK);
+    double bmax, r = fx_max_diff(got, ref + (size_t)5 * (size_t)V, (int64_t)35 * V, &bmax) / bmax;
+    printf("     eval in chunks: relative diff to f64 %.2e\n", r);
+    CHECK(r <= 1e-5);
+    CHECK_EQ_INT(kve_session_n_cached(s), N);
+    /* refused with nothing changed: first past n, an id outside the vocabulary, no room */
+    CHECK_EQ_INT(kve_session_eval(s, toks, 3, 4, got), KVE_ERR_PARAM);
+    int32_t bad = V;
+    CHECK_EQ_INT(kve_session_eval(s, &bad, 1, 0, got), KVE_ERR_TOKEN);
+    CHECK_EQ_INT(kve_session_eval(s, toks, 30, 30, NULL), KV_ERR_CAPACITY);
+    CHECK_EQ_INT(kve_session_eval(s, toks, 2, 0, NULL), KVE_ERR_NULL);
+    CHECK_EQ_INT(kve_session_n_cached(s), N);
+    /* truncated, the cut pages resume a later generation until the prefix cache is cleared */
+    CHECK_EQ_INT(kve_session_truncate(s, N + 1), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_truncate(s, 20), KVE_OK);
+    CHECK_EQ_INT(kve_session_n_cached(s), 20);
+    CHECK_EQ_INT(kve_session_truncate(s, 0), KVE_OK);
+    kve_generate_params g0 = kve_generate_default_params();
+    g0.max_tokens = 0;
+    kve_generate_result r0;
+    CHECK_EQ_INT(kve_session_generate(s, toks, N, &g0, &r0), KVE_OK);
+    CHECK(r0.n_reused >= 16);   /* whole pages of the cut sequence */
+    kve_session_reset(s);
+    kve_session_clear_prefixes(s);
+    CHECK_EQ_INT(kve_session_generate(s, toks, N, &g0, &r0), KVE_OK);
+    CHECK_EQ_INT(r0.n_reused, 0);
+    /* after a generated token (held, not yet cached) the scores follow it too */
+    kve_session_reset(s);
+    kve_generate_params gp = kve_generate_default_params();
+    gp.temperature = 0, gp.max_tokens = 1;
+    kve_generate_result res;
+    CHECK_EQ_INT(kve_session_generate(s, toks, 10, &gp, &res), KVE_OK);
+    int32_t n_held;
+    const int32_t *held = kve_session_tokens(s, &n_held);
+    if (n_held == 11) {
+        int32_t seq2[13];
+        memcpy(seq2, held, sizeof(int32_t) * 11);
+        seq2[11] = toks[11], seq2[12] = toks[12];
+        CHECK_EQ_INT(kve_session_eval(s, seq2 + 11, 2, 0, got), KVE_OK);
+        fx_reference(&fx, seq2, 13, ref);
+        r = fx_max_diff(got, ref + (size_t)11 * (size_t)V, (int64_t)2 * V, &bmax) / bmax;
+        printf("     eval after a generated token: relative diff to f64 %.2e\n", r);
+        CHECK(r <= 1e-5);
+    } else {
+        test_fail(__FILE__, __LINE__, "generate held %d tokens, not 11", (int)n_held);
+    }
+    /* the shape the cache is sized by */
+    kve_model_shape sh = kve_model_get_shape(m);
+    CHECK(sh.n_layers == fx.s.layers && sh.n_kv_heads == fx.s.kv_heads && sh.head_dim == fx.head_dim);
+    CHECK(sh.n_groups == 1 && sh.weight_bytes > 0);
+    int32_t nl = -1, w = -1;
+    CHECK_EQ_INT(kve_model_group(m, 0, &nl, &w), KVE_OK);
+    CHECK(nl == fx.s.layers && w == 0);
+    CHECK_EQ_INT(kve_model_group(m, 1, &nl, &w), KVE_ERR_PARAM);
+    free(ref), free(got);
+    kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}

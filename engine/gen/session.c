@@ -131,13 +131,19 @@ static int check_ids(const llm_session *s, const int32_t *tokens, int32_t n) {
 }
 
 int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n) {
-    if (!s || n < 0 || (n > 0 && !tokens)) return LLM_ERR_NULL;
+    return llm_session_eval(s, tokens, n, n, NULL);
+}
+
+int llm_session_eval(llm_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits) {
+    if (!s || n < 0 || (n > 0 && !tokens) || (!logits && first < n)) return LLM_ERR_NULL;
+    if (first < 0 || first > n) return LLM_ERR_SHAPE;
     int rc = check_ids(s, tokens, n);
     if (!rc) rc = reserve_tokens(s, (int64_t)s->n + n);
     if (rc) return rc;
     memcpy(s->toks + s->n, tokens, sizeof(int32_t) * (size_t)n);
-    rc = llm_eval(s->c, s->seq, s->toks + s->n_cached, s->n + n - s->n_cached, 0, NULL, NULL, NULL);
-    if (rc) return rc; /* llm_eval put the sequence back: nothing changed */
+    const int32_t pending = s->n - s->n_cached; /* a generated token not yet in the cache */
+    rc = llm_eval_from(s->c, s->seq, s->toks + s->n_cached, pending + n, pending + first, logits, NULL, NULL);
+    if (rc) return rc; /* llm_eval_from put the sequence back: nothing changed */
     s->n += n, s->n_cached = s->n;
     return LLM_OK;
 }

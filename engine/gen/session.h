@@ -160,6 +160,9 @@ int llm_session_generate(llm_session *s, const int32_t *tokens, int32_t n, const
  * cache) through the model, without logits: an end-of-turn marker, a depth
  * for a benchmark. All or nothing. */
 int llm_session_feed(llm_session *s, const int32_t *tokens, int32_t n);
+/* The same, with the logits after each of tokens [first, n) into
+ * logits[n - first][V]: LLM_ERR_SHAPE for first outside [0, n]. */
+int llm_session_eval(llm_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits);
 /* Keeps the first n tokens (n <= what it holds). */
 int llm_session_truncate(llm_session *s, int32_t n);
 /* Forget everything (the sequence becomes empty). */

@@ -133,7 +133,8 @@ struct llm_context {
     int32_t order[LLM_MAX_GROUPS];    /* reserve order: full caches first, window caches last */
     kv_pool *pool;          /* n_threads - 1 workers; also runs the caches' attention */
     llm_scratch ws;         /* n_batch rows */
-    uint8_t *all_rows;      /* [n_batch] all ones: "every row's logits" for llm_eval */
+    uint8_t *want_rows;     /* [2 n_batch]: n_batch zeros, then n_batch ones; from offset
+                             * n_batch - k, "every row's logits but the first k" */
 };
 
 /* One forward pass, as an architecture's forward receives it. */

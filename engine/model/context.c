@@ -82,12 +82,13 @@ int llm_context_create(const llm_model *m, const llm_context_params *pp, llm_con
         return llm_errf(err, errlen, LLM_ERR_NOMEM, "could not start the worker threads");
     }
     for (int32_t g = 0; g < c->n_caches; g++) kv_cache_set_pool(c->caches[g], c->pool);
-    c->all_rows = malloc((size_t)p.n_batch);
-    if (!c->all_rows || llm_scratch_alloc(&c->ws, &m->hp, p.n_batch)) {
+    c->want_rows = malloc(2 * (size_t)p.n_batch);
+    if (!c->want_rows || llm_scratch_alloc(&c->ws, &m->hp, p.n_batch)) {
         llm_context_free(c);
         return llm_errf(err, errlen, LLM_ERR_NOMEM, "out of memory for the forward scratch");
     }
-    memset(c->all_rows, 1, (size_t)p.n_batch);
+    memset(c->want_rows, 0, (size_t)p.n_batch);
+    memset(c->want_rows + p.n_batch, 1, (size_t)p.n_batch);
     *out = c;
     return LLM_OK;
 }
@@ -97,7 +98,7 @@ void llm_context_free(llm_context *c) {
     for (int32_t g = 0; g < c->n_caches; g++) kv_cache_free(c->caches[g]); /* before the pool they borrow */
     kv_pool_free(c->pool);
     llm_scratch_free(&c->ws);
-    free(c->all_rows);
+    free(c->want_rows);
     free(c);
 }
 
@@ -306,26 +307,34 @@ int llm_forward(llm_context *c, const llm_batch *b, float *logits) {
     return rc;
 }
 
-int llm_eval(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int all, float *logits,
-             llm_progress_fn progress, void *user) {
+int llm_eval_from(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t first, float *logits,
+                  llm_progress_fn progress, void *user) {
     if (!c || (!tokens && n > 0) || n < 0) return LLM_ERR_NULL;
+    if (first < 0 || first > n) return LLM_ERR_SHAPE;
     int32_t start = kv_seq_length(c->caches[0], seq);
     if (start < 0) return start;
+    const int32_t nb = c->p.n_batch;
     const size_t V = (size_t)c->m->hp.n_vocab;
     int rc = LLM_OK;
     for (int32_t done = 0; done < n && rc == LLM_OK;) {
-        int32_t t = n - done < c->p.n_batch ? n - done : c->p.n_batch;
+        int32_t t = n - done < nb ? n - done : nb;
         int32_t rows[2] = {0, t};
-        int last = done + t == n;
+        /* rows [skip, t) of this chunk return logits; NULL asks for the last row alone */
+        int32_t skip = first - done < 0 ? 0 : first - done < t ? first - done : t;
+        float *out = logits && skip < t ? logits + (size_t)(done + skip - first) * V : NULL;
         llm_batch b = {.n_seqs = 1, .seqs = &seq, .row_start = rows, .tokens = tokens + done,
-                       .want = all ? c->all_rows : NULL};
-        float *out = !logits ? NULL : all ? logits + (size_t)done * V : last ? logits : NULL;
+                       .want = !out || skip == t - 1 ? NULL : c->want_rows + nb - skip};
         rc = llm_forward(c, &b, out);
         done += t;
         if (progress) progress(user, done, n);
     }
     if (rc) llm_seq_truncate(c, seq, start);
     return rc;
+}
+
+int llm_eval(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int all, float *logits,
+             llm_progress_fn progress, void *user) {
+    return llm_eval_from(c, seq, tokens, n, all || n == 0 ? 0 : n - 1, logits, progress, user);
 }
 
 int llm_forward_dense(llm_context *c, const int32_t *tokens, int32_t n, int32_t first, float *logits) {

@@ -193,6 +193,10 @@ typedef void (*llm_progress_fn)(void *user, int64_t done, int64_t total);
  * was. */
 int llm_eval(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int all, float *logits,
              llm_progress_fn progress, void *user);
+/* The same, with the logits of tokens [first, n) into logits[n - first][V]
+ * (first == n or logits NULL: none); LLM_ERR_SHAPE for first outside [0, n]. */
+int llm_eval_from(llm_context *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t first, float *logits,
+                  llm_progress_fn progress, void *user);
 
 /* The same model over tokens [n] with no cache at all: every position is
  * recomputed in one pass and attends through dense kv_attention_f32 over

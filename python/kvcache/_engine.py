@@ -92,6 +92,12 @@ class Output(ctypes.Structure):
     ]
 
 
+class ModelShape(ctypes.Structure):
+    _fields_ = [("n_layers", c_int32), ("dim", c_int32), ("n_heads", c_int32), ("n_kv_heads", c_int32),
+                ("head_dim", c_int32), ("ffn_dim", c_int32), ("n_groups", c_int32), ("weight_bytes", c_uint64),
+                ("packed_bytes", c_uint64), ("streamed_bytes", c_uint64)]
+
+
 class SessionParams(ctypes.Structure):
     _fields_ = [("n_ctx", c_int32), ("n_threads", c_int32), ("n_batch", c_int32), ("kv_type", c_int),
                 ("act_bits", c_int32), ("no_window", c_int32)]
@@ -110,7 +116,7 @@ class GenerateParams(ctypes.Structure):
         ("stops", ctypes.POINTER(c_char_p)), ("n_stops", c_int32), ("grammar", c_void_p),
         ("reserve", c_int32), ("context_shift", c_int32), ("n_keep", c_int32), ("draft_lookup", c_int32),
         ("on_token", c_void_p), ("on_text", c_void_p), ("user", c_void_p),
-        ("on_progress", c_void_p), ("progress_user", c_void_p),
+        ("on_progress", c_void_p), ("progress_user", c_void_p), ("ignore_eog", c_int32),
     ]
 
 
@@ -123,7 +129,7 @@ class GenerateResult(ctypes.Structure):
     ]
 
 
-STRUCTS = {"kve_context_params": ContextParams, "kve_chat_message": ChatMessage, "kve_event": Event,
+STRUCTS = {"kve_model_shape": ModelShape, "kve_context_params": ContextParams, "kve_chat_message": ChatMessage, "kve_event": Event,
            "kve_request_params": RequestParams, "kve_output": Output, "kve_session_params": SessionParams,
            "kve_generate_params": GenerateParams, "kve_generate_result": GenerateResult,
            "kve_context_options": ContextOptions, "kve_context_stats": ContextStats, "kve_logit_bias": LogitBias,
@@ -140,6 +146,10 @@ PROTOTYPES = {
     "kve_model_n_ctx_train": (c_int32, [c_void_p]),
     "kve_model_name": (c_char_p, [c_void_p]),
     "kve_model_has_chat_template": (c_int, [c_void_p]),
+    "kve_model_bos": (c_int32, [c_void_p]),
+    "kve_model_get_shape": (ModelShape, [c_void_p]),
+    "kve_model_group": (c_int, [c_void_p, c_int32, P_int32, P_int32]),
+    "kve_kernels": (c_char_p, []),
     "kve_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, c_int, P_int32, c_int32, P_int32]),
     "kve_detokenize": (c_int, [c_void_p, P_int32, c_int32, c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
     "kve_chat_apply": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int, c_char_p, c_size_t,
@@ -183,8 +193,11 @@ PROTOTYPES = {
     "kve_session_generate": (c_int, [c_void_p, P_int32, c_int32, ctypes.POINTER(GenerateParams),
                                      ctypes.POINTER(GenerateResult)]),
     "kve_session_feed": (c_int, [c_void_p, P_int32, c_int32]),
+    "kve_session_eval": (c_int, [c_void_p, P_int32, c_int32, c_int32, ctypes.POINTER(c_float)]),
     "kve_session_shift": (c_int, [c_void_p, c_int32, c_int32, P_int32]),
+    "kve_session_truncate": (c_int, [c_void_p, c_int32]),
     "kve_session_reset": (None, [c_void_p]),
+    "kve_session_clear_prefixes": (None, [c_void_p]),
     "kve_session_tokens": (P_int32, [c_void_p, P_int32]),
     "kve_session_n_cached": (c_int32, [c_void_p]),
     "kve_session_save": (c_int, [c_void_p, c_char_p, c_char_p, c_size_t]),
