@@ -556,12 +556,13 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             }
             free(ev);
         }
+        kve_request_free(o->req);   /* waits for the request's end (its pages freed), then q is ours */
+        o->req = NULL;
         if (r.stream) end_stream(o);
         /* 499: the client closed the connection before the reply (nginx's code, for the log) */
         status = r.stream ? 200 : o->broken ? 499 : reply_whole(o);
         log_request(o, status);
         for (int32_t i = 0; i < KVE_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
-        kve_request_free(o->req);   /* waits until the scheduler lets go of q */
     }
     free(q.ev);
     pthread_mutex_destroy(&q.mu);
