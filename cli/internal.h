@@ -1,7 +1,7 @@
 /* cli/internal.h - for the diagnostic subcommands that measure the engine's
- * insides (verify, info) and for serve: a model and
+ * insides (verify, info): a model and
  * context as the engine's internal headers have them. The user-facing
- * commands (generate, chat, tokenize) use cli.h and kvengine.h alone. */
+ * commands (generate, chat, tokenize, serve) use cli.h and kvengine.h alone. */
 #ifndef KV_CLI_INTERNAL_H
 #define KV_CLI_INTERNAL_H
 

@@ -1,6 +1,6 @@
 /* cli/serve.c - `kvcache serve`: options, then listen (health says "loading"),
  * load the model, serve until SIGINT or SIGTERM, shut down cleanly. The HTTP
- * and scheduling work is in server/ and engine/gen/scheduler.c. */
+ * work is in server/, the scheduling behind kvengine.h's kve_context. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -10,10 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/policy.h"
-#include "../engine/gen/session.h"
+#include "cli.h"
 #include "../server/server.h"
 
 static void usage(void) {
@@ -111,7 +108,7 @@ int cmd_serve(int argc, char **argv) {
         !cli_range("serve", "--kv-pages", mo.kv_pages, 0, 1 << 26, "pages in the K/V pool; 0: room for all") ||
         !cli_range("serve", "--max-queue", max_queue, 1, 1 << 20, "requests waiting for a slot") ||
         !cli_range("serve", "--keep", keep, 0, 1 << 24, "positions a context shift keeps") ||
-        !cli_range("serve", "--draft-lookup", draft, 0, LLM_MAX_DRAFT, "tokens drafted by prompt lookup") ||
+        !cli_range("serve", "--draft-lookup", draft, 0, KVE_MAX_DRAFT, "tokens drafted by prompt lookup") ||
         !cli_range("serve", "--http-threads", http_threads, 0, 4096, "HTTP worker threads; 0: 2 x --parallel + 112") ||
         !cli_range("serve", "--http-timeout", http_timeout, 1, 3600, "seconds a stalled or idle connection is kept") ||
         !cli_range("serve", "--cache-disk-size", cache_disk_size, 1, INT64_MAX, "bytes the disk tier keeps"))
@@ -137,7 +134,7 @@ int cmd_serve(int argc, char **argv) {
             return 1;
         }
         char why[256];   /* a save killed before its rename left its temporary file */
-        int removed = llm_session_dir_clean(session_dir, why, sizeof why);
+        int removed = kve_session_dir_clean(session_dir, why, sizeof why);
         if (removed > 0)
             fprintf(stderr, "kvcache serve: --session-dir %s: removed %d unfinished save%s (NAME.kvs.XXXXXX)\n",
                     session_dir, removed, removed == 1 ? "" : "s");
@@ -164,39 +161,47 @@ int cmd_serve(int argc, char **argv) {
                      .context_shift = shift, .n_keep = (int32_t)keep, .draft_lookup = (int32_t)draft,
                      .no_prefix = no_prefix,
                      .session_dir = session_dir, .kv_events = kv_events, .cache_dir = cache_dir,
-                     .cache_disk_size = (uint64_t)cache_disk_size};
+                     .cache_disk_size = (uint64_t)cache_disk_size, .act_bits = (int32_t)mo.act_bits,
+                     .no_window = mo.no_window};
     srv *s;
     if (srv_start(&sp, &s, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);
         return 1;
     }
     fprintf(stderr, "kvcache serve: loading %s (GET /health answers 503 until it is ready)\n", mo.model);
-    llm_model *m;
-    llm_context *c;
-    int rc = cli_load("serve", &mo, (int32_t)parallel, 0, &m, &c);
+    kve_context_params cp = kve_context_default_params();
+    int rc = cli_model_check("serve", &mo, mo.ctx, &cp.kv_type);
+    kve_model *m = NULL;
+    if (!rc && kve_model_load(mo.model, &m, err, sizeof err) != KVE_OK) {
+        fprintf(stderr, "kvcache serve: cannot load model '%s': %s\n", mo.model, err);
+        rc = 1;
+    }
     if (rc) {
         srv_shutdown(s);
         return rc;
     }
-    if (srv_attach(s, c, err, sizeof err)) {
+    cli_ctx_warning("serve", &mo, mo.ctx, kve_model_n_ctx_train(m));
+    cp.n_ctx = (int32_t)mo.ctx, cp.n_seqs = (int32_t)parallel, cp.n_batch = (int32_t)mo.batch;
+    cp.n_threads = cli_threads(&mo), cp.n_pages = (int32_t)mo.kv_pages;
+    if (srv_attach(s, m, &cp, err, sizeof err)) {
         fprintf(stderr, "kvcache serve: %s\n", err);
         srv_shutdown(s);
-        llm_context_free(c), llm_model_free(m);
+        kve_model_free(m);
         return 1;
     }
-    llm_context_params cp = llm_context_get_params(c);
-    kv_cache_stats cs = kv_cache_get_stats(llm_context_cache(c));
+    kve_context_params got = kve_context_get_params(srv_context(s));
+    kve_context_stats cs = {.size = sizeof cs};
+    kve_context_get_stats(srv_context(s), &cs);
     printf("kvcache serve: listening on http://%s%s%s:%d  (model %s; %d parallel x %d positions; %d KV pages of %d, %s; "
            "%d threads)\n",
            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", srv_port(s), id, (int)parallel,
-           (int)cp.n_ctx, (int)cs.pages_total, (int)cp.page_size, kv_dtype_name(cp.kv_type), (int)cp.n_threads);
+           (int)got.n_ctx, (int)cs.pages_total, (int)cs.page_size, kv_dtype_name(got.kv_type), (int)got.n_threads);
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvcache serve: %s: ending in-flight requests and shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv_shutdown(s);
-    llm_context_free(c);
-    llm_model_free(m);
+    kve_model_free(m);
     fprintf(stderr, "kvcache serve: stopped\n");
     return 0;
 }

@@ -8,6 +8,8 @@
 #include "text/chat.h"
 #include "model/model.h"
 #include "gen/scheduler.h"
+#include "gen/tier.h"
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 #include "weights/quant.h"
 
@@ -25,7 +27,11 @@ struct kve_context {
     const kve_model *model;
     llm_context *c;
     llm_sched *s;
+    llm_tier *tier;              /* options.cache_dir, or NULL */
     pthread_t thread;
+    pthread_mutex_t stop_mu;     /* kve_context_stop once */
+    int stopped;
+    int listening;               /* options.on_prefix is set on the cache */
     kve_context_params p;
 };
 
@@ -34,6 +40,9 @@ struct kve_request {
     uint64_t id;
     kve_event_fn fn;
     void *user;
+    int32_t n_choices;
+    int unbuffered;             /* n_choices > 1 or callback_only: nothing kept for polling but the end */
+    kve_stop_reason stop0;      /* with n_choices > 1: choice 0's reason, given at the end */
     int32_t top;                /* alternatives per token; < 0: no log-probabilities */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -79,6 +88,7 @@ int kve_model_load(const char *path, kve_model **out, char *err, size_t errlen) 
         free(km);
         return rc;
     }
+    pthread_mutex_init(&km->mu, NULL);
     *out = km;
     return KVE_OK;
 }
@@ -86,8 +96,25 @@ int kve_model_load(const char *path, kve_model **out, char *err, size_t errlen) 
 void kve_model_free(kve_model *m) {
     if (!m) return;
     llm_model_free(m->m);
+    llm_grammar_vocab_free(m->vocab);
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
+
+const llm_grammar_vocab *kve_model_grammar_vocab(const kve_model *cm) {
+    kve_model *m = (kve_model *)cm;   /* made once, then read-only */
+    pthread_mutex_lock(&m->mu);
+    if (!m->vocab) m->vocab = llm_grammar_vocab_new(llm_model_tokenizer(m->m));
+    llm_grammar_vocab *v = m->vocab;
+    pthread_mutex_unlock(&m->mu);
+    return v;
+}
+
+kve_tool_style kve_model_tool_style(const kve_model *m) {
+    return m && llm_model_chat(m->m)->kind == LLM_CHAT_LLAMA3 ? KVE_TOOLS_LLAMA3 : KVE_TOOLS_HERMES;
+}
+
+const char *kve_chat_default_system(const kve_model *m) { return m ? llm_model_chat(m->m)->default_system : ""; }
 
 int32_t kve_model_n_vocab(const kve_model *m) { return m ? llm_model_n_vocab(m->m) : 0; }
 int32_t kve_model_n_ctx_train(const kve_model *m) { return m ? llm_model_hparams(m->m)->ctx_train : 0; }
@@ -221,12 +248,43 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
+kve_context_options kve_context_default_options(void) {
+    return (kve_context_options){.size = sizeof(kve_context_options), .act_bits = -1, .n_keep = 4,
+                                 .cache_disk_size = (uint64_t)1 << 30};
+}
+
 int kve_context_create(const kve_model *m, const kve_context_params *pp, kve_context **out, char *err,
                        size_t errlen) {
+    return kve_context_create_ex(m, pp, NULL, out, err, errlen);
+}
+
+/* The caller's options over the defaults: the fields its size covers. */
+static int options_in(void *dst, size_t dst_size, const void *src, size_t src_size, const char *what, char *err,
+                      size_t errlen) {
+    if (!src) return KVE_OK;
+    if (src_size < sizeof(size_t) || src_size > dst_size)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "%s.size is %zu: set it to sizeof(%s) (%zu in this library)",
+                        what, src_size, what, dst_size);
+    memcpy(dst, src, src_size);
+    return KVE_OK;
+}
+
+int kve_context_create_ex(const kve_model *m, const kve_context_params *pp, const kve_context_options *po,
+                          kve_context **out, char *err, size_t errlen) {
     if (!out) return llm_errf(err, errlen, KVE_ERR_NULL, "missing argument");
     *out = NULL;
     if (!m) return llm_errf(err, errlen, KVE_ERR_NULL, "no model");
     kve_context_params p = pp ? *pp : kve_context_default_params();
+    kve_context_options o = kve_context_default_options();
+    int rc = options_in(&o, sizeof o, po, po ? po->size : 0, "kve_context_options", err, errlen);
+    if (rc != KVE_OK) return rc;
+    if (o.act_bits != -1 && o.act_bits != 0 && o.act_bits != 8 && o.act_bits != 16)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "act_bits must be -1, 0, 8 or 16");
+    if (o.draft_lookup < 0 || o.draft_lookup > KVE_MAX_DRAFT)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "draft_lookup must be in [0, %d]", KVE_MAX_DRAFT);
+    if (o.n_keep < 0) return llm_errf(err, errlen, KVE_ERR_PARAM, "n_keep must be >= 0");
+    if (o.cache_dir && (!o.cache_dir[0] || o.cache_disk_size == 0))
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "cache_dir needs a path and a cache_disk_size > 0");
     if (p.n_seqs < 1 || p.n_seqs > 4096) return llm_errf(err, errlen, KVE_ERR_PARAM, "n_seqs must be in [1, 4096]");
     if (p.n_threads < 0 || p.n_threads > 1024)
         return llm_errf(err, errlen, KVE_ERR_PARAM, "n_threads must be in [0, 1024] (0: one per core)");
@@ -239,16 +297,28 @@ int kve_context_create(const kve_model *m, const kve_context_params *pp, kve_con
     }
     llm_context_params cp = llm_context_default_params();
     cp.n_ctx = p.n_ctx, cp.n_seqs = p.n_seqs, cp.n_threads = p.n_threads, cp.n_batch = p.n_batch;
-    cp.kv_type = p.kv_type, cp.n_pages = p.n_pages;
+    cp.kv_type = p.kv_type, cp.n_pages = p.n_pages, cp.act_bits = o.act_bits, cp.no_window = o.no_window;
     kve_context *c = calloc(1, sizeof *c);
     if (!c) return llm_errf(err, errlen, KVE_ERR_NOMEM, "out of memory");
     c->model = m;
-    int rc = llm_context_create(m->m, &cp, &c->c, err, errlen);
+    pthread_mutex_init(&c->stop_mu, NULL);
+    rc = llm_context_create(m->m, &cp, &c->c, err, errlen);
+    if (rc == LLM_OK && o.cache_dir) {
+        char why[256];
+        rc = llm_tier_open(o.cache_dir, o.cache_disk_size, c->c, &c->tier, why, sizeof why);
+        if (rc != LLM_OK) llm_errf(err, errlen, rc, "cache_dir %s: %s", o.cache_dir, why);
+    }
     if (rc == LLM_OK) {
         llm_sched_params sp = llm_sched_default_params();
         sp.batch_tokens = p.n_batch, sp.max_waiting = p.max_waiting;
+        sp.context_shift = o.context_shift, sp.n_keep = o.n_keep, sp.draft_lookup = o.draft_lookup;
+        sp.no_prefix = o.no_prefix, sp.log = o.log, sp.log_user = o.log_user, sp.tier = c->tier;
         rc = llm_sched_create(c->c, &sp, &c->s);
         if (rc != LLM_OK) llm_errf(err, errlen, rc, "scheduler: %s", llm_status_str(rc));
+    }
+    if (rc == LLM_OK && o.on_prefix) {   /* before the scheduler changes the cache */
+        kv_cache_set_prefix_listener(llm_context_cache(c->c), o.on_prefix, o.prefix_user);
+        c->listening = 1;
     }
     pthread_attr_t at;
     if (rc == LLM_OK) { /* attention keeps its tiles on the stack (kvcache.h, "Stack") */
@@ -259,8 +329,11 @@ int kve_context_create(const kve_model *m, const kve_context_params *pp, kve_con
         pthread_attr_destroy(&at);
     }
     if (rc != LLM_OK) {
+        if (c->listening) kv_cache_set_prefix_listener(llm_context_cache(c->c), NULL, NULL);
         llm_sched_free(c->s);
+        llm_tier_close(c->tier);
         llm_context_free(c->c);
+        pthread_mutex_destroy(&c->stop_mu);
         free(c);
         return rc;
     }
@@ -270,13 +343,51 @@ int kve_context_create(const kve_model *m, const kve_context_params *pp, kve_con
     return KVE_OK;
 }
 
+void kve_context_stop(kve_context *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->stop_mu);
+    if (!c->stopped) {
+        llm_sched_stop(c->s);
+        pthread_join(c->thread, NULL);   /* every request has had its last event */
+        if (c->listening) kv_cache_set_prefix_listener(llm_context_cache(c->c), NULL, NULL);
+        c->stopped = 1;
+    }
+    pthread_mutex_unlock(&c->stop_mu);
+}
+
 void kve_context_free(kve_context *c) {
     if (!c) return;
-    llm_sched_stop(c->s);
-    pthread_join(c->thread, NULL);   /* every request has had its last event */
-    llm_sched_free(c->s);
+    kve_context_stop(c);
+    llm_sched_free(c->s);     /* unhooks itself from the tier */
+    llm_tier_close(c->tier);  /* every named page not yet on disk is written */
     llm_context_free(c->c);
+    pthread_mutex_destroy(&c->stop_mu);
     free(c);
+}
+
+int kve_context_get_stats(const kve_context *c, kve_context_stats *st) {
+    if (!c || !st) return KVE_ERR_NULL;
+    size_t size = st->size;
+    if (size == 0 || size > sizeof *st) return KVE_ERR_PARAM;
+    llm_sched_stats s = llm_sched_get_stats(c->s);
+    kve_context_stats k = {.size = size, .running = s.running, .waiting = s.waiting, .pages_total = s.pages_total,
+                           .pages_used = s.pages_used, .pages_free = s.pages_free, .pages_cached = s.pages_cached,
+                           .page_size = llm_context_get_params(c->c).page_size, .prefix_queries = s.prefix_queries,
+                           .prefix_hits = s.prefix_hits, .prompt_tokens = s.prompt_tokens,
+                           .generation_tokens = s.generation_tokens, .preemptions = s.preemptions,
+                           .prefill_waits = s.prefill_waits, .disk_waits = s.disk_waits, .steps = s.steps,
+                           .rows = s.rows, .shifts = s.shifts, .drafted = s.drafted, .accepted = s.accepted,
+                           .session_restores = s.session_restores, .session_restored = s.session_restored,
+                           .session_refused = s.session_refused, .session_saves = s.session_saves,
+                           .session_save_failures = s.session_save_failures, .session_seconds = s.session_seconds};
+    if (c->tier) {
+        llm_tier_stats t = llm_tier_get_stats(c->tier);
+        k.disk_on = 1, k.disk_hits = t.hits, k.disk_misses = t.misses, k.disk_damaged = t.damaged;
+        k.disk_bytes_read = t.bytes_read, k.disk_writes = t.writes, k.disk_bytes_written = t.bytes_written;
+        k.disk_dropped = t.dropped, k.disk_evictions = t.evictions, k.disk_entries = t.entries, k.disk_bytes = t.bytes;
+    }
+    memcpy(st, &k, size);
+    return KVE_OK;
 }
 
 kve_context_params kve_context_get_params(const kve_context *c) {
@@ -323,12 +434,44 @@ static int grow(kve_request *r, size_t len) {
     return 0;
 }
 
-/* The scheduler's events (on its thread): into the buffer, then to the callback. */
+/* The caller's callback with the scheduler's event ev. */
+static void call_back(const kve_request *r, const llm_sched_event *ev) {
+    kve_event e = {.token = ev->token, .text = ev->text, .text_len = ev->text_len, .logprob = ev->logprob,
+                   .stop = (kve_stop_reason)ev->finish, .choice = ev->choice, .n_top = ev->n_top,
+                   .top_ids = ev->top_ids, .top_logprobs = ev->top_logprobs, .n_prompt = ev->n_prompt,
+                   .n_cached = ev->n_cached, .n_generated = ev->n_generated, .status = ev->status,
+                   .error = ev->finish == LLM_STOP_ERROR ? ev->error : NULL};
+    r->fn(r->user, &e);
+}
+
+/* Records why the request failed (under r->mu). */
+static void set_error(kve_request *r, const llm_sched_event *ev) {
+    r->status = ev->status ? ev->status : KVE_ERR_PARAM;
+    snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : kve_status_str(r->status));
+}
+
+/* The scheduler's events (on its thread): into the buffer, then to the
+ * callback; unbuffered, a token goes to the callback alone, with no lock. */
 static void on_sched_event(void *user, const llm_sched_event *ev) {
     kve_request *r = user;
+    if (r->unbuffered && !ev->done) {
+        if (ev->finish != LLM_STOP_NONE) {
+            pthread_mutex_lock(&r->mu);
+            r->n_prompt = ev->n_prompt, r->n_cached = ev->n_cached;
+            if (ev->choice == 0) r->stop0 = (kve_stop_reason)ev->finish;
+            if (ev->finish == LLM_STOP_ERROR && !r->status) set_error(r, ev);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (r->fn) call_back(r, ev);
+        return;
+    }
     pthread_mutex_lock(&r->mu);
     r->n_prompt = ev->n_prompt, r->n_cached = ev->n_cached;
     if (ev->done) {
+        if (r->unbuffered) {   /* the end comes when every choice has ended */
+            r->n_generated = ev->n_generated;
+            if (r->stop == KVE_STOP_NONE) r->stop = r->stop0;
+        }
         r->done = 1;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
@@ -350,23 +493,15 @@ static void on_sched_event(void *user, const llm_sched_event *ev) {
     r->n_generated = ev->n_generated > r->n_generated ? ev->n_generated : r->n_generated;
     if (ev->finish != LLM_STOP_NONE && r->stop == KVE_STOP_NONE) {
         r->stop = (kve_stop_reason)ev->finish;
-        if (ev->finish == LLM_STOP_ERROR) {
-            r->status = ev->status ? ev->status : KVE_ERR_PARAM;
-            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : kve_status_str(r->status));
-        }
+        if (ev->finish == LLM_STOP_ERROR) set_error(r, ev);
     } else if (oom && r->stop == KVE_STOP_NONE) {
         r->stop = KVE_STOP_ERROR, r->status = KVE_ERR_NOMEM;
         snprintf(r->error, sizeof r->error, "out of memory for the request's output");
         llm_sched_cancel(r->ctx->s, r->id);
     }
     pthread_cond_broadcast(&r->cv);
-    kve_event_fn fn = r->fn;
     pthread_mutex_unlock(&r->mu);
-    if (fn) {
-        kve_event e = {.token = ev->token, .text = ev->text, .text_len = ev->text_len, .logprob = ev->logprob,
-                       .stop = (kve_stop_reason)ev->finish};
-        fn(r->user, &e);
-    }
+    if (r->fn) call_back(r, ev);
 }
 
 /* The prompt's token ids (malloc'ed) from whichever form p gives. */
@@ -422,17 +557,55 @@ static int prompt_ids(const kve_context *c, const kve_request_params *p, int32_t
     return KVE_OK;
 }
 
+kve_request_options kve_request_default_options(void) {
+    return (kve_request_options){.size = sizeof(kve_request_options), .n_choices = 1,
+                                 .repeat_last_n = llm_sampler_default_params().repeat_last_n};
+}
+
 int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, char *err, size_t errlen) {
+    return kve_submit_ex(c, p, NULL, out, err, errlen);
+}
+
+/* The options' checks that need no prompt: KVE_OK or a refusal with err. */
+static int check_options(const kve_context *c, const kve_request_options *o, char *err, size_t errlen) {
+    if (o->n_choices < 1 || o->n_choices > KVE_MAX_CHOICES)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "n_choices must be in [1, %d]; got %d", KVE_MAX_CHOICES,
+                        (int)o->n_choices);
+    if (o->repeat_last_n < -1) return llm_errf(err, errlen, KVE_ERR_PARAM, "repeat_last_n must be >= -1");
+    if (o->n_logit_bias < 0 || (o->n_logit_bias && !o->logit_bias))
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "logit_bias: n_logit_bias must be >= 0, with an array");
+    const int32_t V = llm_model_n_vocab(c->model->m);
+    for (int32_t i = 0; i < o->n_logit_bias; i++) {
+        if (o->logit_bias[i].token < 0 || o->logit_bias[i].token >= V)
+            return llm_errf(err, errlen, KVE_ERR_TOKEN, "logit_bias %d: token %d is outside the vocabulary of %d",
+                            (int)i, (int)o->logit_bias[i].token, (int)V);
+        if (!(o->logit_bias[i].bias >= -100 && o->logit_bias[i].bias <= 100))
+            return llm_errf(err, errlen, KVE_ERR_PARAM, "logit_bias %d: the bias must be in [-100, 100]", (int)i);
+    }
+    if (o->json_object && o->grammar)
+        return llm_errf(err, errlen, KVE_ERR_PARAM, "json_object and grammar: give one of them");
+    return KVE_OK;
+}
+
+int kve_submit_ex(kve_context *c, const kve_request_params *p, const kve_request_options *po, kve_request **out,
+                  char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!out) return llm_errf(err, errlen, KVE_ERR_NULL, "missing argument");
     *out = NULL;
     if (!c || !p) return llm_errf(err, errlen, KVE_ERR_NULL, "missing argument");
+    kve_request_options o = kve_request_default_options();
+    int rc = options_in(&o, sizeof o, po, po ? po->size : 0, "kve_request_options", err, errlen);
+    if (rc == KVE_OK) rc = check_options(c, &o, err, errlen);
+    if (rc != KVE_OK) return rc;
+    const llm_grammar_vocab *json = NULL;
+    if (o.json_object && !(json = kve_model_grammar_vocab(c->model)))
+        return llm_errf(err, errlen, KVE_ERR_NOMEM, "out of memory for the vocabulary's byte strings");
     if (p->top_logprobs > KVE_MAX_TOP)
         return llm_errf(err, errlen, KVE_ERR_PARAM, "top_logprobs must be at most %d", KVE_MAX_TOP);
     if (p->max_tokens == 0)
         return llm_errf(err, errlen, KVE_ERR_PARAM, "max_tokens must be >= 1 (or < 0: until the context is full)");
     int32_t *ids, n;
-    int rc = prompt_ids(c, p, &ids, &n, err, errlen);
+    rc = prompt_ids(c, p, &ids, &n, err, errlen);
     if (rc != KVE_OK) return rc;
     kve_request *r = calloc(1, sizeof *r);
     if (!r) {
@@ -440,6 +613,7 @@ int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, c
         return llm_errf(err, errlen, KVE_ERR_NOMEM, "out of memory");
     }
     r->ctx = c, r->fn = p->on_event, r->user = p->user, r->top = p->top_logprobs < 0 ? -1 : p->top_logprobs;
+    r->n_choices = o.n_choices, r->unbuffered = o.n_choices > 1 || o.callback_only;
     r->n_prompt = n;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -450,10 +624,16 @@ int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, c
     llm_sampler_params sp = llm_sampler_default_params();
     sp.temp = p->temperature, sp.top_k = p->top_k, sp.top_p = p->top_p, sp.min_p = p->min_p;
     sp.repeat_penalty = p->repeat_penalty, sp.presence_penalty = p->presence_penalty;
-    sp.frequency_penalty = p->frequency_penalty, sp.seed = p->random_state;
-    llm_sched_request q = {.prompt = ids, .n_prompt = n, .n_choices = 1, .max_tokens = p->max_tokens, .sampler = sp,
-                           .stops = p->stops, .n_stops = p->n_stops, .top_logprobs = r->top, .cb = on_sched_event,
-                           .user = r};
+    sp.frequency_penalty = p->frequency_penalty, sp.seed = p->random_state, sp.repeat_last_n = o.repeat_last_n;
+    _Static_assert(sizeof(kve_logit_bias) == sizeof(llm_logit_bias), "logit bias layout");
+    _Static_assert((int)KVE_MAX_CHOICES == (int)LLM_SCHED_MAX_CHOICES && (int)KVE_MAX_TOP == (int)LLM_SCHED_MAX_TOP,
+                   "the scheduler's limits");
+    sp.bias = (const llm_logit_bias *)o.logit_bias, sp.n_bias = o.n_logit_bias;
+    sp.grammar = json, sp.json_root = LLM_JSON_OBJECT;
+    sp.rules = o.grammar ? kve_grammar_rules(o.grammar) : NULL;
+    llm_sched_request q = {.prompt = ids, .n_prompt = n, .n_choices = o.n_choices, .max_tokens = p->max_tokens,
+                           .sampler = sp, .stops = p->stops, .n_stops = p->n_stops, .top_logprobs = r->top,
+                           .cb = on_sched_event, .user = r, .session = o.session_file};
     /* the lock keeps the scheduler's first event behind r->id */
     pthread_mutex_lock(&r->mu);
     rc = llm_sched_submit(c->s, &q, &r->id, err, errlen);

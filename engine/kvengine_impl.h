@@ -4,10 +4,21 @@
 #ifndef KVENGINE_IMPL_H
 #define KVENGINE_IMPL_H
 
+#include <pthread.h>
+
 #include "model/model.h"
+#include "text/grammar.h"
 
 struct kve_model {
     llm_model *m;
+    pthread_mutex_t mu;          /* guards vocab's making */
+    llm_grammar_vocab *vocab;    /* every token's bytes, made at the first grammar */
 };
+
+/* The model's grammar vocabulary, made on first use (any thread); NULL when
+ * out of memory. */
+const llm_grammar_vocab *kve_model_grammar_vocab(const kve_model *m);
+/* A grammar's rules, bound to its model's vocabulary. */
+const struct llm_gbnf *kve_grammar_rules(const kve_grammar *g);
 
 #endif

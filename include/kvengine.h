@@ -219,6 +219,17 @@ KVE_API int kve_chat_tokenize(const kve_model *m, const kve_chat_message *msgs, 
 /* The text that closes a turn in the model's template ("<|im_end|>",
  * "<end_of_turn>", ...); "" for a model without a template. */
 KVE_API const char *kve_chat_turn_end(const kve_model *m);
+/* How the model's family writes tool calls (docs/SERVER.md, "Tools"). */
+typedef enum {
+    KVE_TOOLS_HERMES = 0,   /* ChatML and the templates without tools: <tool_call> JSON </tool_call>,
+                             * results in user turns */
+    KVE_TOOLS_LLAMA3,       /* Llama 3.1: a bare JSON object with "parameters", results as
+                             * "ipython" turns */
+} kve_tool_style;
+KVE_API kve_tool_style kve_model_tool_style(const kve_model *m);
+/* The system message the template writes when a conversation has none ("" when
+ * it writes none). */
+KVE_API const char *kve_chat_default_system(const kve_model *m);
 /* The bytes token id stands for (a control token: its text), *len of them,
  * not NUL-terminated, valid while m is loaded; a piece may end inside a UTF-8
  * character. NULL with *len 0 for an id outside [0, n_vocab). */
@@ -232,10 +243,25 @@ typedef struct kve_grammar kve_grammar;
  * (json_schema 0) or a JSON Schema (1), text[0..len), compiled for m's
  * vocabulary (docs/GRAMMAR.md). KVE_OK with *out; KVE_ERR_PARAM (err says what
  * is wrong and where), KVE_ERR_NULL or KVE_ERR_NOMEM with *out NULL. One
- * grammar may serve any number of generations of m, one at a time. */
+ * grammar may serve any number of generations of m, several at once (each
+ * keeps its own state); free it before m. */
 KVE_API int kve_grammar_parse(const kve_model *m, const char *text, size_t len, int json_schema, kve_grammar **out,
                               char *err, size_t errlen);
 KVE_API void kve_grammar_free(kve_grammar *g);
+/* Whether text[0..len) compiles as kve_grammar_parse would take it, without a
+ * model (a request checked before one is loaded). KVE_OK, or KVE_ERR_PARAM
+ * with err saying what is wrong and where; KVE_ERR_NOMEM. */
+KVE_API int kve_grammar_check(const char *text, size_t len, int json_schema, char *err, size_t errlen);
+/* A grammar for a reply that is one call of one of n functions: head, then
+ * the JSON object {"name": NAME, ARGS_KEY: ARGUMENTS} where ARGUMENTS is a
+ * document of that function's parameter schema (JSON Schema text), then tail (the model family's call format: Hermes' "<tool_call>\n"
+ * and "\n</tool_call>" with "arguments", Llama 3.1's "" and "" with
+ * "parameters"). names [n], schemas [n], n in [1, 64]. KVE_OK with *out;
+ * KVE_ERR_PARAM (err names the function and what is wrong), KVE_ERR_NULL or
+ * KVE_ERR_NOMEM with *out NULL. */
+KVE_API int kve_grammar_tool_calls(const kve_model *m, int32_t n, const char *const *names,
+                                   const char *const *schemas, const char *head, const char *args_key,
+                                   const char *tail, kve_grammar **out, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- context */
 
@@ -264,6 +290,74 @@ KVE_API int kve_context_create(const kve_model *m, const kve_context_params *p, 
 KVE_API void kve_context_free(kve_context *c);
 KVE_API kve_context_params kve_context_get_params(const kve_context *c);   /* n_ctx, n_threads resolved */
 
+/* What a context may do beyond kve_context_params: the cache policies, the
+ * disk tier, prefix-cache events (the settings of `kvcache serve`). Start
+ * from kve_context_default_options(): size says how much of the struct the
+ * caller knows, so fields can be added at its end. */
+typedef struct {
+    size_t size;               /* sizeof(kve_context_options) */
+    int32_t act_bits;          /* weight products on 16-bit or 8-bit integer activations, 0 on f32;
+                                * -1: the engine's choice (default) */
+    int32_t no_window;         /* 1: sliding-window layers keep every position (default 0) */
+    int32_t context_shift;     /* 1: a sequence that fills n_ctx keeps its first n_keep positions,
+                                * drops half of the rest and goes on (a request with max_tokens < 0
+                                * then ends after n_ctx tokens, KVE_STOP_LENGTH); 0: it ends with
+                                * KVE_STOP_CONTEXT (default) */
+    int32_t n_keep;            /* positions a shift keeps; fewer than 4 count as 4 */
+    int32_t draft_lookup;      /* 0 .. KVE_MAX_DRAFT: greedy requests decode by prompt lookup, up to
+                                * this many drafts verified in one pass (the same tokens); 0: off */
+    int32_t no_prefix;         /* 1: never reuse cached pages of earlier prompts (default 0) */
+    const char *cache_dir;     /* a disk tier under the prefix cache (made if missing): reclaimed
+                                * pages, and at kve_context_free every cached one, are kept there and
+                                * read back for prompts that continue them, across restarts; NULL: off */
+    uint64_t cache_disk_size;  /* bytes the tier keeps at most (default 1 GiB) */
+    kv_prefix_listener on_prefix;  /* the prefix cache's changes (kvcache.h), on the scheduler
+                                    * thread; NULL: none */
+    void *prefix_user;
+    void (*log)(void *user, const char *line);   /* one line about each session file restored or
+                                                  * saved, on the scheduler thread; NULL: silent */
+    void *log_user;
+} kve_context_options;
+
+/* act_bits -1, no shift (n_keep 4), no drafts, prefix reuse on, no disk tier
+ * (its size 1 GiB), no listener, no log. */
+KVE_API kve_context_options kve_context_default_options(void);
+/* kve_context_create with options (NULL: the defaults). KVE_ERR_PARAM names
+ * the field out of range (or an options size larger than this library
+ * knows); KVE_ERR_IO when cache_dir cannot be made or read (err says why);
+ * nothing allocated on failure. */
+KVE_API int kve_context_create_ex(const kve_model *m, const kve_context_params *p, const kve_context_options *o,
+                                  kve_context **out, char *err, size_t errlen);
+/* Ends every running request (KVE_STOP_CANCEL) and refuses new ones
+ * (KVE_ERR_STOPPED); requests stay readable, the context usable for reading
+ * its stats until kve_context_free. The listener is called no more. */
+KVE_API void kve_context_stop(kve_context *c);
+
+/* A context's counters, taken at the end of its last step. */
+typedef struct {
+    size_t size;                        /* set to sizeof(kve_context_stats) before the call */
+    int32_t running, waiting;           /* requests */
+    int32_t pages_total, pages_used, pages_free, pages_cached;   /* KV pool pages (cached: kept only
+                                                                  * for the prefix cache) */
+    int32_t page_size;                  /* positions a page holds */
+    uint64_t prefix_queries, prefix_hits;   /* prompt tokens looked up in the prefix cache, found */
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t preemptions, prefill_waits, disk_waits, steps, rows, shifts;
+    uint64_t drafted, accepted;         /* prompt-lookup drafts verified, taken */
+    uint64_t session_restores, session_restored, session_refused, session_saves, session_save_failures;
+    double session_seconds;             /* scheduler-thread time in session file I/O */
+    int32_t disk_on;                    /* a disk tier is open; the disk_* below count */
+    uint64_t disk_hits, disk_misses, disk_damaged, disk_bytes_read, disk_writes, disk_bytes_written;
+    uint64_t disk_dropped, disk_evictions, disk_entries, disk_bytes;
+} kve_context_stats;
+
+/* Fills *st (st->size bytes of it). KVE_OK; KVE_ERR_NULL; KVE_ERR_PARAM for a
+ * size of 0 or beyond this library's struct (nothing written). */
+KVE_API int kve_context_get_stats(const kve_context *c, kve_context_stats *st);
+/* Removes the temporary files that session saves killed before their rename
+ * left in dir (NAME.kvs.XXXXXX); their count, or -1 with err saying why. */
+KVE_API int kve_session_dir_clean(const char *dir, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- requests */
 
 enum { KVE_MAX_STOPS = 8, KVE_MAX_TOP = 20, KVE_MAX_DRAFT = 64 /* kve_generate_params.draft_lookup */ };
@@ -277,6 +371,17 @@ typedef struct {
     size_t text_len;
     float logprob;         /* log p(token) under the model, with top_logprobs >= 0 */
     kve_stop_reason stop;  /* KVE_STOP_NONE, or why the request ended (the last event) */
+    /* with kve_submit_ex: */
+    int32_t choice;              /* 0 .. n_choices-1: each choice has its token events, then one
+                                  * with stop set */
+    int32_t n_top;               /* alternatives, with top_logprobs > 0 */
+    const int32_t *top_ids;      /* [n_top] best first */
+    const float *top_logprobs;   /* [n_top] */
+    int32_t n_prompt, n_cached;  /* prompt tokens, of those reused (from the prefix cache or the
+                                  * session file) */
+    int32_t n_generated;         /* this choice's tokens so far */
+    int status;                  /* with KVE_STOP_ERROR: the cause */
+    const char *error;           /* with KVE_STOP_ERROR: what happened; else NULL */
 } kve_event;
 
 /* Called on the context's scheduler thread, in order; it must not block for
@@ -323,6 +428,50 @@ KVE_API kve_request_params kve_request_default_params(void);
  * err says which), KVE_ERR_TEMPLATE, KVE_ERR_TOKEN, KVE_ERR_TOO_LARGE,
  * KVE_ERR_QUEUE_FULL, KVE_ERR_STOPPED, KVE_ERR_NOMEM. */
 KVE_API int kve_submit(kve_context *c, const kve_request_params *p, kve_request **out, char *err, size_t errlen);
+
+/* A bias added to one token's logit: -100 bans it, 100 all but forces it. */
+typedef struct {
+    int32_t token;
+    float bias;             /* [-100, 100] */
+} kve_logit_bias;
+
+/* What a request may ask beyond kve_request_params. Start from
+ * kve_request_default_options(); size as in kve_context_options. */
+typedef struct {
+    size_t size;                       /* sizeof(kve_request_options) */
+    int32_t n_choices;                 /* 1 .. KVE_MAX_CHOICES replies to one prompt (one prefill, the
+                                        * sequence forked), choice i sampling with random_state + i;
+                                        * each choice's events carry its index (default 1) */
+    int32_t repeat_last_n;             /* repeat_penalty's window, prompt included; -1: all (default 64) */
+    const kve_logit_bias *logit_bias;  /* [n_logit_bias] (copied), ids in the vocabulary */
+    int32_t n_logit_bias;
+    const kve_grammar *grammar;        /* every choice is a document of it (kept alive by the caller
+                                        * until kve_request_free), or NULL */
+    int32_t json_object;               /* 1: every choice is one JSON object (no grammar with it) */
+    int32_t callback_only;             /* 1: events go to on_event alone, nothing is kept for
+                                        * kve_request_poll (which gives only the end), as with
+                                        * n_choices > 1; 0 (default) */
+    const char *session_file;          /* a session file (path, copied): at first admission the
+                                        * longest prefix of the prompt it holds is restored when that
+                                        * reaches further than the prefix cache; when choice 0 ends (not
+                                        * cancelled, failed or shifted) its sequence is saved there.
+                                        * A file that cannot be used is ignored (logged). NULL: none */
+} kve_request_options;
+
+enum { KVE_MAX_CHOICES = 16 };
+
+/* n_choices 1, repeat_last_n 64, no bias, no grammar, polling on, no session
+ * file. */
+KVE_API kve_request_options kve_request_default_options(void);
+/* kve_submit with options (NULL: the defaults). With n_choices > 1 or
+ * callback_only the callback carries the tokens and kve_request_poll gives no
+ * text or tokens, only the end (stop set once every choice has ended: choice
+ * 0's reason) and the counts. Refusals as kve_submit's, nothing queued:
+ * KVE_ERR_PARAM also for n_choices, repeat_last_n, a bias value, a grammar
+ * with json_object, an options size beyond this library's; KVE_ERR_TOKEN for
+ * a bias id outside the vocabulary. */
+KVE_API int kve_submit_ex(kve_context *c, const kve_request_params *p, const kve_request_options *o,
+                          kve_request **out, char *err, size_t errlen);
 
 /* What kve_request_poll gives: the output made since the last poll. Every
  * pointer is valid until the next poll or free of the request. */

@@ -27,7 +27,6 @@ typedef struct { unsigned char *p; size_t n, cap; int failed; } bytes;
 
 struct srv_events {
     void *zctx, *pub;
-    kv_cache *cache;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bytes pending;            /* encoded events not sent yet */
@@ -88,7 +87,7 @@ static void mp_float(bytes *b, double d) {
 
 /* ---------------------------------------------------------------- events */
 
-static void on_event(void *user, const kv_prefix_event *ev) {
+void srv_events_listener(void *user, const kv_prefix_event *ev) {
     srv_events *e = user;
     pthread_mutex_lock(&e->mu);
     bytes *b = &e->pending;
@@ -163,10 +162,9 @@ static void *publisher(void *arg) {
     return NULL;
 }
 
-int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, size_t errlen) {
+int srv_events_start(srv *s, const char *endpoint, char *err, size_t errlen) {
     srv_events *e = calloc(1, sizeof *e);
     if (!e) return snprintf(err, errlen, "out of memory"), -1;
-    e->cache = llm_context_cache(c);
     e->zctx = zmq_ctx_new();
     e->pub = e->zctx ? zmq_socket(e->zctx, ZMQ_PUB) : NULL;
     int linger = 0;
@@ -185,7 +183,6 @@ int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, si
         free(e);
         return snprintf(err, errlen, "cannot start the --kv-events thread"), -1;
     }
-    kv_cache_set_prefix_listener(e->cache, on_event, e);
     s->events = e;
     return 0;
 }
@@ -193,7 +190,6 @@ int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, si
 void srv_events_stop(srv *s) {
     srv_events *e = s->events;
     if (!e) return;
-    kv_cache_set_prefix_listener(e->cache, NULL, NULL);
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
     pthread_cond_signal(&e->cv);

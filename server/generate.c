@@ -22,17 +22,16 @@ static double now_s(void) {
 
 /* ---------------------------------------------------------------- the queue */
 
-/* An llm_sched_event copied out of the scheduler thread. */
+/* A kve_event copied out of the scheduler thread. */
 typedef struct {
     int32_t choice, token;
     char *text;                          /* [len] malloc'ed, NUL-terminated */
     size_t len;
     float logprob;
     int32_t n_top;
-    int32_t top_ids[LLM_SCHED_MAX_TOP];
-    float top_lps[LLM_SCHED_MAX_TOP];
-    llm_stop_reason finish;
-    int done;
+    int32_t top_ids[KVE_MAX_TOP];
+    float top_lps[KVE_MAX_TOP];
+    kve_stop_reason finish;
     int32_t n_prompt, n_cached, n_generated;
     char error[128];
     double t;                            /* when the scheduler produced it */
@@ -45,11 +44,11 @@ typedef struct {
     size_t n, cap;
 } gen_queue;
 
-static void on_event(void *user, const llm_sched_event *e) {
+static void on_event(void *user, const kve_event *e) {
     gen_queue *q = user;
     gen_event g = {.choice = e->choice, .token = e->token, .len = e->text_len,
                    .logprob = isfinite(e->logprob) ? e->logprob : -9999.0f,
-                   .n_top = e->n_top, .finish = e->finish, .done = e->done, .n_prompt = e->n_prompt,
+                   .n_top = e->n_top, .finish = e->stop, .n_prompt = e->n_prompt,
                    .n_cached = e->n_cached, .n_generated = e->n_generated, .t = now_s()};
     g.text = malloc(e->text_len + 1);
     if (g.text) memcpy(g.text, e->text, e->text_len), g.text[e->text_len] = 0;
@@ -64,7 +63,7 @@ static void on_event(void *user, const llm_sched_event *e) {
         if (p) q->ev = p, q->cap = nc;
     }
     if (q->n < q->cap) q->ev[q->n++] = g;
-    else if (g.done) q->ev[q->n - 1] = g;   /* out of memory: the done event must arrive */
+    else if (g.finish != KVE_STOP_NONE) q->ev[q->n - 1] = g;   /* out of memory: the end must arrive */
     else free(g.text);
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
@@ -85,47 +84,59 @@ static void queue_wait(gen_queue *q, int ms) {
 int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e) {
     *out = NULL, *n = 0;
     if (r->tokens) {   /* a completion prompt given as ids */
+        if (r->n_tokens == 0) return srv_error_set(e, 400, "invalid_request_error", "the prompt is empty");
         for (int32_t i = 0; i < r->n_tokens; i++)
-            if (r->tokens[i] >= llm_model_n_vocab(s->m))
+            if (r->tokens[i] >= kve_model_n_vocab(s->m))
                 return srv_error_set(e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
-                                     (int)r->tokens[i], (int)llm_model_n_vocab(s->m));
+                                     (int)r->tokens[i], (int)kve_model_n_vocab(s->m));
         *out = malloc(sizeof(int32_t) * (size_t)(r->n_tokens ? r->n_tokens : 1));
         if (!*out) return srv_error_set(e, 500, "server_error", "out of memory");
         memcpy(*out, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
         *n = r->n_tokens;
         return 0;
     }
-    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
+    int32_t need = 0;
+    int rc;
     if (r->kind == SRV_CHAT) {   /* the template's markers are control tokens, the messages text */
-        if (llm_model_chat(s->m)->kind == LLM_CHAT_UNKNOWN)
+        if (!kve_model_has_chat_template(s->m))
             return srv_error_set(e, 400, "invalid_request_error", "the model has no chat template this server knows; use /v1/completions");
-        llm_chat_format f = *llm_model_chat(s->m);   /* this request's switches */
-        if (r->enable_thinking >= 0 && llm_chat_set_thinking(&f, r->enable_thinking))
+        const kve_chat_message *msgs = r->msgs;
+        kve_chat_message *written = NULL;
+        int32_t n_msgs = r->n_msgs;
+        char **owned = NULL;
+        if (r->n_tools > 0 || r->has_tool_history) {   /* tools and tool turns written in */
+            if (srv_tools_messages(s, r, &written, &n_msgs, &owned, e)) {
+                srv_tools_free_messages(written, owned);
+                return -1;
+            }
+            msgs = written;
+        }
+        rc = kve_chat_tokenize(s->m, msgs, n_msgs, 0, 1, 1, r->enable_thinking, NULL, 0, &need);
+        if ((rc == KVE_OK || rc == KVE_ERR_SPACE) && !(*out = malloc(sizeof(int32_t) * (size_t)(need ? need : 1))))
+            rc = KVE_ERR_NOMEM;
+        else if (rc == KVE_OK || rc == KVE_ERR_SPACE)
+            rc = kve_chat_tokenize(s->m, msgs, n_msgs, 0, 1, 1, r->enable_thinking, *out, need, n);
+        srv_tools_free_messages(written, owned);
+        if (rc == KVE_ERR_TEMPLATE)
             return srv_error_set(e, 400, "invalid_request_error",
                                  "'chat_template_kwargs.enable_thinking' is not supported: the model's chat template "
                                  "has no thinking switch");
-        if (r->n_tools > 0 || r->has_tool_history) {   /* tools and tool turns written in */
-            llm_chat_msg *msgs;
-            int32_t n_msgs;
-            char **owned;
-            if (srv_tools_messages(s, r, &msgs, &n_msgs, &owned, e)) {
-                srv_tools_free_messages(msgs, owned);
-                return -1;
-            }
-            *n = llm_chat_tokenize(&f, tok, msgs, n_msgs, 1, 1, out);
-            srv_tools_free_messages(msgs, owned);
-        } else {
-            *n = llm_chat_tokenize(&f, tok, r->msgs, r->n_msgs, 1, 1, out);
-        }
-        if (*n == LLM_CHAT_ERR)
-            return *n = 0, srv_error_set(e, 400, "invalid_request_error", "the messages cannot be tokenized (too long?)");
-        return 0;
+    } else {
+        rc = kve_tokenize(s->m, r->prompt, r->prompt_len, 1, r->parse_special, NULL, 0, &need);
+        if ((rc == KVE_OK || rc == KVE_ERR_SPACE) && !(*out = malloc(sizeof(int32_t) * (size_t)(need ? need : 1))))
+            rc = KVE_ERR_NOMEM;
+        else if (rc == KVE_OK || rc == KVE_ERR_SPACE)
+            rc = kve_tokenize(s->m, r->prompt, r->prompt_len, 1, r->parse_special, *out, need, n);
     }
-    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, NULL, 0);
-    int32_t cap = need < 0 ? -need : need;
-    if (need == LLM_TOK_ERR || !(*out = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1))))
-        return srv_error_set(e, 400, "invalid_request_error", "the prompt cannot be tokenized (too long?)");
-    *n = cap ? llm_tokenize(tok, r->prompt, r->prompt_len, 1, r->parse_special, *out, cap) : 0;
+    if (rc != KVE_OK) {
+        free(*out), *out = NULL, *n = 0;
+        return srv_error_set(e, 400, "invalid_request_error", "the %s cannot be tokenized (too long?)",
+                             r->kind == SRV_CHAT ? "messages" : "prompt");
+    }
+    if (*n == 0) {   /* an empty text and a model that adds no BOS */
+        free(*out), *out = NULL;
+        return srv_error_set(e, 400, "invalid_request_error", "the prompt is empty");
+    }
     return 0;
 }
 
@@ -136,15 +147,15 @@ typedef struct {
     size_t len, cap;
     size_t streamed;                     /* bytes of text sent so far (stream): the next text_offset */
     json_t *lp;                          /* logprobs so far (non-stream) */
-    llm_stop_reason finish;
+    kve_stop_reason finish;
     double t_last;                       /* the previous token's time, 0 before the first */
     /* tool calls while streaming: TOOL_UNDECIDED (auto: held while the reply
      * may begin a call), TOOL_TEXT (streamed as content), TOOL_HELD (auto: a
      * call, sent at the end), TOOL_HEADER / TOOL_ARGS / TOOL_DONE (a call
      * the grammar holds: name, then argument fragments as they come) */
     int tool;
+    size_t args_at;                      /* where the arguments start in text */
     size_t args_sent;                    /* bytes of text sent as arguments so far */
-    llm_json_state args;                 /* the arguments read so far */
 } gen_choice;
 
 enum { TOOL_OFF, TOOL_UNDECIDED, TOOL_TEXT, TOOL_HELD, TOOL_HEADER, TOOL_ARGS, TOOL_DONE };
@@ -155,14 +166,15 @@ typedef struct {
     const srv_request *r;
     char id[48];
     int64_t created;
-    uint64_t sched_id;
+    kve_request *req;
     int broken;                          /* a write failed: the client is gone */
     double t_submit;
     double t_first;                      /* when the first token came; 0: none yet */
     int first_seen;
     int32_t n_prompt, n_cached, n_generated;
+    int32_t n_finished;                  /* choices ended */
     char error[128];
-    gen_choice ch[LLM_SCHED_MAX_CHOICES];
+    gen_choice ch[KVE_MAX_CHOICES];
 } gen_out;
 
 static int is_chat(const gen_out *o) { return o->r->kind == SRV_CHAT; }
@@ -183,7 +195,7 @@ static void send_sse(gen_out *o, json_t *obj) {
         if (mg_send_chunk(o->conn, buf, (unsigned)(n + 8)) <= 0) o->broken = 1;
     }
     free(buf), free(text);
-    if (o->broken) llm_sched_cancel(o->s->sched, o->sched_id);
+    if (o->broken) kve_request_cancel(o->req);
 }
 
 static json_t *chunk(gen_out *o, json_t *choices) {
@@ -197,31 +209,31 @@ static json_t *chunk(gen_out *o, json_t *choices) {
 /* A token's logprobs entry: chat {"token","logprob","bytes","top_logprobs"};
  * completions add to {"tokens","token_logprobs","top_logprobs","text_offset"}. */
 static json_t *chat_logprob(gen_out *o, const gen_event *g) {
-    int32_t len = 0;
-    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
+    size_t len = 0;
+    const char *piece = kve_token_piece(o->s->m, g->token, &len);
     json_t *top = json_array();
     for (int32_t i = 0; i < g->n_top; i++) {
-        int32_t tl = 0;
-        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
-        json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", srv_json_text(tp, (size_t)tl), "logprob",
-                                             (double)g->top_lps[i], "bytes", srv_json_bytes(tp, (size_t)tl)));
+        size_t tl = 0;
+        const char *tp = kve_token_piece(o->s->m, g->top_ids[i], &tl);
+        json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", srv_json_text(tp, tl), "logprob",
+                                             (double)g->top_lps[i], "bytes", srv_json_bytes(tp, tl)));
     }
-    return json_pack("{s:o, s:f, s:o, s:o}", "token", srv_json_text(piece, (size_t)len), "logprob", (double)g->logprob,
-                     "bytes", srv_json_bytes(piece, (size_t)len), "top_logprobs", top);
+    return json_pack("{s:o, s:f, s:o, s:o}", "token", srv_json_text(piece, len), "logprob", (double)g->logprob,
+                     "bytes", srv_json_bytes(piece, len), "top_logprobs", top);
 }
 
 static void completion_logprob(gen_out *o, json_t *lp, const gen_event *g, size_t offset) {
-    int32_t len = 0;
-    const char *piece = llm_token_piece(llm_model_tokenizer(o->s->m), g->token, &len);
+    size_t len = 0;
+    const char *piece = kve_token_piece(o->s->m, g->token, &len);
     json_t *top = json_object();
     for (int32_t i = 0; i < g->n_top; i++) {
-        int32_t tl = 0;
-        const char *tp = llm_token_piece(llm_model_tokenizer(o->s->m), g->top_ids[i], &tl);
-        json_t *key = srv_json_text(tp, (size_t)tl);
+        size_t tl = 0;
+        const char *tp = kve_token_piece(o->s->m, g->top_ids[i], &tl);
+        json_t *key = srv_json_text(tp, tl);
         json_object_set_new(top, json_string_value(key), json_real(g->top_lps[i]));
         json_decref(key);
     }
-    json_array_append_new(json_object_get(lp, "tokens"), srv_json_text(piece, (size_t)len));
+    json_array_append_new(json_object_get(lp, "tokens"), srv_json_text(piece, len));
     json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(g->logprob));
     json_array_append_new(json_object_get(lp, "top_logprobs"), top);
     json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
@@ -234,7 +246,7 @@ static json_t *new_logprobs(const gen_out *o) {
 
 /* A streamed piece of choice i: text, and this token's logprobs when asked. */
 static void stream_piece(gen_out *o, int32_t i, const char *text, size_t len, const gen_event *lpg,
-                         llm_stop_reason finish) {
+                         kve_stop_reason finish) {
     json_t *lp = json_null();
     if (lpg && o->r->logprobs) {
         lp = new_logprobs(o);
@@ -242,9 +254,9 @@ static void stream_piece(gen_out *o, int32_t i, const char *text, size_t len, co
         else completion_logprob(o, lp, lpg, o->ch[i].streamed);
     }
     o->ch[i].streamed += len;
-    json_t *fr = finish != LLM_STOP_NONE ? json_string(srv_finish_reason(finish)) : json_null();
+    json_t *fr = finish != KVE_STOP_NONE ? json_string(srv_finish_reason(finish)) : json_null();
     json_t *c = is_chat(o) ? json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta",
-                                       finish != LLM_STOP_NONE && !len ? json_object()
+                                       finish != KVE_STOP_NONE && !len ? json_object()
                                                                        : json_pack("{s:o}", "content", srv_json_text(text, len)),
                                        "logprobs", lp, "finish_reason", fr)
                            : json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", srv_json_text(text, len), "logprobs",
@@ -273,7 +285,7 @@ static void tool_stream(gen_out *o, int32_t i, int final) {
         if (n > 0 && !memcmp(c->text + at, mark, n)) c->tool = n == k ? TOOL_HELD : TOOL_UNDECIDED;
         else if (c->len > at) c->tool = TOOL_TEXT;
         if (c->tool == TOOL_TEXT || (final && c->tool == TOOL_UNDECIDED)) {
-            stream_piece(o, i, c->text, c->len, NULL, LLM_STOP_NONE);
+            stream_piece(o, i, c->text, c->len, NULL, KVE_STOP_NONE);
             c->tool = TOOL_TEXT;
         }
     }
@@ -283,7 +295,7 @@ static void tool_stream(gen_out *o, int32_t i, int final) {
         json_t *calls = srv_tools_parse(o->s, o->r, c->text, c->len, id), *e;
         size_t k;
         if (!calls) {   /* not a call after all: it is text */
-            stream_piece(o, i, c->text, c->len, NULL, LLM_STOP_NONE);
+            stream_piece(o, i, c->text, c->len, NULL, KVE_STOP_NONE);
             c->tool = TOOL_TEXT;
             return;
         }
@@ -306,17 +318,18 @@ static void tool_stream(gen_out *o, int32_t i, int final) {
         strcat(id, "_0");
         tool_delta(o, i, json_pack("{s:i, s:s, s:s, s:{s:s%, s:s}}", "index", 0, "id", id, "type", "function",
                                    "function", "name", c->text + name_at, name_len, "arguments", ""), NULL);
-        c->tool = TOOL_ARGS, c->args_sent = args;
-        llm_json_init(&c->args, LLM_JSON_ANY);
+        c->tool = TOOL_ARGS, c->args_at = c->args_sent = args;
     }
     if (c->tool == TOOL_ARGS) {   /* fragments up to the end of the arguments' object */
-        size_t end = c->args_sent;
-        while (end < c->len && !llm_json_complete(&c->args) && llm_json_feed(&c->args, c->text + end, 1) == 0) end++;
+        json_error_t je;   /* the grammar holds the text to JSON: not a whole object yet is a prefix of one */
+        json_t *whole = json_loadb(c->text + c->args_at, c->len - c->args_at, JSON_DISABLE_EOF_CHECK, &je);
+        size_t end = whole ? c->args_at + (size_t)je.position : c->len;
+        json_decref(whole);
         if (end > c->args_sent)
             tool_delta(o, i, json_pack("{s:i, s:{s:s%}}", "index", 0, "function", "arguments", c->text + c->args_sent,
                                        end - c->args_sent), NULL);
-        c->args_sent = end;
-        if (llm_json_complete(&c->args)) c->tool = TOOL_DONE;
+        c->args_sent = end > c->args_sent ? end : c->args_sent;
+        if (whole) c->tool = TOOL_DONE;
     }
 }
 
@@ -333,11 +346,8 @@ static void append_text(gen_choice *c, const char *text, size_t len) {
 }
 
 static void on_gen_event(gen_out *o, const gen_event *g) {
-    if (g->done) {
-        o->n_prompt = g->n_prompt, o->n_cached = g->n_cached, o->n_generated = g->n_generated;
-        return;
-    }
     gen_choice *c = &o->ch[g->choice];
+    o->n_prompt = g->n_prompt, o->n_cached = g->n_cached;
     if (g->token >= 0) {
         srv_metrics *m = &o->s->metrics;
         if (!o->first_seen) {
@@ -350,7 +360,7 @@ static void on_gen_event(gen_out *o, const gen_event *g) {
             append_text(c, g->text, g->len);
             tool_stream(o, g->choice, 0);
         } else if (o->r->stream) {
-            if (g->len || o->r->logprobs) stream_piece(o, g->choice, g->text, g->len, g, LLM_STOP_NONE);
+            if (g->len || o->r->logprobs) stream_piece(o, g->choice, g->text, g->len, g, KVE_STOP_NONE);
         } else {
             if (o->r->logprobs) {
                 if (is_chat(o)) json_array_append_new(json_object_get(c->lp, "content"), chat_logprob(o, g));
@@ -359,16 +369,17 @@ static void on_gen_event(gen_out *o, const gen_event *g) {
             append_text(c, g->text, g->len);
         }
     }
-    if (g->finish != LLM_STOP_NONE) {
+    if (g->finish != KVE_STOP_NONE) {
         c->finish = g->finish;
-        if (g->finish == LLM_STOP_ERROR) snprintf(o->error, sizeof o->error, "%s", g->error);
+        o->n_finished++, o->n_generated += g->n_generated;
+        if (g->finish == KVE_STOP_ERROR) snprintf(o->error, sizeof o->error, "%s", g->error);
         if (o->r->stream && c->tool != TOOL_OFF && c->tool != TOOL_TEXT) {
             append_text(c, g->text, g->len);
             tool_stream(o, g->choice, 1);
-            if (c->tool == TOOL_DONE && g->finish == LLM_STOP_EOG) tool_delta(o, g->choice, NULL, "tool_calls");
+            if (c->tool == TOOL_DONE && g->finish == KVE_STOP_EOG) tool_delta(o, g->choice, NULL, "tool_calls");
             else stream_piece(o, g->choice, "", 0, NULL, g->finish);
         } else if (o->r->stream) {
-            if (g->len) stream_piece(o, g->choice, g->text, g->len, NULL, LLM_STOP_NONE);
+            if (g->len) stream_piece(o, g->choice, g->text, g->len, NULL, KVE_STOP_NONE);
             stream_piece(o, g->choice, "", 0, NULL, g->finish);
         } else {
             append_text(c, g->text, g->len);
@@ -389,7 +400,7 @@ static int reply_whole(gen_out *o) {
         json_t *text = srv_json_text(c->text ? c->text : "", c->len);
         json_t *lp = o->r->logprobs ? json_incref(c->lp) : json_null();
         json_t *calls = NULL;
-        if (c->tool != TOOL_OFF && c->finish == LLM_STOP_EOG) {
+        if (c->tool != TOOL_OFF && c->finish == KVE_STOP_EOG) {
             char id[64];
             call_id(o, i, id, sizeof id);
             calls = srv_tools_parse(o->s, o->r, c->text ? c->text : "", c->len, id);
@@ -464,9 +475,9 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     }
     if (r.session) snprintf(path, sizeof path, "%s/%s.kvs", s->session_dir, r.session);   /* a name, never a path */
     for (int32_t i = 0; i < r.n_bias; i++)
-        if (r.bias[i].id >= llm_model_n_vocab(s->m)) {
+        if (r.bias[i].token >= kve_model_n_vocab(s->m)) {
             srv_error_set(&e, 400, "invalid_request_error", "'logit_bias' token id %d is outside the vocabulary of %d",
-                          (int)r.bias[i].id, (int)llm_model_n_vocab(s->m));
+                          (int)r.bias[i].token, (int)kve_model_n_vocab(s->m));
             srv_request_free(&r);
             return srv_reply_error(s, conn, &e);
         }
@@ -480,45 +491,46 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     pthread_cond_init(&q.cv, NULL);
     gen_out *o = calloc(1, sizeof *o);
     uint64_t serial = atomic_fetch_add(&s->next_id, 1);
-    llm_sched_request sr = {.prompt = ids, .n_prompt = n_ids, .n_choices = (int32_t)r.n,
-                            .max_tokens = (int32_t)r.max_tokens, .stops = r.stops, .n_stops = r.n_stops,
-                            .top_logprobs = r.logprobs ? (int32_t)r.top_logprobs : -1, .cb = on_event, .user = &q};
-    sr.sampler = (llm_sampler_params){.temp = (float)r.temperature, .top_k = (int32_t)r.top_k,
-                                      .top_p = (float)r.top_p,
-                                      .seed = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial,
-                                      .min_p = (float)r.min_p, .repeat_penalty = (float)r.repeat_penalty,
-                                      .repeat_last_n = (int32_t)r.repeat_last_n,
-                                      .presence_penalty = (float)r.presence_penalty,
-                                      .frequency_penalty = (float)r.frequency_penalty, .bias = r.bias,
-                                      .n_bias = r.n_bias, .grammar = r.json_object ? s->json_vocab : NULL,
-                                      .json_root = LLM_JSON_OBJECT, .rules = r.rules};
-    /* a json_schema, or one call the grammar holds: rules bound to the vocabulary */
-    llm_gbnf *call_rules = NULL;
+    kve_request_params rp = kve_request_default_params();
+    rp.tokens = ids, rp.n_tokens = n_ids, rp.max_tokens = (int32_t)r.max_tokens;
+    rp.temperature = (float)r.temperature, rp.top_k = (int32_t)r.top_k, rp.top_p = (float)r.top_p;
+    rp.min_p = (float)r.min_p, rp.repeat_penalty = (float)r.repeat_penalty;
+    rp.presence_penalty = (float)r.presence_penalty, rp.frequency_penalty = (float)r.frequency_penalty;
+    rp.random_state = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial;
+    rp.stops = r.stops, rp.n_stops = r.n_stops, rp.top_logprobs = r.logprobs ? (int32_t)r.top_logprobs : -1;
+    rp.on_event = on_event, rp.user = &q;
+    kve_request_options ro = kve_request_default_options();
+    ro.n_choices = (int32_t)r.n, ro.repeat_last_n = (int32_t)r.repeat_last_n, ro.callback_only = 1;
+    ro.logit_bias = r.bias, ro.n_logit_bias = r.n_bias, ro.json_object = r.json_object;
+    ro.session_file = r.session ? path : NULL;
+    /* a json_schema, or one call the grammar holds: compiled for the model */
+    kve_grammar *rules = NULL;
     const int tools_on = r.n_tools > 0 && r.tool_choice != SRV_TOOLS_NONE;
-    if (tools_on && (r.tool_choice == SRV_TOOLS_REQUIRED || r.tool_choice == SRV_TOOLS_NAMED)) {
-        if (!(call_rules = srv_tools_grammar(s, &r, &e))) {
+    const int call_rules = tools_on && (r.tool_choice == SRV_TOOLS_REQUIRED || r.tool_choice == SRV_TOOLS_NAMED);
+    int rc = o ? KVE_OK : KVE_ERR_NOMEM;
+    char msg[240];
+    if (o && call_rules) {
+        if (!(rules = srv_tools_grammar(s, &r, &e))) {
             free(ids), free(o);
             pthread_mutex_destroy(&q.mu), pthread_cond_destroy(&q.cv);
             srv_request_free(&r);
             return srv_reply_error(s, conn, &e);
         }
-        sr.sampler.rules = call_rules;
-    } else if (r.rules && llm_gbnf_bind(r.rules, s->json_vocab)) {
-        sr.sampler.rules = NULL, o = (free(o), NULL);   /* out of memory: answered below */
+    } else if (o && r.schema) {
+        rc = kve_grammar_parse(s->m, r.schema, strlen(r.schema), 1, &rules, msg, sizeof msg);
     }
-    char msg[200];
-    sr.session = r.session ? path : NULL;
-    int rc = o ? llm_sched_submit(s->sched, &sr, o ? &o->sched_id : NULL, msg, sizeof msg) : LLM_ERR_NOMEM;
+    ro.grammar = rules;
+    if (rc == KVE_OK) rc = kve_submit_ex(s->c, &rp, &ro, &o->req, msg, sizeof msg);
     free(ids);
     int status;
     if (rc) {
-        if (rc == LLM_ERR_QUEUE_FULL || rc == LLM_ERR_STOPPED) srv_error_set(&e, 503, "unavailable_error", "%s", msg);
-        else if (rc == LLM_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
+        if (rc == KVE_ERR_QUEUE_FULL || rc == KVE_ERR_STOPPED) srv_error_set(&e, 503, "unavailable_error", "%s", msg);
+        else if (rc == KVE_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
         else srv_error_set(&e, 400, "invalid_request_error", "%s", msg);
         status = srv_reply_error(s, conn, &e);
     } else {
         *o = (gen_out){.s = s, .conn = conn, .r = &r, .created = (int64_t)time(NULL), .t_submit = now_s(),
-                       .sched_id = o->sched_id};
+                       .req = o->req};
         snprintf(o->id, sizeof o->id, "%s-%llx%06llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
                  (unsigned long long)o->created, (unsigned long long)serial);
         for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
@@ -526,7 +538,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
         if (r.stream) start_stream(o);
         int fd = -2;   /* the client's socket, looked up once the request has run a while */
         double t_looked = now_s();
-        for (int done = 0; !done;) {   /* until the scheduler's done event: it then forgets q */
+        while (o->n_finished < r.n) {   /* until every choice has ended */
             pthread_mutex_lock(&q.mu);
             queue_wait(&q, SRV_GONE_POLL_MS);
             gen_event *ev = q.ev;
@@ -536,26 +548,27 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             if (!o->broken && now_s() - t_looked >= SRV_GONE_POLL_MS * 1e-3) {   /* is anyone still waiting? */
                 t_looked = now_s();
                 if (fd == -2) fd = srv_conn_socket(conn);
-                if (srv_client_gone(fd)) o->broken = 1, llm_sched_cancel(s->sched, o->sched_id);
+                if (srv_client_gone(fd)) o->broken = 1, kve_request_cancel(o->req);
             }
             for (size_t k = 0; k < n; k++) {
                 on_gen_event(o, &ev[k]);
-                done |= ev[k].done;
                 free(ev[k].text);
             }
             free(ev);
         }
+        kve_request_free(o->req);   /* waits for the request's end (its pages freed), then q is ours */
+        o->req = NULL;
         if (r.stream) end_stream(o);
         /* 499: the client closed the connection before the reply (nginx's code, for the log) */
         status = r.stream ? 200 : o->broken ? 499 : reply_whole(o);
         log_request(o, status);
-        for (int32_t i = 0; i < LLM_SCHED_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
+        for (int32_t i = 0; i < KVE_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
     }
     free(q.ev);
     pthread_mutex_destroy(&q.mu);
     pthread_cond_destroy(&q.cv);
     free(o);
-    llm_gbnf_free(call_rules);
+    kve_grammar_free(rules);
     srv_request_free(&r);
     return status;
 }

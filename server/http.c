@@ -53,23 +53,23 @@ static int index_page(srv *s, struct mg_connection *conn) {
 }
 
 static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
-    const llm_tokenizer *tok = llm_model_tokenizer(s->m);
-    int32_t need = llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, NULL, 0);
+    int32_t cap = 0, n = 0;
+    int rc = kve_tokenize(s->m, r->prompt, r->prompt_len, r->add_special, r->parse_special, NULL, 0, &cap);
     srv_error e;
-    if (need == LLM_TOK_ERR)
+    if (rc != KVE_OK && rc != KVE_ERR_SPACE)
         return srv_error_set(&e, 400, "invalid_request_error", "the text cannot be tokenized"), srv_reply_error(s, conn, &e);
-    int32_t cap = need < 0 ? -need : need;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(cap ? cap : 1));
-    int32_t n = ids && cap ? llm_tokenize(tok, r->prompt, r->prompt_len, r->add_special, r->parse_special, ids, cap) : 0;
+    if (ids && cap && kve_tokenize(s->m, r->prompt, r->prompt_len, r->add_special, r->parse_special, ids, cap, &n))
+        n = 0;
     json_t *arr = json_array();
     for (int32_t i = 0; ids && i < n; i++) {
         if (!r->with_pieces) {
             json_array_append_new(arr, json_integer(ids[i]));
             continue;
         }
-        int32_t len = 0;
-        const char *piece = llm_token_piece(tok, ids[i], &len);
-        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids[i], "piece", srv_json_text(piece, (size_t)(len > 0 ? len : 0))));
+        size_t len = 0;
+        const char *piece = kve_token_piece(s->m, ids[i], &len);
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids[i], "piece", srv_json_text(piece, len)));
     }
     free(ids);
     return srv_reply_json(s, conn, 200, json_pack("{s:o}", "tokens", arr));
@@ -78,15 +78,15 @@ static int tokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
 static int detokenize(srv *s, struct mg_connection *conn, const srv_request *r) {
     srv_error e;
     for (int32_t i = 0; i < r->n_tokens; i++)
-        if (r->tokens[i] >= llm_model_n_vocab(s->m))
+        if (r->tokens[i] >= kve_model_n_vocab(s->m))
             return srv_error_set(&e, 400, "invalid_request_error", "token id %d is outside the vocabulary of %d",
-                                 (int)r->tokens[i], (int)llm_model_n_vocab(s->m)),
+                                 (int)r->tokens[i], (int)kve_model_n_vocab(s->m)),
                    srv_reply_error(s, conn, &e);
-    int32_t need = llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, NULL, 0);
-    size_t cap = need < 0 ? (size_t)-need : (size_t)need + 1;
-    char *text = malloc(cap);
-    int32_t n = text ? llm_detokenize(llm_model_tokenizer(s->m), r->tokens, r->n_tokens, 0, text, (int32_t)cap) : -1;
-    json_t *body = n >= 0 ? json_pack("{s:o}", "content", srv_json_text(text, (size_t)n)) : NULL;
+    size_t need = 0, n = 0;
+    int rc = kve_detokenize(s->m, r->tokens, r->n_tokens, 0, NULL, 0, &need);
+    char *text = rc == KVE_OK || rc == KVE_ERR_SPACE ? malloc(need + 1) : NULL;
+    rc = text ? kve_detokenize(s->m, r->tokens, r->n_tokens, 0, text, need + 1, &n) : KVE_ERR_NOMEM;
+    json_t *body = rc == KVE_OK ? json_pack("{s:o}", "content", srv_json_text(text, n)) : NULL;
     free(text);
     if (!body) return srv_error_set(&e, 500, "server_error", "detokenize failed"), srv_reply_error(s, conn, &e);
     return srv_reply_json(s, conn, 200, body);
@@ -340,58 +340,39 @@ int srv_start(const srv_params *p, srv **out, char *err, size_t errlen) {
 
 int srv_port(const srv *s) { return s->port; }
 
-/* The scheduler's lines about session files, on its thread. */
+/* The context's lines about session files, on its scheduler thread. */
 static void sched_log(void *user, const char *line) {
     (void)user;
     fprintf(stderr, "kvcache serve: %s\n", line);
 }
 
-static void *sched_main(void *arg) {
-    llm_sched_run(arg);
-    return NULL;
-}
-
-int srv_attach(srv *s, llm_context *c, char *err, size_t errlen) {
-    llm_sched_params sp = llm_sched_default_params();
-    if (s->p.batch_tokens > 0) sp.batch_tokens = s->p.batch_tokens;
-    if (s->p.max_waiting > 0) sp.max_waiting = s->p.max_waiting;
-    sp.context_shift = s->p.context_shift, sp.n_keep = s->p.n_keep, sp.draft_lookup = s->p.draft_lookup;
-    sp.no_prefix = s->p.no_prefix;
-    sp.log = sched_log;
-    if (s->p.cache_dir) {
-        char why[256];
-        if (llm_tier_open(s->p.cache_dir, s->p.cache_disk_size, c, &s->tier, why, sizeof why))
-            return snprintf(err, errlen, "--cache-dir: %s", why), -1;
-        sp.tier = s->tier;
+int srv_attach(srv *s, const kve_model *m, const kve_context_params *cpp, char *err, size_t errlen) {
+    kve_context_params cp = *cpp;
+    if (s->p.batch_tokens > 0) cp.n_batch = s->p.batch_tokens;
+    if (s->p.max_waiting > 0) cp.max_waiting = s->p.max_waiting;
+    kve_context_options o = kve_context_default_options();
+    o.act_bits = s->p.act_bits, o.no_window = s->p.no_window;
+    o.context_shift = s->p.context_shift, o.n_keep = s->p.n_keep, o.draft_lookup = s->p.draft_lookup;
+    o.no_prefix = s->p.no_prefix;
+    o.log = sched_log;
+    o.cache_dir = s->p.cache_dir, o.cache_disk_size = s->p.cache_disk_size;
+    if (s->p.kv_events) {
+        if (srv_events_start(s, s->p.kv_events, err, errlen)) return -1;
+        o.on_prefix = srv_events_listener, o.prefix_user = s->events;
     }
-    int rc = llm_sched_create(c, &sp, &s->sched);
-    if (rc) {
-        llm_tier_close(s->tier);
-        s->tier = NULL;
-        return snprintf(err, errlen, "scheduler: %s", llm_status_str(rc)), -1;
-    }
-    if (s->p.kv_events && srv_events_start(s, c, s->p.kv_events, err, errlen)) {
-        llm_sched_free(s->sched);
-        s->sched = NULL;
-        llm_tier_close(s->tier);
-        s->tier = NULL;
-        return -1;
-    }
-    if (pthread_create(&s->sched_thread, NULL, sched_main, s->sched)) {
+    char why[320];
+    int rc = kve_context_create_ex(m, &cp, &o, &s->c, why, sizeof why);
+    if (rc != KVE_OK) {
         srv_events_stop(s);
-        llm_sched_free(s->sched);
-        s->sched = NULL;
-        llm_tier_close(s->tier);
-        s->tier = NULL;
-        return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
+        if (s->p.cache_dir && !strncmp(why, "cache_dir ", 10)) return snprintf(err, errlen, "--cache-dir %s", why + 10), -1;
+        return snprintf(err, errlen, "%s", why), -1;
     }
-    s->sched_started = 1;
-    s->c = c, s->m = llm_context_model(c), s->n_ctx = llm_context_get_params(c).n_ctx;
-    if (!(s->json_vocab = llm_grammar_vocab_new(llm_model_tokenizer(s->m))))
-        return snprintf(err, errlen, "out of memory for the vocabulary's byte strings"), -1;
+    s->m = m, s->n_ctx = kve_context_get_params(s->c).n_ctx;
     atomic_store(&s->state, SRV_READY);
     return 0;
 }
+
+const kve_context *srv_context(const srv *s) { return s->c; }
 
 /* civetweb 1.15's listening thread notices mg_stop only when its poll()
  * returns, which without a connection takes its 2-second quantum: every
@@ -423,10 +404,7 @@ static void *wake_listener(void *arg) {
 void srv_shutdown(srv *s) {
     if (!s) return;
     atomic_store(&s->state, SRV_STOPPING);   /* new requests: 503 */
-    if (s->sched_started) {
-        llm_sched_stop(s->sched);             /* in-flight requests end; their workers finish the replies */
-        pthread_join(s->sched_thread, NULL);
-    }
+    kve_context_stop(s->c);                   /* in-flight requests end; their workers finish the replies */
 
     srv_events_stop(s);
     /* civetweb refuses writes once stopping: let the handlers write their
@@ -439,9 +417,7 @@ void srv_shutdown(srv *s) {
     mg_stop(s->mg);                           /* waits for every worker */
     if (waking) atomic_store(&w.done, 1), pthread_join(wt, NULL);
     mg_exit_library();
-    llm_sched_free(s->sched);                 /* unhooks itself from the tier */
-    llm_tier_close(s->tier);                  /* every named page not yet on disk is written */
-    llm_grammar_vocab_free(s->json_vocab);
+    kve_context_free(s->c);                   /* every named page not yet on the disk tier is written */
     pthread_mutex_destroy(&s->metrics.mu);
     free(s);
 }

@@ -11,8 +11,6 @@
 
 #include "request.h"
 #include "server.h"
-#include "../engine/gen/scheduler.h"
-#include "../engine/gen/tier.h"
 
 struct mg_connection;
 struct mg_context;
@@ -63,28 +61,25 @@ struct srv {
     struct mg_context *mg;
     int port;
     atomic_int state;                  /* SRV_LOADING, SRV_READY, SRV_STOPPING */
-    llm_context *c;                    /* set by srv_attach */
-    const llm_model *m;
-    struct llm_grammar_vocab *json_vocab; /* every token's bytes, for response_format json_object */
+    kve_context *c;                    /* made by srv_attach */
+    const kve_model *m;
     int32_t n_ctx;
-    llm_sched *sched;
-    pthread_t sched_thread;
-    int sched_started;
     atomic_int generating;             /* generation handlers still writing a reply */
     int64_t created;                   /* Unix time of srv_start (models' "created") */
     atomic_uint_fast64_t next_id;      /* response ids */
     srv_metrics metrics;
     struct srv_events *events;         /* --kv-events publisher, NULL when off */
-    struct llm_tier *tier;             /* --cache-dir, NULL when off */
 };
 
 /* ---------------------------------------------------------------- KV-cache events (events.c) */
 
 typedef struct srv_events srv_events;
-/* Publishes c's prefix-cache changes on a ZeroMQ PUB socket bound to
- * endpoint; call before the scheduler thread starts. 0, or -1 with a message. */
-int srv_events_start(srv *s, llm_context *c, const char *endpoint, char *err, size_t errlen);
-/* Sends what is pending and closes the socket; call once the scheduler thread ended. */
+/* A publisher of prefix-cache changes on a ZeroMQ PUB socket bound to
+ * endpoint, fed by srv_events_listener (a context's on_prefix, with
+ * s->events as its user). 0, or -1 with a message. */
+int srv_events_start(srv *s, const char *endpoint, char *err, size_t errlen);
+void srv_events_listener(void *user, const kv_prefix_event *ev);
+/* Sends what is pending and closes the socket; call once the context stopped. */
 void srv_events_stop(srv *s);
 
 /* ---------------------------------------------------------------- replies (response.c) */
@@ -117,7 +112,7 @@ json_t *srv_json_text(const char *text, size_t len);
 json_t *srv_json_bytes(const char *text, size_t len);
 /* The finish_reason of a stop reason: "stop", "length", or "abort" (the
  * server stopped while it ran). */
-const char *srv_finish_reason(llm_stop_reason r);
+const char *srv_finish_reason(kve_stop_reason r);
 /* Tokenizes what a request asks to generate from (chat messages rendered
  * with the model's template, or the completion prompt) into a malloc'ed array. */
 int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, srv_error *e);
@@ -128,12 +123,12 @@ int srv_prompt_tokens(srv *s, const srv_request *r, int32_t **out, int32_t *n, s
 int srv_tools_llama3(const srv *s);
 /* The messages with tools and tool turns written in as the family's
  * template does: *out [*n], strings in *owned (srv_tools_free_messages). */
-int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, int32_t *n, char ***owned,
+int srv_tools_messages(const srv *s, const srv_request *r, kve_chat_message **out, int32_t *n, char ***owned,
                        srv_error *e);
-void srv_tools_free_messages(llm_chat_msg *m, char **owned);
+void srv_tools_free_messages(kve_chat_message *m, char **owned);
 /* tool_choice "required" or named: the grammar of one call (bound to the
  * vocabulary), or NULL with e set. */
-llm_gbnf *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e);
+kve_grammar *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e);
 /* In a constrained call's text so far: the offset where its arguments
  * start once the header is complete (0 before), and the name's place. */
 size_t srv_tools_header(int llama3, const char *text, size_t len, size_t *name_at, size_t *name_len);

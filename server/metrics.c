@@ -90,8 +90,8 @@ static void histogram(page *pg, const char *name, const char *help, const srv_hi
 char *srv_metrics_page(srv *s) {
     page pg = {.p = malloc(8192), .cap = 8192};
     if (!pg.p) return NULL;
-    llm_sched_stats st = {0};
-    if (s->sched) st = llm_sched_get_stats(s->sched);
+    kve_context_stats st = {.size = sizeof st};
+    if (s->c) kve_context_get_stats(s->c, &st);
     metric(&pg, "kvcache_ready", "gauge", "1 once the model is loaded and requests are served",
            atomic_load(&s->state) == SRV_READY);
     metric(&pg, "kvcache_requests_running", "gauge", "Requests admitted to the running batch", st.running);
@@ -130,27 +130,26 @@ char *srv_metrics_page(srv *s) {
            "Session saves that failed or were skipped (after a context shift)", (double)st.session_save_failures);
     metric(&pg, "kvcache_session_io_seconds_total", "counter", "Scheduler-thread time spent reading and writing session files",
            st.session_seconds);
-    if (s->tier) {   /* --cache-dir: counted in pages and bytes */
-        llm_tier_stats ts = llm_tier_get_stats(s->tier);
+    if (st.disk_on) {   /* --cache-dir: counted in pages and bytes */
         metric(&pg, "kvcache_prefix_disk_hits_total", "counter", "Pages read back from the disk tier into the pool",
-               (double)ts.hits);
+               (double)st.disk_hits);
         metric(&pg, "kvcache_prefix_disk_waits_total", "counter",
                "Requests that waited aside while the tier's thread read their prefix", (double)st.disk_waits);
         metric(&pg, "kvcache_prefix_disk_misses_total", "counter", "Disk-tier lookups that found no usable page",
-               (double)ts.misses);
+               (double)st.disk_misses);
         metric(&pg, "kvcache_prefix_disk_damaged_total", "counter", "Of those, files that failed a check (removed)",
-               (double)ts.damaged);
+               (double)st.disk_damaged);
         metric(&pg, "kvcache_prefix_disk_read_bytes_total", "counter", "Bytes read from the disk tier",
-               (double)ts.bytes_read);
-        metric(&pg, "kvcache_prefix_disk_writes_total", "counter", "Pages written to the disk tier", (double)ts.writes);
+               (double)st.disk_bytes_read);
+        metric(&pg, "kvcache_prefix_disk_writes_total", "counter", "Pages written to the disk tier", (double)st.disk_writes);
         metric(&pg, "kvcache_prefix_disk_written_bytes_total", "counter", "Bytes written to the disk tier",
-               (double)ts.bytes_written);
+               (double)st.disk_bytes_written);
         metric(&pg, "kvcache_prefix_disk_dropped_total", "counter",
-               "Pages not written (the writer's queue was full or a write failed)", (double)ts.dropped);
+               "Pages not written (the writer's queue was full or a write failed)", (double)st.disk_dropped);
         metric(&pg, "kvcache_prefix_disk_evictions_total", "counter", "Files removed to stay within --cache-disk-size",
-               (double)ts.evictions);
-        metric(&pg, "kvcache_prefix_disk_pages", "gauge", "Pages held in the disk tier", (double)ts.entries);
-        metric(&pg, "kvcache_prefix_disk_bytes", "gauge", "Bytes held in the disk tier", (double)ts.bytes);
+               (double)st.disk_evictions);
+        metric(&pg, "kvcache_prefix_disk_pages", "gauge", "Pages held in the disk tier", (double)st.disk_entries);
+        metric(&pg, "kvcache_prefix_disk_bytes", "gauge", "Bytes held in the disk tier", (double)st.disk_bytes);
     }
     /* the same quantities under vLLM's names and meanings: usage counts the pages
      * live sequences hold (cached pages are reclaimable, as vLLM's free queue),

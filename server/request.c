@@ -77,7 +77,7 @@ static int get_str(json_t *o, const char *name, const char **out, srv_error *e) 
     return 0;
 }
 
-/* "stop": a string or an array of up to LLM_MAX_STOPS non-empty strings. */
+/* "stop": a string or an array of up to KVE_MAX_STOPS non-empty strings. */
 static int get_stops(json_t *o, srv_request *r, srv_error *e) {
     json_t *v = field(o, "stop");
     if (!v) return 0;
@@ -87,8 +87,8 @@ static int get_stops(json_t *o, srv_request *r, srv_error *e) {
         return 0;
     }
     if (!json_is_array(v)) return bad(e, "'%s' must be a string or an array of strings", "stop");
-    if (json_array_size(v) > LLM_MAX_STOPS)
-        return srv_error_set(e, 400, "invalid_request_error", "'stop' takes at most %d strings", LLM_MAX_STOPS);
+    if (json_array_size(v) > KVE_MAX_STOPS)
+        return srv_error_set(e, 400, "invalid_request_error", "'stop' takes at most %d strings", KVE_MAX_STOPS);
     size_t i;
     json_t *s;
     json_array_foreach(v, i, s) {
@@ -362,26 +362,24 @@ static int get_logit_bias(json_t *o, srv_request *r, srv_error *e) {
         if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
             return srv_error_set(e, 400, "invalid_request_error",
                                  "'logit_bias' values must be numbers in [-100, 100]; token %lld has another", id);
-        r->bias[r->n_bias++] = (llm_logit_bias){(int32_t)id, (float)json_number_value(b)};
+        r->bias[r->n_bias++] = (kve_logit_bias){(int32_t)id, (float)json_number_value(b)};
     }
     return 0;
 }
 
-/* A schema (a JSON value) compiled; a 400 naming where it is and what is
- * wrong. With out NULL only checked. */
-static int compile_schema(json_t *schema, const char *where, llm_gbnf **out, char **text, srv_error *e) {
+/* A schema (a JSON value) checked to compile, as JSON text in *text; a 400
+ * naming where it is and what is wrong. */
+static int check_schema(json_t *schema, const char *where, char **text, srv_error *e) {
     char *t = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t) return srv_error_set(e, 500, "server_error", "out of memory");
     char err[240];
-    llm_gbnf *g = llm_json_schema_compile(t, strlen(t), err, sizeof err);
-    if (!g) {
+    int rc = kve_grammar_check(t, strlen(t), 1, err, sizeof err);
+    if (rc != KVE_OK) {
         free(t);
+        if (rc == KVE_ERR_NOMEM) return srv_error_set(e, 500, "server_error", "out of memory");
         return srv_error_set(e, 400, "invalid_request_error", "'%s': %s", where, err);
     }
-    if (out) *out = g;
-    else llm_gbnf_free(g);
-    if (text) *text = t;
-    else free(t);
+    *text = t;
     return 0;
 }
 
@@ -417,7 +415,7 @@ static int get_response_format(json_t *o, srv_request *r, srv_error *e) {
     json_t *schema = json_object_get(js, "schema");
     if (!schema) schema = json_true();   /* no schema: any JSON value */
     else json_incref(schema);
-    int rc = compile_schema(schema, "response_format.json_schema.schema", &r->rules, NULL, e);
+    int rc = check_schema(schema, "response_format.json_schema.schema", &r->schema, e);
     json_decref(schema);
     return rc;
 }
@@ -471,7 +469,7 @@ static int get_tools(json_t *o, srv_request *r, srv_error *e) {
             }
             char where[100];
             snprintf(where, sizeof where, "tools[%zu].function.parameters", i);
-            int rc = compile_schema(schema, where, NULL, &st->params, e);
+            int rc = check_schema(schema, where, &st->params, e);
             json_decref(schema);
             if (rc) return -1;
         }
@@ -494,7 +492,7 @@ static int get_tools(json_t *o, srv_request *r, srv_error *e) {
         return bad(e, "'%s' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\"}}",
                    "tool_choice");
     }
-    if (r->tool_choice != SRV_TOOLS_NONE && (r->json_object || r->rules))
+    if (r->tool_choice != SRV_TOOLS_NONE && (r->json_object || r->schema))
         return bad(e, "'%s' other than \"none\" cannot be combined with a JSON response_format", "tool_choice");
     return 0;
 }
@@ -646,7 +644,7 @@ void srv_request_free(srv_request *r) {
     free(r->joined), free(r->msgs), free(r->tokens), free(r->bias);
     for (int32_t i = 0; i < r->n_tools; i++) free(r->tools[i].params);
     free(r->tools);
-    llm_gbnf_free(r->rules);
+    free(r->schema);
     if (r->root) json_decref((json_t *)r->root);
     memset(r, 0, sizeof *r);
 }

@@ -15,9 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/text/chat.h"
-#include "../engine/text/gbnf.h"
-#include "../engine/gen/session.h"
+#include "kvengine.h"
 
 typedef enum {
     SRV_CHAT = 0,        /* POST /v1/chat/completions: messages */
@@ -48,7 +46,7 @@ typedef struct {
     void *root;                  /* the parsed document (json_t); owns the strings below */
     const char *model;           /* "model", or NULL */
     /* chat */
-    llm_chat_msg *msgs;          /* [n_msgs] role and content (text parts joined) */
+    kve_chat_message *msgs;      /* [n_msgs] role and content (text parts joined) */
     int32_t n_msgs;
     char **joined;               /* [n_msgs] content strings built from parts, or NULL */
     /* completion / tokenize */
@@ -69,11 +67,12 @@ typedef struct {
     double repeat_penalty;       /* extension, default 1: off */
     int64_t repeat_last_n;       /* extension, default 64; -1: every token */
     double presence_penalty, frequency_penalty;  /* OpenAI's, default 0 */
-    llm_logit_bias *bias;        /* [n_bias] from "logit_bias" (ids checked against the
+    kve_logit_bias *bias;        /* [n_bias] from "logit_bias" (ids checked against the
                                   * vocabulary by the caller) */
     int32_t n_bias;
     int json_object;             /* response_format {"type": "json_object"}: the reply is one JSON object */
-    llm_gbnf *rules;             /* response_format json_schema: its schema compiled (not yet bound) */
+    char *schema;                /* response_format json_schema: its schema as JSON text (checked to
+                                  * compile; compiled for the model by the handler), or NULL */
     /* tools (chat): each function's name, description (or NULL) and
      * parameter schema as JSON text (checked to compile), and the choice */
     struct srv_tool {
@@ -87,7 +86,7 @@ typedef struct {
     int one_call;                /* parallel_tool_calls false: at most one call a reply */
     uint64_t seed;               /* when has_seed */
     int has_seed;
-    const char *stops[LLM_MAX_STOPS];
+    const char *stops[KVE_MAX_STOPS];
     int32_t n_stops;
     int64_t n;                   /* choices, default 1 */
     int stream, include_usage;

@@ -151,9 +151,9 @@ json_t *srv_json_bytes(const char *text, size_t len) {
     return a;
 }
 
-const char *srv_finish_reason(llm_stop_reason r) {
-    if (r == LLM_STOP_CANCEL) return "abort";   /* the server stopped: the answer is cut, not finished */
-    return r == LLM_STOP_LENGTH || r == LLM_STOP_CONTEXT ? "length" : "stop";
+const char *srv_finish_reason(kve_stop_reason r) {
+    if (r == KVE_STOP_CANCEL) return "abort";   /* the server stopped: the answer is cut, not finished */
+    return r == KVE_STOP_LENGTH || r == KVE_STOP_CONTEXT ? "length" : "stop";
 }
 
 json_t *srv_json_usage(int32_t n_prompt, int32_t n_cached, int32_t n_generated) {

@@ -20,7 +20,7 @@
 
 static const char hermes_head[] = "<tool_call>\n", hermes_tail[] = "\n</tool_call>";
 
-int srv_tools_llama3(const srv *s) { return llm_model_chat(s->m)->kind == LLM_CHAT_LLAMA3; }
+int srv_tools_llama3(const srv *s) { return kve_model_tool_style(s->m) == KVE_TOOLS_LLAMA3; }
 
 /* A growing string. */
 typedef struct {
@@ -68,10 +68,9 @@ static void put_call(sbuf *b, int llama3, const char *name, const char *args) {
 
 /* The messages with the tools and tool turns written in: out [*n] (the
  * strings in owned, freed by srv_tools_free_messages). */
-int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, int32_t *n, char ***owned,
+int srv_tools_messages(const srv *s, const srv_request *r, kve_chat_message **out, int32_t *n, char ***owned,
                        srv_error *e) {
-    const llm_chat_format *f = llm_model_chat(s->m);
-    const int llama3 = f->kind == LLM_CHAT_LLAMA3;
+    const int llama3 = srv_tools_llama3(s);
     const int render_tools = r->n_tools > 0 && r->tool_choice != SRV_TOOLS_NONE;
     json_t *msgs = json_object_get((json_t *)r->root, "messages"), *tools = json_object_get((json_t *)r->root, "tools");
     const int32_t cap = r->n_msgs + 1;
@@ -104,10 +103,11 @@ int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, i
     if (render_tools && !llama3 && (r->n_msgs == 0 || strcmp(r->msgs[0].role, "system"))) {
         /* no system message: the template's default one carries the tools */
         sbuf b = {0};
-        sputs(&b, f->default_system[0] ? f->default_system : "You are a helpful assistant.");
+        const char *sys = kve_chat_default_system(s->m);
+        sputs(&b, sys[0] ? sys : "You are a helpful assistant.");
         sput(&b, tb.p ? tb.p : "", tb.n);
         (*owned)[no++] = b.p;
-        (*out)[k++] = (llm_chat_msg){"system", b.p ? b.p : ""};
+        (*out)[k++] = (kve_chat_message){"system", b.p ? b.p : ""};
         tools_done = 1;
         if (b.oom) tb.oom = 1;
     }
@@ -117,7 +117,7 @@ int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, i
         sbuf b = {0};
         if (!strcmp(role, "tool")) {
             if (llama3) {
-                (*out)[k++] = (llm_chat_msg){"ipython", content};
+                (*out)[k++] = (kve_chat_message){"ipython", content};
                 continue;
             }
             /* Hermes: results in user turns, consecutive ones in one */
@@ -150,7 +150,7 @@ int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, i
             if (llama3) sputs(&b, content);
             tools_done = 1;
         } else {
-            (*out)[k++] = (llm_chat_msg){role, content};
+            (*out)[k++] = (kve_chat_message){role, content};
             continue;
         }
         if (b.oom || !b.p) {
@@ -158,7 +158,7 @@ int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, i
             return srv_error_set(e, 500, "server_error", "out of memory");
         }
         (*owned)[no++] = b.p;
-        (*out)[k++] = (llm_chat_msg){role, b.p};
+        (*out)[k++] = (kve_chat_message){role, b.p};
     }
     free(tb.p);
     if (tb.oom) return srv_error_set(e, 500, "server_error", "out of memory");
@@ -166,14 +166,14 @@ int srv_tools_messages(const srv *s, const srv_request *r, llm_chat_msg **out, i
     return 0;
 }
 
-void srv_tools_free_messages(llm_chat_msg *m, char **owned) {
+void srv_tools_free_messages(kve_chat_message *m, char **owned) {
     for (int32_t i = 0; owned && owned[i]; i++) free(owned[i]);
     free(owned), free(m);
 }
 
 /* ---------------------------------------------------------------- the grammar */
 
-llm_gbnf *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e) {
+kve_grammar *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e) {
     const int llama3 = srv_tools_llama3(s);
     const char *names[SRV_MAX_TOOLS], *schemas[SRV_MAX_TOOLS];
     int32_t n = 0;
@@ -181,19 +181,11 @@ llm_gbnf *srv_tools_grammar(const srv *s, const srv_request *r, srv_error *e) {
         if (r->tool_choice == SRV_TOOLS_REQUIRED || i == r->tool_named)
             names[n] = r->tools[i].name, schemas[n++] = r->tools[i].params;
     char err[240];
-    char *text = llm_json_call_grammar(n, names, schemas, llama3 ? "" : hermes_head, llama3 ? "parameters" : "arguments",
-                                       llama3 ? "" : hermes_tail, err, sizeof err);
-    llm_gbnf *g = text ? llm_gbnf_parse(text, strlen(text), err, sizeof err) : NULL;
-    free(text);
-    if (!g) {
-        srv_error_set(e, 400, "invalid_request_error", "'tools': %s", err);
-        return NULL;
-    }
-    if (llm_gbnf_bind(g, s->json_vocab)) {
-        llm_gbnf_free(g);
-        srv_error_set(e, 500, "server_error", "out of memory");
-        return NULL;
-    }
+    kve_grammar *g = NULL;
+    int rc = kve_grammar_tool_calls(s->m, n, names, schemas, llama3 ? "" : hermes_head,
+                                    llama3 ? "parameters" : "arguments", llama3 ? "" : hermes_tail, &g, err, sizeof err);
+    if (rc == KVE_ERR_NOMEM) srv_error_set(e, 500, "server_error", "out of memory");
+    else if (rc != KVE_OK) srv_error_set(e, 400, "invalid_request_error", "'tools': %s", err);
     return g;
 }
 

@@ -3,10 +3,15 @@
  * loop written here (llm_eval + llm_argmax on a context of its own), the
  * callback and polling see the same output, several requests at once each
  * get their own, and every refusal names what is wrong and queues nothing.
+ * kve_submit_ex: n choices each equal the plain loop, a banned token gives
+ * way to the plain logits' next best, grammar and tool-call replies are
+ * documents of their grammar, the counters count what was submitted.
  * Under the sanitizer runs this is the API's memory and thread check. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "test.h"
 #include "test_model_fixture.h"
@@ -401,6 +406,277 @@ TEST(kvengine_session_refusals_name_the_problem_and_change_nothing) {
     }
     CHECK_EQ_INT(kve_chat_tokenize(m, &msg, 1, 2, 1, 1, -1, NULL, 0, &n_ids), KVE_ERR_PARAM);
     kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+/* ---------------------------------------------------------------- kve_submit_ex, options, stats */
+
+/* The greedy first token after prompt [n] with token ban excluded (-1: none). */
+static int32_t plain_first(const fx_model *fx, const int32_t *prompt, int32_t n, int32_t ban) {
+    llm_model *m = fx_load(fx);
+    if (!m) return -1;
+    llm_context_params p = llm_context_default_params();
+    p.n_ctx = 128, p.kv_type = KV_F16, p.n_threads = 1;
+    llm_context *c = fx_context(m, &p);
+    const int32_t V = llm_model_n_vocab(m);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t seq, t = -1;
+    llm_seq_new(c, &seq);
+    if (llm_eval(c, seq, prompt, n, 0, lg, NULL, NULL) == LLM_OK) {
+        if (ban >= 0) lg[ban] = -INFINITY;
+        t = llm_argmax(lg, V);
+    }
+    free(lg);
+    llm_context_free(c);
+    llm_model_free(m);
+    return t;
+}
+
+typedef struct {
+    int32_t tokens[KVE_MAX_CHOICES][64];
+    int32_t n[KVE_MAX_CHOICES], n_stop[KVE_MAX_CHOICES];
+    char text[256];
+    size_t text_len;
+    int bad_choice;
+} choices_seen;
+
+static void on_choice(void *user, const kve_event *ev) {
+    choices_seen *s = user;
+    if (ev->choice < 0 || ev->choice >= KVE_MAX_CHOICES) {
+        s->bad_choice = 1;
+        return;
+    }
+    if (ev->token >= 0 && s->n[ev->choice] < 64) s->tokens[ev->choice][s->n[ev->choice]++] = ev->token;
+    if (ev->choice == 0 && s->text_len + ev->text_len < sizeof s->text)
+        memcpy(s->text + s->text_len, ev->text, ev->text_len), s->text_len += ev->text_len;
+    if (ev->stop != KVE_STOP_NONE) s->n_stop[ev->choice]++;
+}
+
+/* Submits with options, callback only, and waits for the end. */
+static int run_ex(kve_context *c, kve_request_params *p, const kve_request_options *o, choices_seen *cs,
+                  kve_output *out) {
+    memset(cs, 0, sizeof *cs);
+    p->on_event = on_choice, p->user = cs;
+    kve_request *r;
+    char err[256];
+    int rc = kve_submit_ex(c, p, o, &r, err, sizeof err);
+    if (rc != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "submit_ex: %s", err);
+        return rc;
+    }
+    for (;;) {
+        rc = kve_request_poll(r, 10000, out);
+        if (rc != KVE_OK || out->stop != KVE_STOP_NONE) break;
+    }
+    kve_output last = *out;
+    kve_request_free(r);
+    *out = last;
+    out->text = NULL, out->tokens = NULL, out->error = NULL;
+    return rc;
+}
+
+TEST(kvengine_submit_ex_choices_bias_and_grammars_match_independent_runs) {
+    fx_model fx;
+    kve_model *m;
+    kve_context *c;
+    if (open_engine(&fx, &m, &c, 4)) return;
+    int32_t prompt[8] = {1};
+    test_rng g = {91};
+    for (int i = 1; i < 8; i++) prompt[i] = test_rng_int(&g, FX_BYTE0, FX_VOCAB - 1);
+    int32_t want[N_GEN];
+    int32_t n_want = plain_greedy(&fx, prompt, 8, N_GEN, want);
+    kve_context_stats before = {.size = sizeof before};
+    CHECK_EQ_INT(kve_context_get_stats(c, &before), KVE_OK);
+
+    /* n choices, greedy: each is the solo greedy run; poll gives only the end */
+    kve_request_params p = kve_request_default_params();
+    p.tokens = prompt, p.n_tokens = 8, p.temperature = 0, p.max_tokens = N_GEN;
+    kve_request_options o = kve_request_default_options();
+    o.n_choices = 3;
+    choices_seen cs;
+    kve_output out;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    CHECK(!cs.bad_choice);
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ_INT(cs.n[k], n_want);
+        CHECK_EQ_INT(cs.n_stop[k], 1);
+        CHECK(!memcmp(cs.tokens[k], want, sizeof(int32_t) * (size_t)(cs.n[k] < n_want ? cs.n[k] : n_want)));
+    }
+    CHECK_EQ_INT(out.n_tokens, 0);
+    CHECK(out.stop == (n_want < N_GEN ? KVE_STOP_EOG : KVE_STOP_LENGTH));
+    CHECK_EQ_INT(out.n_generated, 3 * n_want);
+
+    /* a ban on the greedy token: the next best of the plain logits */
+    kve_logit_bias ban = {want[0], -100};
+    o = kve_request_default_options();
+    o.logit_bias = &ban, o.n_logit_bias = 1;
+    p.max_tokens = 1;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    if (n_want > 0) {
+        CHECK_EQ_INT(cs.n[0], 1);
+        CHECK_EQ_INT(cs.tokens[0][0], plain_first(&fx, prompt, 8, want[0]));
+        CHECK(cs.tokens[0][0] != want[0]);
+    }
+
+    /* a grammar: the reply is its one document, then end of turn */
+    kve_grammar *gr;
+    char err[256];
+    CHECK_EQ_INT(kve_grammar_parse(m, "root ::= \"ab\" [0-9] \"c\"", 23, 0, &gr, err, sizeof err), KVE_OK);
+    o = kve_request_default_options();
+    o.grammar = gr;
+    p.max_tokens = N_GEN;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    CHECK(cs.text_len == 4 && !memcmp(cs.text, "ab", 2) && cs.text[2] >= '0' && cs.text[2] <= '9' && cs.text[3] == 'c');
+    CHECK(out.stop == KVE_STOP_EOG);
+    kve_grammar_free(gr);
+
+    /* a tool-call grammar: the head, the call object with its schema's arguments, the tail */
+    const char *names[1] = {"get_x"}, *schemas[1] = {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+                                                      "\"required\":[\"x\"],\"additionalProperties\":false}"};
+    CHECK_EQ_INT(kve_grammar_tool_calls(m, 1, names, schemas, "<c>", "arguments", "</c>", &gr, err, sizeof err), KVE_OK);
+    o.grammar = gr;
+    p.max_tokens = 60;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    const char *head = "<c>{\"name\": \"get_x\", \"arguments\": {";
+    CHECK(cs.text_len > strlen(head) && !memcmp(cs.text, head, strlen(head)));
+    if (out.stop == KVE_STOP_EOG) CHECK(cs.text_len >= 6 && !memcmp(cs.text + cs.text_len - 6, "}}</c>", 6));
+    kve_grammar_free(gr);
+
+    /* json_object mode: the reply is the start of an object (whitespace may lead) */
+    o = kve_request_default_options();
+    o.json_object = 1;
+    p.max_tokens = 8;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    size_t at = 0;
+    while (at < cs.text_len && strchr(" \t\n\r", cs.text[at])) at++;
+    if (cs.n[0] < 1 || (at < cs.text_len && cs.text[at] != '{'))
+        test_fail(__FILE__, __LINE__, "json_object reply \"%.*s\" (%d tokens, stop %d)", (int)cs.text_len, cs.text,
+                  (int)cs.n[0], (int)out.stop);
+
+    /* the counters saw what was submitted: 5 requests of 8 prompt tokens, 7 choices */
+    kve_context_stats st = {.size = sizeof st};
+    CHECK_EQ_INT(kve_context_get_stats(c, &st), KVE_OK);
+    CHECK_EQ_INT((int)(st.prompt_tokens - before.prompt_tokens), 5 * 8);
+    CHECK(st.generation_tokens - before.generation_tokens >= (uint64_t)(3 * n_want + 1));
+    CHECK(st.running == 0 && st.waiting == 0 && st.page_size == 16 && st.pages_total > 0 && !st.disk_on);
+    CHECK(st.prefix_queries > before.prefix_queries);
+    kve_context_free(c);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+typedef struct {
+    int stored;
+} prefix_seen;
+
+static void on_prefix(void *user, const kv_prefix_event *ev) {
+    if (ev->kind == KV_PREFIX_STORED) ((prefix_seen *)user)->stored++;
+}
+
+TEST(kvengine_submit_ex_and_context_options_refuse_bad_input_and_change_nothing) {
+    fx_model fx;
+    kve_model *m;
+    if (load_fixture(&fx, &m)) return;
+    char err[256];
+    kve_context *c = (kve_context *)&err;
+    kve_context_params cp = kve_context_default_params();
+    cp.n_ctx = 128, cp.n_seqs = 2, cp.n_threads = 1;
+    kve_context_options co = kve_context_default_options();
+    co.draft_lookup = KVE_MAX_DRAFT + 1;
+    CHECK_EQ_INT(kve_context_create_ex(m, &cp, &co, &c, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(c == NULL && strstr(err, "draft_lookup") != NULL);
+    co = kve_context_default_options();
+    co.act_bits = 3;
+    CHECK_EQ_INT(kve_context_create_ex(m, &cp, &co, &c, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "act_bits") != NULL);
+    co = kve_context_default_options();
+    co.cache_dir = "";
+    CHECK_EQ_INT(kve_context_create_ex(m, &cp, &co, &c, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "cache_dir") != NULL);
+    co = kve_context_default_options();
+    co.size = sizeof co + 8;
+    CHECK_EQ_INT(kve_context_create_ex(m, &cp, &co, &c, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "size") != NULL && c == NULL);
+    /* a listener sees the prompt's full pages named */
+    prefix_seen ps = {0};
+    co = kve_context_default_options();
+    co.on_prefix = on_prefix, co.prefix_user = &ps;
+    CHECK_EQ_INT(kve_context_create_ex(m, &cp, &co, &c, err, sizeof err), KVE_OK);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = FX_BYTE0 + 10 + i;
+    kve_context_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+    CHECK_EQ_INT(kve_context_get_stats(c, &st0), KVE_OK);
+    kve_request_params p = kve_request_default_params();
+    p.tokens = prompt, p.n_tokens = 40, p.temperature = 0, p.max_tokens = 2;
+    kve_request_options o = kve_request_default_options();
+    kve_request *r = (kve_request *)&err;
+    kve_logit_bias bias = {FX_VOCAB + 5, 1};
+    o.n_choices = 0;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(r == NULL && strstr(err, "n_choices") != NULL);
+    o.n_choices = KVE_MAX_CHOICES + 1;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    o = kve_request_default_options();
+    o.logit_bias = &bias, o.n_logit_bias = 1;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_TOKEN);
+    CHECK(strstr(err, "logit_bias") != NULL && strstr(err, "outside the vocabulary") != NULL);
+    bias.token = FX_BYTE0, bias.bias = 200;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "[-100, 100]") != NULL);
+    kve_grammar *gr;
+    CHECK_EQ_INT(kve_grammar_parse(m, "root ::= \"a\"", 12, 0, &gr, err, sizeof err), KVE_OK);
+    o = kve_request_default_options();
+    o.grammar = gr, o.json_object = 1;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "json_object") != NULL);
+    o = kve_request_default_options();
+    o.repeat_last_n = -2;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "repeat_last_n") != NULL);
+    o = kve_request_default_options();
+    o.size = 4;
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "size") != NULL && r == NULL);
+    /* nothing was queued: the counters did not move */
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    CHECK_EQ_INT(kve_context_get_stats(c, &st1), KVE_OK);
+    CHECK(st1.prompt_tokens == st0.prompt_tokens && st1.waiting == 0 && st1.running == 0);
+    /* grammar and tool-call grammar refusals; checks without a model */
+    kve_grammar *g2 = (kve_grammar *)&err;
+    const char *names[2] = {"f", NULL}, *schemas[2] = {"{\"type\": 5}", "{}"};
+    CHECK_EQ_INT(kve_grammar_tool_calls(m, 0, names, schemas, "", "parameters", "", &g2, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(g2 == NULL);
+    CHECK_EQ_INT(kve_grammar_tool_calls(m, 2, names, schemas, "", "parameters", "", &g2, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "function 1") != NULL);
+    CHECK_EQ_INT(kve_grammar_tool_calls(m, 1, names, schemas, "", "parameters", "", &g2, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(g2 == NULL && err[0]);
+    CHECK_EQ_INT(kve_grammar_check("root ::= \"a\" | [b-d]+", 21, 0, err, sizeof err), KVE_OK);
+    CHECK_EQ_INT(kve_grammar_check("root ::= = x", 12, 0, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "line 1") != NULL);
+    CHECK_EQ_INT(kve_grammar_check("{\"type\": \"object\"}", 18, 1, err, sizeof err), KVE_OK);
+    CHECK_EQ_INT(kve_grammar_check("{\"type\": 5}", 11, 1, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(kve_model_tool_style(m) == KVE_TOOLS_HERMES && !strcmp(kve_chat_default_system(m), ""));
+    CHECK_EQ_INT(kve_session_dir_clean("/nonexistent/kvcache-dir", err, sizeof err), -1);
+    CHECK(err[0]);
+    /* a good request runs; its prompt's full pages (16 positions) are named */
+    o = kve_request_default_options();
+    choices_seen cs;
+    kve_output out;
+    CHECK_EQ_INT(run_ex(c, &p, &o, &cs, &out), KVE_OK);
+    CHECK(ps.stored >= 40 / 16);
+    kve_context_stats bad = {.size = 0};
+    CHECK_EQ_INT(kve_context_get_stats(c, &bad), KVE_ERR_PARAM);
+    bad.size = sizeof bad + 1;
+    CHECK_EQ_INT(kve_context_get_stats(c, &bad), KVE_ERR_PARAM);
+    /* a stopped context refuses new requests, and frees as before */
+    kve_context_stop(c);
+    o = kve_request_default_options();
+    CHECK_EQ_INT(kve_submit_ex(c, &p, &o, &r, err, sizeof err), KVE_ERR_STOPPED);
+    CHECK(r == NULL);
+    kve_context_stop(c);
+    kve_context_free(c);
+    kve_grammar_free(gr);
     kve_model_free(m);
     fx_free(&fx);
 }

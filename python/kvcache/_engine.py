@@ -32,7 +32,40 @@ class ChatMessage(ctypes.Structure):
 
 class Event(ctypes.Structure):
     _fields_ = [("token", c_int32), ("text", c_void_p), ("text_len", c_size_t), ("logprob", c_float),
-                ("stop", c_int)]
+                ("stop", c_int), ("choice", c_int32), ("n_top", c_int32), ("top_ids", P_int32),
+                ("top_logprobs", P_float), ("n_prompt", c_int32), ("n_cached", c_int32), ("n_generated", c_int32),
+                ("status", c_int), ("error", c_char_p)]
+
+
+class ContextOptions(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("act_bits", c_int32), ("no_window", c_int32), ("context_shift", c_int32),
+                ("n_keep", c_int32), ("draft_lookup", c_int32), ("no_prefix", c_int32), ("cache_dir", c_char_p),
+                ("cache_disk_size", c_uint64), ("on_prefix", c_void_p), ("prefix_user", c_void_p),
+                ("log", c_void_p), ("log_user", c_void_p)]
+
+
+class ContextStats(ctypes.Structure):
+    _fields_ = ([("size", c_size_t)] +
+                [(n, c_int32) for n in ("running", "waiting", "pages_total", "pages_used", "pages_free",
+                                        "pages_cached", "page_size")] +
+                [(n, c_uint64) for n in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
+                                         "preemptions", "prefill_waits", "disk_waits", "steps", "rows", "shifts",
+                                         "drafted", "accepted", "session_restores", "session_restored",
+                                         "session_refused", "session_saves", "session_save_failures")] +
+                [("session_seconds", ctypes.c_double), ("disk_on", c_int32)] +
+                [(n, c_uint64) for n in ("disk_hits", "disk_misses", "disk_damaged", "disk_bytes_read",
+                                         "disk_writes", "disk_bytes_written", "disk_dropped", "disk_evictions",
+                                         "disk_entries", "disk_bytes")])
+
+
+class LogitBias(ctypes.Structure):
+    _fields_ = [("token", c_int32), ("bias", c_float)]
+
+
+class RequestOptions(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("n_choices", c_int32), ("repeat_last_n", c_int32),
+                ("logit_bias", ctypes.POINTER(LogitBias)), ("n_logit_bias", c_int32), ("grammar", c_void_p),
+                ("json_object", c_int32), ("callback_only", c_int32), ("session_file", c_char_p)]
 
 
 EVENT_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.POINTER(Event))
@@ -98,7 +131,9 @@ class GenerateResult(ctypes.Structure):
 
 STRUCTS = {"kve_model_shape": ModelShape, "kve_context_params": ContextParams, "kve_chat_message": ChatMessage, "kve_event": Event,
            "kve_request_params": RequestParams, "kve_output": Output, "kve_session_params": SessionParams,
-           "kve_generate_params": GenerateParams, "kve_generate_result": GenerateResult}
+           "kve_generate_params": GenerateParams, "kve_generate_result": GenerateResult,
+           "kve_context_options": ContextOptions, "kve_context_stats": ContextStats, "kve_logit_bias": LogitBias,
+           "kve_request_options": RequestOptions}
 
 PP = ctypes.POINTER(c_void_p)
 # name: (restype, argtypes), in the header's order
@@ -124,15 +159,29 @@ PROTOTYPES = {
     "kve_chat_tokenize": (c_int, [c_void_p, ctypes.POINTER(ChatMessage), c_int32, c_int32, c_int, c_int, c_int,
                                   P_int32, c_int32, P_int32]),
     "kve_chat_turn_end": (c_char_p, [c_void_p]),
+    "kve_model_tool_style": (c_int, [c_void_p]),
+    "kve_chat_default_system": (c_char_p, [c_void_p]),
     "kve_token_piece": (c_void_p, [c_void_p, c_int32, ctypes.POINTER(c_size_t)]),
     "kve_grammar_parse": (c_int, [c_void_p, c_char_p, c_size_t, c_int, PP, c_char_p, c_size_t]),
     "kve_grammar_free": (None, [c_void_p]),
+    "kve_grammar_check": (c_int, [c_char_p, c_size_t, c_int, c_char_p, c_size_t]),
+    "kve_grammar_tool_calls": (c_int, [c_void_p, c_int32, ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p),
+                                       c_char_p, c_char_p, c_char_p, PP, c_char_p, c_size_t]),
     "kve_context_default_params": (ContextParams, []),
     "kve_context_create": (c_int, [c_void_p, ctypes.POINTER(ContextParams), PP, c_char_p, c_size_t]),
     "kve_context_free": (None, [c_void_p]),
     "kve_context_get_params": (ContextParams, [c_void_p]),
+    "kve_context_default_options": (ContextOptions, []),
+    "kve_context_create_ex": (c_int, [c_void_p, ctypes.POINTER(ContextParams), ctypes.POINTER(ContextOptions), PP,
+                                      c_char_p, c_size_t]),
+    "kve_context_stop": (None, [c_void_p]),
+    "kve_context_get_stats": (c_int, [c_void_p, ctypes.POINTER(ContextStats)]),
+    "kve_session_dir_clean": (c_int, [c_char_p, c_char_p, c_size_t]),
     "kve_request_default_params": (RequestParams, []),
     "kve_submit": (c_int, [c_void_p, ctypes.POINTER(RequestParams), PP, c_char_p, c_size_t]),
+    "kve_request_default_options": (RequestOptions, []),
+    "kve_submit_ex": (c_int, [c_void_p, ctypes.POINTER(RequestParams), ctypes.POINTER(RequestOptions), PP, c_char_p,
+                              c_size_t]),
     "kve_request_poll": (c_int, [c_void_p, c_int, ctypes.POINTER(Output)]),
     "kve_request_cancel": (None, [c_void_p]),
     "kve_request_free": (None, [c_void_p]),
