@@ -941,8 +941,8 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
 }
 
 /* With AVX-512 VNNI, passes of 32 X rows (rows_against_lanes32); without
- * VNNI (vpmaddwd and vpaddd, two 512-bit operations a product) they ran
- * at 0.6x of rows_against_lanes */
+ * VNNI a product is two 512-bit operations (vpmaddwd and vpaddd) and the
+ * passes lose to rows_against_lanes (docs/PERFORMANCE.md) */
 #if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
 #define X_WIDE 1
 static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
