@@ -667,7 +667,7 @@ static int take(kve_request *r, kve_output *o) {
         if (!d) return KVE_ERR_NOMEM;
         r->r_top_lps = d, r->cap_r_tok = nk;
     }
-    memcpy(r->r_text, r->text + r->text_read, nt);
+    if (nt) memcpy(r->r_text, r->text + r->text_read, nt); /* a callback-only request keeps no text */
     r->r_text[nt] = 0;
     if (nk) {
         memcpy(r->r_tokens, r->tokens + r->tok_read, sizeof(int32_t) * (size_t)nk);
