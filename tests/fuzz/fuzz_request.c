@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!e.message[0] || !e.type) abort();
             continue;
         }
-        if (r.n_stops < 0 || r.n_stops > LLM_MAX_STOPS) abort();
+        if (r.n_stops < 0 || r.n_stops > KVE_MAX_STOPS) abort();
         for (int32_t i = 0; i < r.n_stops; i++)
             if (!r.stops[i] || !r.stops[i][0]) abort();
         if (r.n < 1 || r.n > 16 || r.top_logprobs < 0 || r.top_logprobs > SRV_MAX_TOP_LOGPROBS) abort();
