@@ -24,16 +24,24 @@
 enum { N_GEN = 12 };
 
 /* Greedy tokens after prompt [n], until end of generation or max. */
-static int32_t plain_greedy(const fx_model *fx, const int32_t *prompt, int32_t n, int32_t max, int32_t *out) {
-    llm_model *m = fx_load(fx);
-    if (!m) return -1;
+/* The fixture loaded with a context of one new sequence (*seq) for the
+ * plain loops below, and a buffer for one row of logits; NULL on failure. */
+static float *plain_open(const fx_model *fx, llm_model **m, llm_context **c, int32_t *seq) {
+    if (!(*m = fx_load(fx))) return NULL;
     llm_context_params p = llm_context_default_params();
     p.n_ctx = 128, p.kv_type = KV_F16, p.n_threads = 1;
-    llm_context *c = fx_context(m, &p);
-    const int32_t V = llm_model_n_vocab(m);
-    float *lg = malloc(sizeof(float) * (size_t)V);
+    *c = fx_context(*m, &p);
+    llm_seq_new(*c, seq);
+    return malloc(sizeof(float) * (size_t)llm_model_n_vocab(*m));
+}
+
+static int32_t plain_greedy(const fx_model *fx, const int32_t *prompt, int32_t n, int32_t max, int32_t *out) {
+    llm_model *m;
+    llm_context *c;
     int32_t seq, k = 0;
-    llm_seq_new(c, &seq);
+    float *lg = plain_open(fx, &m, &c, &seq);
+    if (!lg) return -1;
+    const int32_t V = llm_model_n_vocab(m);
     int rc = llm_eval(c, seq, prompt, n, 0, lg, NULL, NULL);
     while (rc == LLM_OK && k < max) {
         int32_t t = llm_argmax(lg, V);
@@ -414,15 +422,12 @@ TEST(kvengine_session_refusals_name_the_problem_and_change_nothing) {
 
 /* The greedy first token after prompt [n] with token ban excluded (-1: none). */
 static int32_t plain_first(const fx_model *fx, const int32_t *prompt, int32_t n, int32_t ban) {
-    llm_model *m = fx_load(fx);
-    if (!m) return -1;
-    llm_context_params p = llm_context_default_params();
-    p.n_ctx = 128, p.kv_type = KV_F16, p.n_threads = 1;
-    llm_context *c = fx_context(m, &p);
-    const int32_t V = llm_model_n_vocab(m);
-    float *lg = malloc(sizeof(float) * (size_t)V);
+    llm_model *m;
+    llm_context *c;
     int32_t seq, t = -1;
-    llm_seq_new(c, &seq);
+    float *lg = plain_open(fx, &m, &c, &seq);
+    if (!lg) return -1;
+    const int32_t V = llm_model_n_vocab(m);
     if (llm_eval(c, seq, prompt, n, 0, lg, NULL, NULL) == LLM_OK) {
         if (ban >= 0) lg[ban] = -INFINITY;
         t = llm_argmax(lg, V);
