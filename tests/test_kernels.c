@@ -37,35 +37,57 @@ static kv_cache *filled(test_rng *r, const kcase *k, int32_t *seq) {
     return c;
 }
 
-/* max |kv_attend_f32 - oracle| / max |oracle| for the last T rows; *allow
- * (if given): the bound it must stay under, 2e-5 plus q8i_output_bound
- * (relative) where the scores come from int16 queries. */
-static double attend_error_q(const kv_cache *c, int32_t seq, const kcase *k, const float *q, const double *oracle_q,
-                             double *allow) {
+/* The float64 oracle for the last T rows of one call, over the K/V as
+ * stored (evicted positions are invisible anyway), with its largest value and
+ * q8i_output_bound relative to it (for the paths whose scores come from int16
+ * queries; oracle_q NULL: the kernel's own query, the case that bound is for). */
+typedef struct {
+    double *ref, mx, q8i;
+} oracle;
+
+/* the bound a kernel on the selected path must stay under: 2e-5 relative,
+ * plus the int16 queries' where it takes them */
+static double oracle_allow(const oracle *o, kv_dtype t) { return 2e-5 + (int16_queries(t) ? o->q8i : 0); }
+
+static oracle oracle_of(const kv_cache *c, int32_t seq, const kcase *k, const float *q, const double *oracle_q) {
     const int S = k->S, T = k->T, H = k->H, Hkv = k->Hkv, d = k->d;
-    int32_t rows[2];
-    kv_batch b = one_seq(&seq, rows, T);
-    float *out = malloc(sizeof(float) * T * H * d);
-    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, H, q, out, 0), KV_OK);
-    /* the oracle sees the K/V as stored; evicted positions are invisible anyway */
     int from = k->window > 0 ? S - T - k->window + 1 : 0;
     if (from < 0) from = 0;
     float *kf = calloc((size_t)S * Hkv * d, sizeof(float)), *vf = calloc((size_t)S * Hkv * d, sizeof(float));
     CHECK_EQ_INT(kv_read_f32(c, 0, seq, from, S - from, kf + (size_t)from * Hkv * d, vf + (size_t)from * Hkv * d), KV_OK);
-    double *kd = malloc(sizeof(double) * S * Hkv * d), *vd = malloc(sizeof(double) * S * Hkv * d);
-    double *qd = malloc(sizeof(double) * T * H * d), *ref = malloc(sizeof(double) * T * H * d);
-    for (size_t i = 0; i < (size_t)S * Hkv * d; i++) kd[i] = kf[i], vd[i] = vf[i];
-    for (size_t i = 0; i < (size_t)T * H * d; i++) qd[i] = oracle_q ? oracle_q[i] : q[i];
-    ref_attention(T, S, H, Hkv, d, qd, kd, vd, ref, k->window, oracle_q ? 1.0 : 0, 0);
-    double err = 0, mx = ref_max_abs(ref, T * H * d);
-    for (int i = 0; i < T * H * d; i++) err = fmax(err, fabs(out[i] - ref[i]));
+    const size_t nq = (size_t)T * H * d, nkv = (size_t)S * Hkv * d;
+    double *kd = malloc(sizeof(double) * nkv), *vd = malloc(sizeof(double) * nkv), *qd = malloc(sizeof(double) * nq);
+    oracle o = {.ref = malloc(sizeof(double) * nq)};
+    for (size_t i = 0; i < nkv; i++) kd[i] = kf[i], vd[i] = vf[i];
+    for (size_t i = 0; i < nq; i++) qd[i] = oracle_q ? oracle_q[i] : q[i];
+    ref_attention(T, S, H, Hkv, d, qd, kd, vd, o.ref, k->window, oracle_q ? 1.0 : 0, 0);
+    o.mx = ref_max_abs(o.ref, (int)nq);
+    if (!oracle_q && k->dtype == KV_Q8) o.q8i = q8i_output_bound(qd, nq, kd, vd, nkv, d) / o.mx;
+    free(kf), free(vf), free(kd), free(vd), free(qd);
+    return o;
+}
+
+/* max |kv_attend_f32 - oracle| / max |oracle| on the selected SIMD path */
+static double path_error(const kv_cache *c, int32_t seq, const kcase *k, const float *q, const oracle *o) {
+    const size_t n = (size_t)k->T * k->H * k->d;
+    int32_t rows[2];
+    kv_batch b = one_seq(&seq, rows, k->T);
+    float *out = malloc(sizeof(float) * n);
+    CHECK_EQ_INT(kv_attend_f32(c, 0, &b, k->H, q, out, 0), KV_OK);
+    double err = 0;
+    for (size_t i = 0; i < n; i++) err = fmax(err, fabs(out[i] - o->ref[i]));
     if (isnan(out[0])) err = INFINITY;
-    if (allow) { /* asked for with the kernel's own query only: qd is q */
-        const size_t nq = (size_t)T * H * d, nkv = (size_t)S * Hkv * d;
-        *allow = 2e-5 + (int16_queries(k->dtype) ? q8i_output_bound(qd, nq, kd, vd, nkv, d) / mx : 0);
-    }
-    free(out), free(kf), free(vf), free(kd), free(vd), free(qd), free(ref);
-    return err / mx;
+    free(out);
+    return err / o->mx;
+}
+
+static double attend_error_q(const kv_cache *c, int32_t seq, const kcase *k, const float *q, const double *oracle_q,
+                             double *allow) {
+    oracle o = oracle_of(c, seq, k, q, oracle_q);
+    const double err = path_error(c, seq, k, q, &o);
+    if (allow) *allow = oracle_allow(&o, k->dtype);
+    free(o.ref);
+    return err;
 }
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
@@ -90,45 +112,50 @@ static double attend_error(const kv_cache *c, int32_t seq, const kcase *k, const
     return attend_error_q(c, seq, k, q, NULL, allow);
 }
 
-/* One case of random K/V and queries against the oracle, on the selected
- * SIMD path: fails past 2e-5 relative (plus q8i_output_bound for int16
- * queries); returns the error. */
-static double oracle_case(test_rng *r, const kcase *k, const char *simd) {
+/* One case of random K/V and queries, the oracle computed once, every SIMD
+ * path this CPU has against it: fails past the oracle's bound; the worst
+ * error of each path goes into worst[si] (if given). Returns the number of
+ * paths tested. */
+static int oracle_case(test_rng *r, const kcase *k, double worst[3]) {
     int32_t seq;
     kv_cache *c = filled(r, k, &seq);
     double *qd = rand_normal(r, (size_t)k->T * k->H * k->d, 1);
     float *q = to_f32(qd, (size_t)k->T * k->H * k->d);
-    double allow, err = attend_error(c, seq, k, q, &allow);
-    if (!(err < allow))
-        test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g (bound %.3g)",
-                  simd, k->H, k->Hkv, k->d, k->S, k->T, k->P, k->window, kv_dtype_name(k->dtype), err, allow);
+    oracle o = oracle_of(c, seq, k, q, NULL);
+    int tested = 0;
+    for (int si = -1; next_simd(&si); tested++) {
+        const double err = path_error(c, seq, k, q, &o), allow = oracle_allow(&o, k->dtype);
+        if (!(err < allow))
+            test_fail(__FILE__, __LINE__, "%s: H=%d Hkv=%d d=%d S=%d T=%d P=%d W=%d %s: relative error %.3g (bound %.3g)",
+                      simd_names[si], k->H, k->Hkv, k->d, k->S, k->T, k->P, k->window, kv_dtype_name(k->dtype), err,
+                      allow);
+        if (worst) worst[si] = fmax(worst[si], err);
+    }
     kv_cache_free(c);
-    free(qd), free(q);
-    return err;
+    free(qd), free(q), free(o.ref);
+    return tested;
 }
 
 TEST(kernels_every_simd_path_matches_the_oracle) {
     /* 100: not a multiple of either width, so the chunk kernels' tails run */
     static const int dims[] = {64, 80, 96, 128, 256, 100};
+    test_rng r = {700};
+    double worst[3] = {-1, -1, -1};
     int tested = 0;
-    for (int si = -1; next_simd(&si);) {
-        tested++;
-        test_rng r = {700};
-        double worst = 0;
-        for (int it = 0; it < (test_quick() ? 20 : 40); it++) {
-            kcase k;
-            k.Hkv = test_rng_int(&r, 1, 8);
-            k.H = k.Hkv * test_rng_int(&r, 1, 8);
-            k.d = dims[it % 6];
-            k.S = test_rng_int(&r, 1, it % 4 == 0 ? 2600 : 200); /* some cut into splits */
-            k.T = test_rng_int(&r, 1, k.S < 12 ? k.S : 12);
-            k.P = test_rng_int(&r, 1, 40);
-            k.window = test_rng_int(&r, 0, 2) == 0 ? test_rng_int(&r, 1, k.S + 3) : 0;
-            k.dtype = (kv_dtype)test_rng_int(&r, KV_F32, KV_Q8);
-            worst = fmax(worst, oracle_case(&r, &k, simd_names[si]));
-        }
-        printf("     %s: worst relative error %.2g\n", simd_names[si], worst);
+    for (int it = 0; it < (test_quick() ? 20 : 40); it++) {
+        kcase k;
+        k.Hkv = test_rng_int(&r, 1, 8);
+        k.H = k.Hkv * test_rng_int(&r, 1, 8);
+        k.d = dims[it % 6];
+        k.S = test_rng_int(&r, 1, it % 4 == 0 ? 2600 : 200); /* some cut into splits */
+        k.T = test_rng_int(&r, 1, k.S < 12 ? k.S : 12);
+        k.P = test_rng_int(&r, 1, 40);
+        k.window = test_rng_int(&r, 0, 2) == 0 ? test_rng_int(&r, 1, k.S + 3) : 0;
+        k.dtype = (kv_dtype)test_rng_int(&r, KV_F32, KV_Q8);
+        tested = oracle_case(&r, &k, worst);
     }
+    for (int si = 0; si < 3; si++)
+        if (worst[si] >= 0) printf("     %s: worst relative error %.2g\n", simd_names[si], worst[si]);
     CHECK(tested >= 1);
 }
 
@@ -193,37 +220,38 @@ TEST(kernels_q8_integer_scores_match_the_oracle_on_the_query_they_take) {
  * the output must agree with the oracle within 1e-3 of its largest value.
  * Decode (T = 1, 2) and prefill (T = 40), all query group sizes to 8. */
 TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
+    test_rng r = {951};
     int tested = 0;
-    for (int si = -1; next_simd(&si);) {
-        tested++;
-        test_rng r = {951};
-        for (int it = 0; it < 48; it++) { /* every group size, shape and storage type */
-            const int G = (int[]){1, 3, 4, 8}[it % 4], shape = it / 4 % 3;
-            kcase k = {.H = 2 * G, .Hkv = 2, .d = shape == 2 ? 128 : 64, .S = 160, .T = (int[]){1, 2, 40}[shape],
-                       .P = 16, .dtype = (kv_dtype)(KV_F32 + it / 12)};
-            kv_cache_params p = kv_cache_default_params();
-            p.n_kv_heads = k.Hkv, p.head_dim = k.d, p.dtype = k.dtype, p.page_size = k.P, p.n_pages = k.S / k.P + 1;
-            kv_cache *c;
-            int32_t seq, rows[2];
-            CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
-            CHECK_EQ_INT(kv_seq_new(c, &seq), KV_OK);
-            const size_t nkv = (size_t)k.S * k.Hkv * k.d, nq = (size_t)k.T * k.H * k.d;
-            double *kd = rand_normal(&r, nkv, 0.1), *vd = rand_normal(&r, nkv, 1), *qd = rand_normal(&r, nq, 0.1);
-            /* dim 0 carries the score: q[0] = sqrt(d) cancels the 1 / sqrt(d) scaling */
-            for (int j = 0; j < k.S; j++)
-                for (int h = 0; h < k.Hkv; h++) kd[((size_t)j * k.Hkv + h) * k.d] = j < 64 ? 0.0 : 100.0 + j % 7;
-            for (size_t v = 0; v < nq / k.d; v++) qd[v * k.d] = sqrt(k.d);
-            float *kf = to_f32(kd, nkv), *vf = to_f32(vd, nkv), *q = to_f32(qd, nq);
-            kv_batch b = one_seq(&seq, rows, k.S);
-            CHECK_EQ_INT(kv_seq_reserve(c, seq, k.S, NULL), KV_OK);
-            CHECK_EQ_INT(kv_append_f32(c, 0, &b, kf, vf), KV_OK);
-            const double err = attend_error(c, seq, &k, q, NULL);
+    for (int it = 0; it < 48; it++) { /* every group size, shape and storage type */
+        const int G = (int[]){1, 3, 4, 8}[it % 4], shape = it / 4 % 3;
+        kcase k = {.H = 2 * G, .Hkv = 2, .d = shape == 2 ? 128 : 64, .S = 160, .T = (int[]){1, 2, 40}[shape],
+                   .P = 16, .dtype = (kv_dtype)(KV_F32 + it / 12)};
+        kv_cache_params p = kv_cache_default_params();
+        p.n_kv_heads = k.Hkv, p.head_dim = k.d, p.dtype = k.dtype, p.page_size = k.P, p.n_pages = k.S / k.P + 1;
+        kv_cache *c;
+        int32_t seq, rows[2];
+        CHECK_EQ_INT(kv_cache_create(&p, &c), KV_OK);
+        CHECK_EQ_INT(kv_seq_new(c, &seq), KV_OK);
+        const size_t nkv = (size_t)k.S * k.Hkv * k.d, nq = (size_t)k.T * k.H * k.d;
+        double *kd = rand_normal(&r, nkv, 0.1), *vd = rand_normal(&r, nkv, 1), *qd = rand_normal(&r, nq, 0.1);
+        /* dim 0 carries the score: q[0] = sqrt(d) cancels the 1 / sqrt(d) scaling */
+        for (int j = 0; j < k.S; j++)
+            for (int h = 0; h < k.Hkv; h++) kd[((size_t)j * k.Hkv + h) * k.d] = j < 64 ? 0.0 : 100.0 + j % 7;
+        for (size_t v = 0; v < nq / k.d; v++) qd[v * k.d] = sqrt(k.d);
+        float *kf = to_f32(kd, nkv), *vf = to_f32(vd, nkv), *q = to_f32(qd, nq);
+        kv_batch b = one_seq(&seq, rows, k.S);
+        CHECK_EQ_INT(kv_seq_reserve(c, seq, k.S, NULL), KV_OK);
+        CHECK_EQ_INT(kv_append_f32(c, 0, &b, kf, vf), KV_OK);
+        oracle o = oracle_of(c, seq, &k, q, NULL);
+        tested = 0;
+        for (int si = -1; next_simd(&si); tested++) {
+            const double err = path_error(c, seq, &k, q, &o);
             if (!(err < 1e-3))
                 test_fail(__FILE__, __LINE__, "%s: G=%d d=%d T=%d %s: relative error %.3g", simd_names[si], G, k.d,
                           k.T, kv_dtype_name(k.dtype), err);
-            kv_cache_free(c);
-            free(kd), free(vd), free(qd), free(kf), free(vf), free(q);
         }
+        kv_cache_free(c);
+        free(kd), free(vd), free(qd), free(kf), free(vf), free(q), free(o.ref);
     }
     CHECK(tested >= 1);
 }
@@ -233,18 +261,15 @@ TEST(kernels_scores_rising_past_the_exp_range_rescale_on_every_path) {
  * vectors a sub-tile), so that each sub-tile's first and last chunks are
  * exactly the ones it sees; and d = 384, one sub-tile of 10 vectors an item. */
 TEST(kernels_prefill_sub_tiles_see_exactly_their_windows) {
+    test_rng r = {901};
     int tested = 0;
-    for (int si = -1; next_simd(&si);) {
-        tested++;
-        test_rng r = {901};
-        for (int g = 1; g <= 8; g *= 4)
-            for (int w = 1; w <= 34; w += test_quick() ? 3 : 1) {
-                kcase k = {.H = g == 8 ? 1 : g, .Hkv = 1, .d = g == 8 ? 384 : 128, .S = 170, .T = 100, .P = 16,
-                           .window = w,
-                           .dtype = w % 2 ? KV_F32 : KV_F16};
-                oracle_case(&r, &k, simd_names[si]);
-            }
-    }
+    for (int g = 1; g <= 8; g *= 4)
+        for (int w = 1; w <= 34; w += test_quick() ? 3 : 1) {
+            kcase k = {.H = g == 8 ? 1 : g, .Hkv = 1, .d = g == 8 ? 384 : 128, .S = 170, .T = 100, .P = 16,
+                       .window = w,
+                       .dtype = w % 2 ? KV_F32 : KV_F16};
+            tested = oracle_case(&r, &k, NULL);
+        }
     CHECK(tested >= 1);
 }
 
