@@ -839,6 +839,11 @@ TEST(kvengine_reference_eval_and_kv_reads_are_the_f64_forward) {
     }
     printf("     layer 0 K/V read: relative diff to f64 %.2e\n", worst);
     CHECK(worst <= 1e-5);
+    float *k2 = malloc(sizeof(float) * 3 * (size_t)kvd), *v2 = malloc(sizeof(float) * 3 * (size_t)kvd);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 21, 3, k2, v2), KVE_OK);   /* a range from inside */
+    CHECK(!memcmp(k2, k + (size_t)21 * kvd, sizeof(float) * 3 * (size_t)kvd) &&
+          !memcmp(v2, v + (size_t)21 * kvd, sizeof(float) * 3 * (size_t)kvd));
+    free(k2), free(v2);
     /* shifted: position p >= 4 now holds token p + dropped, turned to p */
     int32_t dropped = 0;
     CHECK_EQ_INT(kve_session_shift(s, 4, 0, &dropped), KVE_OK);

@@ -24,49 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The public inspector over the same bytes: it accepts what the reader
- * accepted and gives the same entries and tensors. */
-static void exercise_inspector(const llm_gguf *r, const uint8_t *data, size_t size) {
-    kve_gguf *g = NULL;
-    char err[256] = "";
-    REQUIRE(kve_gguf_open_memory(data, size, &g, err, sizeof err) == KVE_OK && g);
-    kve_gguf_info in = kve_gguf_get_info(g);
-    REQUIRE(in.n_kv == llm_gguf_n_kv(r) && in.n_tensors == llm_gguf_n_tensors(r) && in.file_size == size);
-    kve_gguf_kv kv;
-    kve_gguf_value v;
-    int64_t i = 0;
-    for (; kve_gguf_kv_at(g, i, &kv) == KVE_OK; i++) {
-        REQUIRE(kv.key && strlen(kv.key) <= kv.key_len && kv.type == llm_gguf_kv_type(r, i));
-        REQUIRE(kv.type == KVE_GGUF_ARRAY ? kv.elem_type != KVE_GGUF_ARRAY : kv.n == 1 && kv.elem_type == kv.type);
-        if (strlen(kv.key) == kv.key_len) REQUIRE(kve_gguf_find_key(g, kv.key) == i);
-        for (uint64_t e = 0; e < kv.n && e < 4096; e++) {
-            REQUIRE(kve_gguf_value_at(g, i, e, &v) == KVE_OK && v.type == kv.elem_type);
-            if (v.type == KVE_GGUF_STRING) {
-                const uint8_t *p = (const uint8_t *)v.str;
-                REQUIRE(p >= data && (size_t)(p - data) <= size && v.len <= size - (size_t)(p - data));
-                if (v.len) sink += p[0] + p[v.len - 1];
-            } else {
-                sink += v.f + (double)v.i + (double)v.u;
-            }
-        }
-        REQUIRE(kve_gguf_value_at(g, i, kv.n, &v) == KVE_ERR_PARAM);
-    }
-    REQUIRE(i == in.n_kv);
-    kve_gguf_tensor t;
-    for (i = 0; kve_gguf_tensor_at(g, i, &t) == KVE_OK; i++) {
-        const llm_gguf_tensor *rt = llm_gguf_tensor_at(r, i);
-        REQUIRE(!strcmp(t.name, rt->name) && t.n_bytes == rt->n_bytes && t.type_name && t.offset == rt->offset);
-        REQUIRE(kve_gguf_find_tensor(g, t.name) == i);
-    }
-    REQUIRE(i == in.n_tensors);
-    kve_hparams hp;
-    if (kve_gguf_hparams(g, &hp, err, sizeof err) == KVE_OK)
-        sink += hp.n_layers + hp.dim + hp.rope.theta;
-    else
-        REQUIRE(err[0] != 0);
-    kve_gguf_close(g);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define REQUIRE(c) do { if (!(c)) __builtin_trap(); } while (0)
@@ -137,6 +94,49 @@ static void exercise_tensor(const llm_gguf *g, const uint8_t *data, size_t size,
     sink += out[0];
     free(y);
     free(x);
+}
+
+/* The public inspector over the same bytes: it accepts what the reader
+ * accepted and gives the same entries and tensors. */
+static void exercise_inspector(const llm_gguf *r, const uint8_t *data, size_t size) {
+    kve_gguf *g = NULL;
+    char err[256] = "";
+    REQUIRE(kve_gguf_open_memory(data, size, &g, err, sizeof err) == KVE_OK && g);
+    kve_gguf_info in = kve_gguf_get_info(g);
+    REQUIRE(in.n_kv == llm_gguf_n_kv(r) && in.n_tensors == llm_gguf_n_tensors(r) && in.file_size == size);
+    kve_gguf_kv kv;
+    kve_gguf_value v;
+    int64_t i = 0;
+    for (; kve_gguf_kv_at(g, i, &kv) == KVE_OK; i++) {
+        REQUIRE(kv.key && strlen(kv.key) <= kv.key_len && kv.type == llm_gguf_kv_type(r, i));
+        REQUIRE(kv.type == KVE_GGUF_ARRAY ? kv.elem_type != KVE_GGUF_ARRAY : kv.n == 1 && kv.elem_type == kv.type);
+        if (strlen(kv.key) == kv.key_len) REQUIRE(kve_gguf_find_key(g, kv.key) == i);
+        for (uint64_t e = 0; e < kv.n && e < 4096; e++) {
+            REQUIRE(kve_gguf_value_at(g, i, e, &v) == KVE_OK && v.type == kv.elem_type);
+            if (v.type == KVE_GGUF_STRING) {
+                const uint8_t *p = (const uint8_t *)v.str;
+                REQUIRE(p >= data && (size_t)(p - data) <= size && v.len <= size - (size_t)(p - data));
+                if (v.len) sink += p[0] + p[v.len - 1];
+            } else {
+                sink += v.f + (double)v.i + (double)v.u;
+            }
+        }
+        REQUIRE(kve_gguf_value_at(g, i, kv.n, &v) == KVE_ERR_PARAM);
+    }
+    REQUIRE(i == in.n_kv);
+    kve_gguf_tensor t;
+    for (i = 0; kve_gguf_tensor_at(g, i, &t) == KVE_OK; i++) {
+        const llm_gguf_tensor *rt = llm_gguf_tensor_at(r, i);
+        REQUIRE(!strcmp(t.name, rt->name) && t.n_bytes == rt->n_bytes && t.type_name && t.offset == rt->offset);
+        REQUIRE(kve_gguf_find_tensor(g, t.name) == i);
+    }
+    REQUIRE(i == in.n_tensors);
+    kve_hparams hp;
+    if (kve_gguf_hparams(g, &hp, err, sizeof err) == KVE_OK)
+        sink += hp.n_layers + hp.dim + hp.rope.theta;
+    else
+        REQUIRE(err[0] != 0);
+    kve_gguf_close(g);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
