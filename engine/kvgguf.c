@@ -51,7 +51,7 @@ int kve_gguf_open(const char *path, kve_gguf **out, char *err, size_t errlen) {
     *out = NULL;
     if (!path) return llm_errf(err, errlen, KVE_ERR_NULL, "no path");
     llm_gguf *r;
-    int rc = llm_gguf_open(path, &r, err, errlen);
+    int rc = llm_gguf_open_ex(path, LLM_GGUF_ANY_TYPE, &r, err, errlen);
     if (rc) return rc == -2 ? KVE_ERR_IO : KVE_ERR_MODEL;
     return wrap(r, out, err, errlen);
 }
@@ -61,7 +61,7 @@ int kve_gguf_open_memory(const void *data, size_t size, kve_gguf **out, char *er
     *out = NULL;
     if (!data && size) return llm_errf(err, errlen, KVE_ERR_NULL, "no data");
     llm_gguf *r;
-    if (llm_gguf_open_memory(data, size, &r, err, errlen)) return KVE_ERR_MODEL;
+    if (llm_gguf_open_memory_ex(data, size, LLM_GGUF_ANY_TYPE, &r, err, errlen)) return KVE_ERR_MODEL;
     return wrap(r, out, err, errlen);
 }
 

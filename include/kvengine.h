@@ -239,10 +239,10 @@ KVE_API const char *kve_token_piece(const kve_model *m, int32_t id, size_t *len)
 
 /* A GGUF file read for inspection: its metadata and tensor table, without
  * loading a model, so that files the engine cannot run (an unknown
- * architecture, a missing tensor) can be read too. Every count, length,
- * type, offset and size is checked against the file at open; what the calls
- * below give points into the read-only mapped file or the kve_gguf and stays
- * valid until kve_gguf_close. One kve_gguf may be read from several threads.
+ * architecture, a tensor type it does not read, a missing tensor) can be
+ * read too. Every count, length, type, offset and size is checked against
+ * the file at open; what the calls below give points into the read-only
+ * mapped file or the kve_gguf and stays valid until kve_gguf_close. One kve_gguf may be read from several threads.
  *
  *     kve_gguf *g;
  *     kve_gguf_open("model.gguf", &g, err, sizeof err);
@@ -257,9 +257,10 @@ typedef struct kve_gguf kve_gguf;
 
 /* Maps the file at path read-only and checks it. KVE_OK with *out;
  * KVE_ERR_IO (the file cannot be opened or read; err says why), KVE_ERR_MODEL
- * (not a GGUF file of version 2 or 3, or a count, length, type, offset or size
- * the file cannot hold, or a tensor of a type the engine does not read; err
- * says what and where), KVE_ERR_NOMEM, KVE_ERR_NULL; *out NULL on failure. */
+ * (not a GGUF file of version 2 or 3, a count, length, offset or size the
+ * file cannot hold, a value type or tensor type the format does not define;
+ * err says what and where), KVE_ERR_NOMEM, KVE_ERR_NULL; *out NULL on failure.
+ * Tensors of types the engine does not run (IQ2_XXS, ...) are listed too. */
 KVE_API int kve_gguf_open(const char *path, kve_gguf **out, char *err, size_t errlen);
 /* The same over data[0..size), which must stay valid and unchanged until
  * kve_gguf_close (nothing is copied). */

@@ -77,7 +77,32 @@ typedef struct {
     char *err;           /* [errlen] message buffer */
     size_t errlen;       /* its size; 0 = no message wanted */
     char what[128];      /* what is being read, for messages: "metadata entry 3 ('a.b')" */
+    int flags;           /* LLM_GGUF_ANY_TYPE */
 } rd;
+
+/* Block sizes (elements, bytes) the format gives the tensor types the engine
+ * does not read, in ggml's numbering: with LLM_GGUF_ANY_TYPE their tensors are
+ * bounds-checked with these and listed, never decoded. */
+static const struct { int16_t type, elems, bytes; } format_only[] = {
+    {9, 32, 40},    {15, 256, 292}, {16, 256, 66},  {17, 256, 74},  {18, 256, 98}, {19, 256, 50}, {20, 32, 18},
+    {21, 256, 110}, {22, 256, 82},  {23, 256, 136}, {24, 1, 1},     {25, 1, 2},    {26, 1, 4},    {27, 1, 8},
+    {28, 1, 8},     {29, 256, 56},  {34, 256, 54},  {35, 256, 66},  {39, 32, 17},
+};
+
+/* A type's block size: the engine's for the types it reads, else (with
+ * LLM_GGUF_ANY_TYPE) the format's; 0 when neither knows it. */
+static int block_size(const rd *r, int type, int64_t *elems, int64_t *bytes) {
+    if (llm_type_supported(type)) {
+        *elems = llm_type_block_elems(type), *bytes = llm_type_block_bytes(type);
+        return 1;
+    }
+    for (size_t i = 0; (r->flags & LLM_GGUF_ANY_TYPE) && i < sizeof format_only / sizeof *format_only; i++)
+        if (format_only[i].type == type) {
+            *elems = format_only[i].elems, *bytes = format_only[i].bytes;
+            return 1;
+        }
+    return 0;
+}
 
 __attribute__((format(printf, 2, 3)))
 static int fail(rd *r, const char *fmt, ...) {
@@ -277,17 +302,19 @@ static int parse_tensor_info(rd *r, llm_gguf_tensor *t, uint64_t *name_at, uint6
     }
     t->n_elements = n;
     if (get_u32(r, &type, "type")) return -1;
-    if (!llm_type_supported((int)type)) {
+    int64_t elems, bytes;
+    if (type > INT16_MAX || !block_size(r, (int)type, &elems, &bytes)) {
         const char *tn = llm_type_name((int)type);
         return fail(r, "tensor '%s': %s type %u%s%s%s", name, tn ? "unsupported" : "unknown",
                     type, tn ? " (" : "", tn ? tn : "", tn ? ")" : "");
     }
     t->type = (int)type;
-    int64_t rb = llm_row_bytes(t->type, t->dims[0]);
-    if (rb < 0)
+    if (t->dims[0] % elems)
         return fail(r, "tensor '%s': row length %lld is not a multiple of the %s block size %lld",
-                    name, (long long)t->dims[0], llm_type_name(t->type),
-                    (long long)llm_type_block_elems(t->type));
+                    name, (long long)t->dims[0], llm_type_name(t->type), (long long)elems);
+    if (t->dims[0] / elems > INT64_MAX / bytes)
+        return fail(r, "tensor '%s': byte size overflows 64 bits", name);
+    int64_t rb = t->dims[0] / elems * bytes;
     int64_t rows = t->dims[0] ? n / t->dims[0] : 0;
     if (rb && rows > INT64_MAX / rb)
         return fail(r, "tensor '%s': byte size overflows 64 bits", name);
@@ -406,7 +433,11 @@ static int parse(llm_gguf *g, rd *r) {
 }
 
 int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *err, size_t errlen) {
-    rd r = {.p = data, .size = size, .err = err, .errlen = errlen};
+    return llm_gguf_open_memory_ex(data, size, 0, out, err, errlen);
+}
+
+int llm_gguf_open_memory_ex(const void *data, size_t size, int flags, llm_gguf **out, char *err, size_t errlen) {
+    rd r = {.p = data, .size = size, .err = err, .errlen = errlen, .flags = flags};
     *out = NULL;
     if (errlen) err[0] = 0;
     if (!data && size) return fail(&r, "no data");
@@ -424,6 +455,10 @@ int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *er
 }
 
 int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen) {
+    return llm_gguf_open_ex(path, 0, out, err, errlen);
+}
+
+int llm_gguf_open_ex(const char *path, int flags, llm_gguf **out, char *err, size_t errlen) {
     *out = NULL;
     /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer before
      * fstat could tell it is no regular file (no effect on a regular one) */
@@ -448,7 +483,7 @@ int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen) {
         return -2;
     }
     char msg[400];
-    if (llm_gguf_open_memory(m, (size_t)st.st_size, out, msg, sizeof msg)) {
+    if (llm_gguf_open_memory_ex(m, (size_t)st.st_size, flags, out, msg, sizeof msg)) {
         if (errlen) snprintf(err, errlen, "%s: %s", path, msg);
         munmap(m, (size_t)st.st_size);
         return -1;

@@ -69,7 +69,8 @@ typedef struct {
 /* One tensor, as described by its info record; filled and checked at open. */
 typedef struct {
     const char *name;          /* NUL-terminated copy owned by the llm_gguf */
-    int type;                  /* ggml type number, one llm_type_supported() accepts */
+    int type;                  /* ggml type number, one llm_type_supported() accepts (any the
+                                  format defines with LLM_GGUF_ANY_TYPE) */
     int n_dims;                /* 1..4 */
     int64_t dims[LLM_GGUF_MAX_DIMS]; /* dims[0] contiguous; entries past n_dims are 1 */
     int64_t n_elements;        /* product of dims */
@@ -90,6 +91,13 @@ int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen);
 /* Parse `size` bytes at `data` without copying them; they must stay valid and
  * unchanged until llm_gguf_close. Same results as llm_gguf_open. */
 int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *err, size_t errlen);
+/* The same with flags: LLM_GGUF_ANY_TYPE also accepts tensors of the types
+ * the format defines but the engine does not read (IQ*, Q8_K, I8..I64, F64,
+ * TQ*, MXFP4), their data bounds checked with the format's block sizes: for
+ * inspecting a file (kvengine.h's kve_gguf_*), never for running it. */
+enum { LLM_GGUF_ANY_TYPE = 1 };
+int llm_gguf_open_ex(const char *path, int flags, llm_gguf **out, char *err, size_t errlen);
+int llm_gguf_open_memory_ex(const void *data, size_t size, int flags, llm_gguf **out, char *err, size_t errlen);
 /* Free everything; unmap if llm_gguf_open mapped the file. NULL is fine. */
 void llm_gguf_close(llm_gguf *g);
 /* The pages wholly inside [p, p + n) of a file opened by llm_gguf_open are

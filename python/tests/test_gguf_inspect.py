@@ -207,3 +207,39 @@ def test_a_truncated_or_missing_file_is_refused_with_what_was_wrong(eng, tmp_pat
     if os.path.exists(BIN):
         p = subprocess.run([BIN, "info", "-m", path], capture_output=True, text=True, timeout=60)
         assert p.returncode == 1 and "tokenizer.ggml.tokens" in p.stderr
+
+
+def test_every_tensor_type_the_format_defines_is_listed_with_its_size(eng, tmp_path):
+    """Tensors of the types the engine does not run (IQ*, Q8_K, I8..I64, TQ*,
+    MXFP4) are listed too, their sizes those gguf gives (GGML_QUANT_SIZES);
+    only a type newer than the engine's table is refused, by number."""
+    from kvcache import _engine
+    read, refused = [], []
+    for qt, (block, size) in gguf.GGML_QUANT_SIZES.items():
+        path = str(tmp_path / f"{qt.name}.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_tensor("t", np.zeros((3, 2 * size), dtype=np.uint8), raw_dtype=qt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        rc, g, err = open_gguf(eng, path)
+        if rc != KVE_OK:
+            assert rc == KVE_ERR_MODEL and f"unknown type {int(qt)}" in err, (qt.name, err)
+            refused.append(int(qt))
+            continue
+        t = _engine.GGUFTensor()
+        assert eng.kve_gguf_tensor_at(g, 0, ctypes.byref(t)) == KVE_OK
+        eng.kve_gguf_close(g)
+        (want,) = gguf.GGUFReader(path).tensors
+        assert (t.type_name.decode(), t.type, list(t.dims[:t.n_dims]), t.n_bytes) == \
+            (qt.name, int(qt), [2 * block, 3], int(want.n_bytes)), qt.name
+        read.append(qt.name)
+    assert all(q > 39 for q in refused), refused
+    assert {"IQ2_XXS", "Q8_K", "I32", "MXFP4", "TQ1_0", "Q4_K"} <= set(read)
+    if os.path.exists(BIN):
+        p = subprocess.run([BIN, "info", "-m", str(tmp_path / "IQ2_XXS.gguf"), "--tensors"], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert "IQ2_XXS [512, 3] 396 bytes at 0" in p.stdout
+        assert "engine: cannot run this model:" in p.stdout
