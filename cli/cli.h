@@ -23,7 +23,7 @@ int cmd_bench_model(int argc, char **argv);  /* cli/bench_model.c */
 int cmd_bench_attention(int argc, char **argv); /* cli/bench_attention.c */
 int cmd_verify(int argc, char **argv);       /* cli/verify.c */
 int cmd_price(int argc, char **argv);        /* cli/price.c */
-int cmd_info(int argc, char **argv);         /* cli/price.c */
+int cmd_info(int argc, char **argv);         /* cli/info.c */
 int cmd_serve(int argc, char **argv);        /* cli/serve.c */
 int cmd_tokenize(int argc, char **argv);     /* cli/tokenize.c */
 
@@ -90,6 +90,15 @@ void cli_ctx_warning(const char *cmd, const cli_model_opts *o, int64_t ctx, int3
  * context (0: the model's training context capped at 4096). A clear message
  * and nonzero on failure: 2 for bad options, 1 for an unreadable model. */
 int cli_open(const char *cmd, const cli_model_opts *o, kve_model **m, kve_session **s);
+/* cli_open in two steps, for a command that needs the model before it knows
+ * its context size, or several sessions on one model: the checks (with
+ * o->ctx) and the load; then a session with the options' context, K/V type,
+ * threads and window (o->window forced on every layer). The same messages
+ * and statuses; on failure nothing is left allocated by the step. */
+int cli_load_model(const char *cmd, const cli_model_opts *o, kve_model **m);
+int cli_new_session(const char *cmd, const cli_model_opts *o, const kve_model *m, kve_session **s);
+/* The first index of the largest of v[0..n). */
+int32_t cli_argmax(const float *v, int32_t n);
 /* Per cache of s (one per layer group): its layers, window and bytes in use,
  * one indented line each; nothing for a model with one group. */
 void cli_print_cache_groups(FILE *f, const kve_session *s);

@@ -27,7 +27,7 @@ bool cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o) {
 }
 
 int32_t cli_threads(const cli_model_opts *o) {
-    if (o->threads > 0) return (int32_t)o->threads; /* cli_load refused > CLI_MAX_THREADS */
+    if (o->threads > 0) return (int32_t)o->threads; /* cli_model_check refused > CLI_MAX_THREADS */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
 }
@@ -68,29 +68,52 @@ void cli_ctx_warning(const char *cmd, const cli_model_opts *o, int64_t ctx, int3
                 cmd, (long long)ctx, (int)trained, o->model);
 }
 
-int cli_open(const char *cmd, const cli_model_opts *o, kve_model **m, kve_session **s) {
-    *m = NULL, *s = NULL;
-    kve_session_params p = kve_session_default_params();
-    int rc = cli_model_check(cmd, o, o->ctx, &p.kv_type);
+int cli_load_model(const char *cmd, const cli_model_opts *o, kve_model **m) {
+    *m = NULL;
+    kv_dtype kv;
+    int rc = cli_model_check(cmd, o, o->ctx, &kv);
     if (rc) return rc;
     char err[512];
     if (kve_model_load(o->model, m, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache %s: cannot load model '%s': %s\n", cmd, o->model, err);
         return 1;
     }
-    cli_ctx_warning(cmd, o, o->ctx, kve_model_n_ctx_train(*m));
+    return 0;
+}
+
+int cli_new_session(const char *cmd, const cli_model_opts *o, const kve_model *m, kve_session **s) {
+    kve_session_params p = kve_session_default_params();
+    kve_session_options so = kve_session_default_options();
+    char err[512];
+    cli_ctx_warning(cmd, o, o->ctx, kve_model_n_ctx_train(m));
+    kv_dtype_parse(o->kv_type, &p.kv_type);   /* checked by cli_load_model */
     p.act_bits = (int32_t)o->act_bits;
     p.n_ctx = (int32_t)o->ctx;
     p.n_batch = (int32_t)o->batch;
     p.n_threads = cli_threads(o);
     p.no_window = o->no_window;
-    if (kve_session_create(*m, &p, s, err, sizeof err) != KVE_OK) {
+    so.window = (int32_t)o->window;
+    if (kve_session_create_ex(m, &p, &so, s, err, sizeof err) != KVE_OK) {
         fprintf(stderr, "kvcache %s: %s\n", cmd, err);
-        kve_model_free(*m);
-        *m = NULL;
         return 1;
     }
     return 0;
+}
+
+int cli_open(const char *cmd, const cli_model_opts *o, kve_model **m, kve_session **s) {
+    *s = NULL;
+    int rc = cli_load_model(cmd, o, m);
+    if (!rc && (rc = cli_new_session(cmd, o, *m, s))) {
+        kve_model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+int32_t cli_argmax(const float *v, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) best = v[i] > v[best] ? i : best;
+    return best;
 }
 
 void cli_print_cache_groups(FILE *f, const kve_session *s) {

@@ -47,12 +47,6 @@ static uint64_t fnv(uint64_t h, const int32_t *ids, size_t n) {
     return h;
 }
 
-static int32_t argmax(const float *v, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) best = v[i] > v[best] ? i : best;
-    return best;
-}
-
 /* lp = log softmax(logits), the normalizer summed in double. */
 static void log_softmax(const float *logits, int32_t V, float *lp) {
     double mx = -INFINITY, sum = 0;
@@ -169,7 +163,7 @@ int cmd_perplexity(int argc, char **argv) {
                     double d = 0;
                     for (int32_t i = 0; i < V; i++) d += exp((double)base[i]) * ((double)base[i] - lp[i]);
                     kl_sum += d, kl_max = d > kl_max ? d : kl_max;
-                    same_top += argmax(base, V) == argmax(lp, V);
+                    same_top += cli_argmax(base, V) == cli_argmax(lp, V);
                 } else if (kl && fwrite(lp, sizeof(float), (size_t)V, kl) != (size_t)V) {
                     fprintf(stderr, "kvcache perplexity: cannot write '%s'\n", tmp_path);
                     goto done;

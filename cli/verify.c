@@ -17,9 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "../engine/model/model.h"
-#include "../engine/gen/sampler.h"
+#include "cli.h"
 #include "verify.h"
 
 #define DEFAULT_PROMPT "The history of the printing press begins"
@@ -102,30 +100,31 @@ int cmd_verify(int argc, char **argv) {
     }
     /* f32 K/V: both paths do the same f32 arithmetic up to summation order.
      * Rounded K/V: the difference is the storage's rounding (unit 2^-11 f16,
-     * 2^-8 bf16, 1/254 of a row's range for q8) carried through 30 layers;
-     * measured on SmolLM2 over 33 steps: 4.8e-4, 3.5e-3, 2.5e-2. */
+     * 2^-8 bf16, 1/254 of a row's range for q8) carried through the layers;
+     * the defaults are about 4x what SmolLM2 shows. */
     const int default_tol = tol < 0;
     if (default_tol) {
         kv_dtype t = KV_F32;
         kv_dtype_parse(mo.kv_type, &t);
         tol = t == KV_F16 ? 2e-3 : t == KV_BF16 ? 1.5e-2 : t == KV_Q8 ? 1e-1 : 1e-4;
     }
-    llm_model *m;
-    llm_context *c;
-    /* the context must hold the prompt and every step; the prompt's length
+    kve_model *m;
+    kve_session *s;
+    /* the session must hold the prompt and every step; the prompt's length
      * is not known before the model is loaded, so allow generously */
-    int rc = cli_load("verify", &mo, 1, mo.ctx ? mo.ctx : (int64_t)strlen(prompt) + steps + 2, &m, &c);
+    cli_model_opts o = mo;
+    o.ctx = mo.ctx ? mo.ctx : (int64_t)strlen(prompt) + steps + 2;
+    int rc = cli_open("verify", &o, &m, &s);
     if (rc) return rc;
     /* Integer activations (int16 by default): a last-bit difference between
      * the paths (attention sums in another order) can move a product input
      * across a rounding boundary, one quantization step (1/16383 of its
-     * block's max; 1/127 at 8 bits), carried through the layers. Measured over
-     * 33 steps at int16: SmolLM2 3.3e-4 to 5.2e-4 by prompt, Gemma 3 4.6e-4
-     * (f32 products: 1.6e-6), so 16 steps go on top of the K/V's bound. */
-    const int act_bits = llm_context_get_params(c).act_bits;
-    if (default_tol && act_bits) tol += 16.0 / (act_bits == 8 ? 127 : 16383);
-    const int32_t V = llm_model_n_vocab(m);
-    int32_t n = 0, *ids = cli_tokenize(m, prompt, 1, 0, &n);
+     * block's max; 1/127 at 8 bits), carried through the layers, so 16 steps
+     * go on top of the K/V's bound. */
+    const kve_session_params sp = kve_session_get_params(s);
+    if (default_tol && sp.act_bits) tol += 16.0 / (sp.act_bits == 8 ? 127 : 16383);
+    const int32_t V = kve_model_n_vocab(m);
+    int32_t n = 0, *ids = cli_text_tokens(m, prompt, strlen(prompt), 1, 0, &n);
     int32_t *all = ids ? realloc(ids, sizeof(int32_t) * (size_t)(n + steps + 1)) : NULL;
     /* both runs' logits for every step: [steps + 1][V] each */
     float *lc = malloc(sizeof(float) * (size_t)V * (size_t)(steps + 1));
@@ -138,41 +137,40 @@ int cmd_verify(int argc, char **argv) {
     }
     ids = all;
     const int32_t n_prompt = n;
-    printf("verify: %s, %s K/V, prompt %d tokens, %lld greedy steps, tolerance %.1e (relative)\n", llm_model_name(m),
-           kv_dtype_name(llm_context_get_params(c).kv_type), (int)n, (long long)steps, tol);
-    if (mo.window)
+    printf("verify: %s, %s K/V, prompt %d tokens, %lld greedy steps, tolerance %.1e (relative)\n", kve_model_name(m),
+           kv_dtype_name(sp.kv_type), (int)n, (long long)steps, tol);
+    if (o.window)
         printf("policy window: every layer sees its last %lld positions, on window caches that evict pages\n",
-               (long long)mo.window);
-    int32_t seq;
-    llm_seq_new(c, &seq);
+               (long long)o.window);
     /* cached: the prompt in one pass, then one new token per step */
-    int st = llm_eval(c, seq, ids, n, 0, lc, NULL, NULL);
-    for (int64_t s = 0; s <= steps && st == KV_OK; s++) {
-        float *l = lc + (size_t)s * (size_t)V;
-        if (s > 0) st = llm_eval(c, seq, &ids[n - 1], 1, 0, l, NULL, NULL);
-        if (st == KV_OK) ids[n++] = llm_argmax(l, V);
+    int st = kve_session_eval(s, ids, n, n - 1, lc);
+    for (int64_t k = 0; k <= steps && st == KVE_OK; k++) {
+        float *l = lc + (size_t)k * (size_t)V;
+        if (k > 0) st = kve_session_eval(s, &ids[n - 1], 1, 0, l);
+        if (st == KVE_OK) ids[n++] = cli_argmax(l, V);
     }
     /* recomputed: every position at once, no cache */
-    if (st == KV_OK) st = llm_forward_dense(c, ids, n - 1, n_prompt - 1, lf);
-    if (st != KV_OK) {
-        fprintf(stderr, "kvcache verify: %s\n", llm_status_str(st));
+    if (st == KVE_OK) st = kve_session_eval_reference(s, ids, n - 1, n_prompt - 1, lf);
+    if (st != KVE_OK) {
+        fprintf(stderr, "kvcache verify: %s\n", kve_status_str(st));
         free(ids);
         goto done;
     }
     printf("%5s %6s %7s  %-18s %12s %12s\n", "step", "pos", "token", "text", "max|diff|", "relative");
     double worst = 0;
-    for (int64_t s = 0; s <= steps; s++) {
-        const float *a = lc + (size_t)s * (size_t)V, *b = lf + (size_t)s * (size_t)V;
+    for (int64_t k = 0; k <= steps; k++) {
+        const float *a = lc + (size_t)k * (size_t)V, *b = lf + (size_t)k * (size_t)V;
         double bmax, d = max_diff(a, b, V, &bmax), rel = d / (bmax > 0 ? bmax : 1);
         worst = rel > worst || isnan(rel) ? rel : worst;
-        int32_t next = ids[n_prompt + s];
-        char piece[64] = "", shown[64];
-        int32_t pn = llm_token_to_piece(llm_model_tokenizer(m), next, 1, piece, sizeof piece - 1);
-        piece[pn > 0 ? pn : 0] = 0;
-        int k = 0;
-        for (const char *p = piece; *p && k < 16; p++) shown[k++] = (*p == '\n' || *p == '\t') ? ' ' : *p;
-        shown[k] = 0;
-        printf("%5lld %6d %7d  %-18s %12.3e %12.3e%s\n", (long long)s, (int)(n_prompt - 1 + s), (int)next, shown, d,
+        int32_t next = ids[n_prompt + k];
+        size_t pn = 0;
+        const char *piece = kve_token_piece(m, next, &pn);
+        char shown[17];
+        int j = 0;
+        for (size_t c = 0; piece && c < pn && piece[c] && j < 16; c++)
+            shown[j++] = (piece[c] == '\n' || piece[c] == '\t') ? ' ' : piece[c];
+        shown[j] = 0;
+        printf("%5lld %6d %7d  %-18s %12.3e %12.3e%s\n", (long long)k, (int)(n_prompt - 1 + k), (int)next, shown, d,
                rel, rel <= tol ? "" : "  <- over tolerance");
     }
     printf("largest relative difference %.3e over %lld steps, tolerance %.1e: %s\n", worst, (long long)steps + 1, tol,
@@ -181,7 +179,7 @@ int cmd_verify(int argc, char **argv) {
     free(ids);
 done:
     free(lc), free(lf);
-    llm_context_free(c);
-    llm_model_free(m);
+    kve_session_free(s);
+    kve_model_free(m);
     return rc;
 }

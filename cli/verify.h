@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "internal.h"
+#include "cli.h"
 
 /* tol < 0: the K/V type's default. */
 int verify_shift(const cli_model_opts *mo, const char *prompt, int64_t steps, int32_t keep, double tol);

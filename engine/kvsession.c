@@ -11,6 +11,7 @@
 #include "text/gbnf.h"
 #include "text/grammar.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -96,6 +97,7 @@ struct kve_session {
     llm_context *c;
     llm_session *s;
     kve_session_params p;   /* resolved */
+    kve_session_options o;
 };
 
 kve_session_params kve_session_default_params(void) {
@@ -104,11 +106,30 @@ kve_session_params kve_session_default_params(void) {
                                 .act_bits = d.act_bits, .no_window = 0};
 }
 
-int kve_session_create(const kve_model *m, const kve_session_params *pp, kve_session **out, char *err,
+kve_session_options kve_session_default_options(void) {
+    return (kve_session_options){.size = sizeof(kve_session_options)};
+}
+
+int kve_session_create(const kve_model *m, const kve_session_params *p, kve_session **out, char *err,
                        size_t errlen) {
+    return kve_session_create_ex(m, p, NULL, out, err, errlen);
+}
+
+int kve_session_create_ex(const kve_model *m, const kve_session_params *pp, const kve_session_options *po,
+                          kve_session **out, char *err, size_t errlen) {
     if (!out) return llm_errf(err, errlen, KVE_ERR_NULL, "missing argument");
     *out = NULL;
     if (!m) return llm_errf(err, errlen, KVE_ERR_NULL, "no model");
+    /* the caller's struct may be older and shorter than ours: the fields it
+     * lacks keep their defaults */
+    kve_session_options o = kve_session_default_options();
+    if (po) {
+        if (po->size < offsetof(kve_session_options, window) + sizeof o.window || po->size > sizeof o)
+            return llm_errf(err, errlen, KVE_ERR_PARAM, "options size %zu is not one this library knows (%zu)",
+                            po->size, sizeof o);
+        memcpy(&o, po, po->size);
+    }
+    if (o.window < 0) return llm_errf(err, errlen, KVE_ERR_PARAM, "window must be >= 0 (0: the model's own windows)");
     kve_session_params p = pp ? *pp : kve_session_default_params();
     if (p.n_ctx < 0) return llm_errf(err, errlen, KVE_ERR_PARAM, "n_ctx must be >= 0");
     if (p.n_threads < 0) return llm_errf(err, errlen, KVE_ERR_PARAM, "n_threads must be >= 0 (0: one per core)");
@@ -118,7 +139,7 @@ int kve_session_create(const kve_model *m, const kve_session_params *pp, kve_ses
     }
     llm_context_params cp = llm_context_default_params();
     cp.n_ctx = p.n_ctx, cp.n_seqs = 1, cp.n_threads = p.n_threads, cp.n_batch = p.n_batch;
-    cp.kv_type = p.kv_type, cp.act_bits = p.act_bits, cp.no_window = p.no_window;
+    cp.kv_type = p.kv_type, cp.act_bits = p.act_bits, cp.no_window = p.no_window, cp.window = o.window;
     kve_session *s = calloc(1, sizeof *s);
     if (!s) return llm_errf(err, errlen, KVE_ERR_NOMEM, "out of memory");
     int rc = llm_context_create(m->m, &cp, &s->c, err, errlen);
@@ -131,7 +152,7 @@ int kve_session_create(const kve_model *m, const kve_session_params *pp, kve_ses
     }
     llm_context_params got = llm_context_get_params(s->c);
     p.n_ctx = got.n_ctx, p.n_threads = got.n_threads, p.act_bits = got.act_bits;
-    s->p = p;
+    s->p = p, s->o = o;
     *out = s;
     return KVE_OK;
 }
@@ -197,6 +218,13 @@ int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t f
     return rc == LLM_ERR_SHAPE ? KVE_ERR_PARAM : rc;
 }
 
+int kve_session_eval_reference(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits) {
+    if (!s || (!tokens && n) || (!logits && first < n)) return KVE_ERR_NULL;
+    if (n < 0 || n > s->p.n_ctx || first < 0 || first > n) return KVE_ERR_PARAM;
+    if (first == n) return KVE_OK;
+    return llm_forward_dense(s->c, tokens, n, first, logits);
+}
+
 int kve_session_shift(kve_session *s, int32_t n_keep, int32_t n_min, int32_t *n_dropped) {
     if (n_dropped) *n_dropped = 0;
     if (!s || !n_dropped) return KVE_ERR_NULL;
@@ -257,7 +285,21 @@ kv_cache_stats kve_session_cache_stats(const kve_session *s) {
 int kve_session_cache_group(const kve_session *s, int32_t g, int32_t *n_layers, int32_t *window,
                             kv_cache_stats *stats) {
     if (!s) return KVE_ERR_NULL;
-    if (g < 0 || llm_model_group(llm_context_model(s->c), g, n_layers, window) != LLM_OK) return KVE_ERR_PARAM;
-    if (stats) *stats = kv_cache_get_stats(llm_context_cache_at(s->c, g));
+    if (g < 0 || g >= llm_context_n_caches(s->c)) return KVE_ERR_PARAM;
+    const kv_cache *c = llm_context_cache_at(s->c, g);
+    if (n_layers) *n_layers = kv_cache_get_params(c).n_layers;
+    if (window) *window = kv_cache_get_params(c).window;
+    if (stats) *stats = kv_cache_get_stats(c);
     return KVE_OK;
+}
+
+int kve_session_read_kv(const kve_session *s, int32_t g, int32_t layer, int32_t pos, int32_t n, float *k, float *v) {
+    if (!s || ((!k || !v) && n > 0)) return KVE_ERR_NULL;
+    if (g < 0 || g >= llm_context_n_caches(s->c)) return KVE_ERR_PARAM;
+    const kv_cache *c = llm_context_cache_at(s->c, g);
+    if (layer < 0 || layer >= kv_cache_get_params(c).n_layers || n < 0 || pos < 0 || pos > llm_session_n_cached(s->s) - n)
+        return KVE_ERR_PARAM;
+    if (n == 0) return KVE_OK;
+    int rc = kv_read_f32(c, layer, llm_session_seq(s->s), pos, n, k, v);
+    return rc == KV_OK ? KVE_OK : KVE_ERR_PARAM;
 }

@@ -235,6 +235,133 @@ KVE_API const char *kve_chat_default_system(const kve_model *m);
  * character. NULL with *len 0 for an id outside [0, n_vocab). */
 KVE_API const char *kve_token_piece(const kve_model *m, int32_t id, size_t *len);
 
+/* ---------------------------------------------------------------- GGUF files */
+
+/* A GGUF file read for inspection: its metadata and tensor table, without
+ * loading a model, so that files the engine cannot run (an unknown
+ * architecture, a tensor type it does not read, a missing tensor) can be
+ * read too. Every count, length, type, offset and size is checked against
+ * the file at open; what the calls below give points into the read-only
+ * mapped file or the kve_gguf and stays valid until kve_gguf_close. One kve_gguf may be read from several threads.
+ *
+ *     kve_gguf *g;
+ *     kve_gguf_open("model.gguf", &g, err, sizeof err);
+ *     kve_gguf_kv kv;  kve_gguf_value v;
+ *     for (int64_t i = 0; kve_gguf_kv_at(g, i, &kv) == KVE_OK; i++)
+ *         for (uint64_t e = 0; e < kv.n; e++) kve_gguf_value_at(g, i, e, &v);
+ *     kve_gguf_tensor t;
+ *     for (int64_t i = 0; kve_gguf_tensor_at(g, i, &t) == KVE_OK; i++) ...
+ *     kve_gguf_close(g); */
+
+typedef struct kve_gguf kve_gguf;
+
+/* Maps the file at path read-only and checks it. KVE_OK with *out;
+ * KVE_ERR_IO (the file cannot be opened or read; err says why), KVE_ERR_MODEL
+ * (not a GGUF file of version 2 or 3, a count, length, offset or size the
+ * file cannot hold, a value type or tensor type the format does not define;
+ * err says what and where), KVE_ERR_NOMEM, KVE_ERR_NULL; *out NULL on failure.
+ * Tensors of types the engine does not run (IQ2_XXS, ...) are listed too. */
+KVE_API int kve_gguf_open(const char *path, kve_gguf **out, char *err, size_t errlen);
+/* The same over data[0..size), which must stay valid and unchanged until
+ * kve_gguf_close (nothing is copied). */
+KVE_API int kve_gguf_open_memory(const void *data, size_t size, kve_gguf **out, char *err, size_t errlen);
+KVE_API void kve_gguf_close(kve_gguf *g);
+
+typedef struct {
+    uint32_t version;      /* 2 or 3 */
+    uint32_t alignment;    /* of the tensor data (general.alignment, else 32) */
+    uint64_t data_offset;  /* file offset of the data section */
+    uint64_t file_size;    /* bytes */
+    int64_t n_kv;          /* metadata entries */
+    int64_t n_tensors;
+} kve_gguf_info;
+
+/* Zeros for g NULL. */
+KVE_API kve_gguf_info kve_gguf_get_info(const kve_gguf *g);
+
+/* Metadata value types, numbered as the format numbers them. */
+typedef enum {
+    KVE_GGUF_U8 = 0, KVE_GGUF_I8 = 1, KVE_GGUF_U16 = 2, KVE_GGUF_I16 = 3, KVE_GGUF_U32 = 4, KVE_GGUF_I32 = 5,
+    KVE_GGUF_F32 = 6, KVE_GGUF_BOOL = 7, KVE_GGUF_STRING = 8, KVE_GGUF_ARRAY = 9, KVE_GGUF_U64 = 10,
+    KVE_GGUF_I64 = 11, KVE_GGUF_F64 = 12,
+} kve_gguf_type;
+
+/* "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array",
+ * "u64", "i64", "f64"; "?" for any other number. */
+KVE_API const char *kve_gguf_type_name(int type);
+
+/* One metadata entry. */
+typedef struct {
+    const char *key;       /* NUL-terminated (a key holding a NUL byte reads shorter than key_len) */
+    size_t key_len;        /* its bytes in the file */
+    int type;              /* kve_gguf_type; KVE_GGUF_ARRAY: elem_type and n say what it holds */
+    int elem_type;         /* an array's element type (never KVE_GGUF_ARRAY); else type */
+    uint64_t n;            /* an array's element count; else 1 */
+} kve_gguf_kv;
+
+/* Entry i in file order into *out. KVE_OK; KVE_ERR_PARAM for i outside
+ * [0, n_kv) (nothing written); KVE_ERR_NULL. */
+KVE_API int kve_gguf_kv_at(const kve_gguf *g, int64_t i, kve_gguf_kv *out);
+/* The index of key (keys are unique), or -1 (also for g or key NULL). */
+KVE_API int64_t kve_gguf_find_key(const kve_gguf *g, const char *key);
+
+/* One value: a scalar entry's, or one element of an array entry's. */
+typedef struct {
+    int type;              /* kve_gguf_type of this value (never KVE_GGUF_ARRAY) */
+    int64_t i;             /* integers and bool (0/1): the value if it fits an int64_t, else 0 */
+    uint64_t u;            /* integers and bool: the value if it is not negative, else 0 */
+    double f;              /* every number and bool: the value as a double */
+    const char *str;       /* strings: [len] bytes in the file, not NUL-terminated, any bytes
+                            * (the format asks for UTF-8 but nothing checks it); else NULL */
+    size_t len;
+} kve_gguf_value;
+
+/* Entry i's value (elem 0), or element elem of an array entry, into *out.
+ * KVE_OK; KVE_ERR_PARAM for i outside [0, n_kv) or elem outside [0, n)
+ * (nothing written); KVE_ERR_NULL. */
+KVE_API int kve_gguf_value_at(const kve_gguf *g, int64_t i, uint64_t elem, kve_gguf_value *out);
+
+enum { KVE_GGUF_MAX_DIMS = 4 };
+
+/* One tensor of the table. */
+typedef struct {
+    const char *name;        /* NUL-terminated */
+    int32_t type;            /* the ggml type number */
+    const char *type_name;   /* "F32", "F16", "Q4_K", ... */
+    int32_t n_dims;          /* 1 .. KVE_GGUF_MAX_DIMS */
+    int64_t dims[KVE_GGUF_MAX_DIMS];   /* dims[0] the contiguous one; 1 past n_dims */
+    uint64_t offset;         /* of its data in the data section (the file offset is
+                              * data_offset + offset) */
+    uint64_t n_bytes;        /* of its data */
+} kve_gguf_tensor;
+
+/* Tensor i in file order into *out. KVE_OK; KVE_ERR_PARAM for i outside
+ * [0, n_tensors) (nothing written); KVE_ERR_NULL. */
+KVE_API int kve_gguf_tensor_at(const kve_gguf *g, int64_t i, kve_gguf_tensor *out);
+/* The index of the tensor named name, or -1 (also for g or name NULL). */
+KVE_API int64_t kve_gguf_find_tensor(const kve_gguf *g, const char *name);
+
+/* The hyperparameters the engine reads from a file's metadata (the
+ * <arch>.* keys of an architecture it knows). */
+typedef struct {
+    int32_t n_vocab;         /* tokens in the vocabulary */
+    int32_t dim;             /* embedding width */
+    int32_t n_layers;
+    int32_t n_heads;         /* query heads */
+    int32_t n_kv_heads;      /* K/V heads (fewer than n_heads: GQA/MQA) */
+    int32_t head_dim;
+    int32_t ffn_dim;
+    int32_t ctx_train;       /* the context it was trained for */
+    float norm_eps;          /* RMSNorm epsilon */
+    kv_rope_params rope;     /* of the full-attention layers when layers differ */
+} kve_hparams;
+
+/* g's hyperparameters into *out, as kve_model_load would read them (no
+ * tensor is looked at). KVE_OK; KVE_ERR_MODEL (an architecture the engine
+ * does not know, a missing or out-of-range hyperparameter; err says which,
+ * nothing written); KVE_ERR_NULL. */
+KVE_API int kve_gguf_hparams(const kve_gguf *g, kve_hparams *out, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- grammars */
 
 typedef struct kve_grammar kve_grammar;
@@ -546,6 +673,26 @@ KVE_API int kve_session_create(const kve_model *m, const kve_session_params *p, 
 KVE_API void kve_session_free(kve_session *s);
 KVE_API kve_session_params kve_session_get_params(const kve_session *s);   /* n_ctx, n_threads resolved */
 
+/* What a session may do beyond kve_session_params. Start from
+ * kve_session_default_options(); size as in kve_context_options (fields are
+ * added at the end; an older caller's shorter struct keeps the defaults of
+ * the fields it lacks). */
+typedef struct {
+    size_t size;          /* sizeof(kve_session_options) */
+    int32_t window;       /* > 0: layers without a window of their own attend to their last
+                           * `window` positions only, through window caches that evict pages (a
+                           * sliding window forced on any model, to test those caches: `kvcache
+                           * verify --policy window`); 0: the model's own windows (default) */
+} kve_session_options;
+
+/* window 0. */
+KVE_API kve_session_options kve_session_default_options(void);
+/* kve_session_create with options (NULL: the defaults). KVE_ERR_PARAM also
+ * for a negative window or an options size this library does not know (err
+ * says which). */
+KVE_API int kve_session_create_ex(const kve_model *m, const kve_session_params *p, const kve_session_options *o,
+                                  kve_session **out, char *err, size_t errlen);
+
 /* Called with prefill progress: rows done of total (done == total at the end). */
 typedef void (*kve_progress_fn)(void *user, int64_t done, int64_t total);
 
@@ -629,6 +776,17 @@ KVE_API int kve_session_feed(kve_session *s, const int32_t *tokens, int32_t n);
  * All or nothing: KVE_OK, KV_ERR_CAPACITY (no room), KVE_ERR_TOKEN,
  * KVE_ERR_PARAM (n < 0, first outside [0, n]), KVE_ERR_NULL. */
 KVE_API int kve_session_eval(kve_session *s, const int32_t *tokens, int32_t n, int32_t first, float *logits);
+/* The reference kve_session_eval is checked against: the logits of the
+ * token after each of tokens[first..n) for tokens[0..n) at positions 0..n-1,
+ * computed with no cache at all, in one causal pass with dense attention over
+ * fresh f32 K/V (the session's windows, threads and act_bits as they are).
+ * Row t is what a full recomputation of tokens[0..t] gives, so one call
+ * checks every step of a cached decode. Into logits[(n - first) * n_vocab]
+ * (first == n: none, logits may be NULL). The session's sequence and cache
+ * are not used or changed. KVE_OK, KVE_ERR_PARAM (n outside [0, n_ctx],
+ * first outside [0, n]), KVE_ERR_TOKEN, KVE_ERR_NOMEM, KVE_ERR_NULL. */
+KVE_API int kve_session_eval_reference(kve_session *s, const int32_t *tokens, int32_t n, int32_t first,
+                                       float *logits);
 /* A context shift now: keeps the first n_keep cached positions and drops
  * after them half of the rest, or n_min if that is more (what the next
  * prompt needs), at most all of the rest; *n_dropped positions. KVE_OK;
@@ -664,11 +822,19 @@ KVE_API int kve_session_load(kve_session *s, const char *path, const int32_t *pr
 /* The cache's occupancy, all layers together. */
 KVE_API kv_cache_stats kve_session_cache_stats(const kve_session *s);
 /* Cache group g (0 ..): models with sliding-window layers (Gemma 3) keep one
- * cache per window size. Its layers, window (0: full attention) and
- * occupancy, into the pointers (each may be NULL); KVE_OK, KVE_ERR_PARAM past
- * the last group (nothing written), KVE_ERR_NULL. */
+ * cache per window size. Its layers, window (0: full attention; a forced
+ * window, kve_session_options.window, included) and occupancy, into the
+ * pointers (each may be NULL); KVE_OK, KVE_ERR_PARAM past the last group
+ * (nothing written), KVE_ERR_NULL. */
 KVE_API int kve_session_cache_group(const kve_session *s, int32_t g, int32_t *n_layers, int32_t *window,
                                     kv_cache_stats *stats);
+/* The K and V the cache holds for cached positions [pos, pos + n) of layer
+ * `layer` (0 .. its n_layers - 1) of cache group g, decoded to f32 from the
+ * K/V type: n rows of n_kv_heads * head_dim floats into each of k and v.
+ * KVE_OK; KVE_ERR_PARAM (g or layer out of range, a position not cached or
+ * already evicted by a sliding window; nothing written), KVE_ERR_NULL. */
+KVE_API int kve_session_read_kv(const kve_session *s, int32_t g, int32_t layer, int32_t pos, int32_t n, float *k,
+                                float *v);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include "../engine/gguf/gguf.h"
 #include "../engine/weights/quant.h"
 #include "gguf_writer.h"
+#include "kvengine.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -712,23 +713,85 @@ TEST(gguf_random_corruption_never_crashes_or_overreads) {
     free(buf);
 }
 
-TEST(gguf_summary_lists_metadata_and_tensors) {
+/* kvengine.h's inspector gives, through the handle alone, every entry's key,
+ * type and value (scalars and each array element, every integer width at its
+ * extremes, strings with NUL bytes) and every tensor's type, shape, offset
+ * and size, as the test's writer wrote them; out-of-range indices and NULLs
+ * are refused by name; a damaged file is refused with the reader's message,
+ * a missing one as an I/O failure; a file without an architecture has no
+ * hyperparameters. */
+TEST(gguf_inspector_gives_every_entry_value_and_tensor) {
+    gw *w = gw_new();
+    static const char *const strs[] = {"a", "", "hello"};
+    gw_add_str(w, "general.architecture", "llama");
+    gw_add_u64(w, "u64", 0xfedcba9876543210ull);
+    gw_add_i64(w, "i64", -0x123456789abcdefll);
+    gw_add_i8(w, "i8", -120);
+    gw_add_f32(w, "f32", 3.25f);
+    gw_add_bool(w, "yes", 1);
+    gw_add_strn(w, "bin", "a\0b", 3);
+    gw_add_arr_str(w, "tokens", strs, 3);
+    gw_add_arr(w, "arr.u64", GW_U64, 2, (uint64_t[]){1, 0xffffffffffffffffull});
+    gw_add_arr(w, "arr.i16", GW_I16, 2, (int16_t[]){-32768, 5});
+    gw_add_arr(w, "arr.f64", GW_F64V, 2, (double[]){1e-300, -2.5});
+    gw_add_arr(w, "arr.empty", GW_I32, 0, NULL);
+    float v[64 * 2 + 5];
+    for (int i = 0; i < 64 * 2 + 5; i++) v[i] = (float)(i % 13) - 6.0f;
+    gw_add_tensor_f32(w, "w.q4", GW_Q4_0, 2, (int64_t[]){64, 2}, v);
+    gw_add_tensor_f32(w, "b.f32", GW_F32, 1, (int64_t[]){5}, v + 128);
     size_t n;
-    unsigned char *buf = small_file(&n);
-    opened o = open_bytes(buf, n);
-    CHECK_EQ_INT(o.rc, 0);
-    char *text = NULL;
-    size_t tl = 0;
-    FILE *f = open_memstream(&text, &tl);
-    if (o.g && f) {
-        llm_gguf_print(o.g, f, 1);
-        fclose(f);
-        CHECK(strstr(text, "GGUF v3") != NULL);
-        CHECK(strstr(text, "general.architecture") && strstr(text, "\"llama\""));
-        CHECK(strstr(text, "string[3] [\"a\", \"\", \"hello\"]") != NULL);
-        CHECK(strstr(text, "w.q4") && strstr(text, "Q4_0") && strstr(text, "[64, 2]"));
-        free(text);
-    }
-    close_opened(&o);
+    unsigned char *buf = finish(w, &n);
+    kve_gguf *g = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(kve_gguf_open_memory(buf, n, &g, err, sizeof err), KVE_OK);
+    if (!g) { test_fail(__FILE__, __LINE__, "%s", err); free(buf); return; }
+    kve_gguf_info in = kve_gguf_get_info(g);
+    CHECK(in.version == 3 && in.n_kv == 12 && in.n_tensors == 2 && in.alignment == 32 && in.file_size == n);
+    kve_gguf_kv kv;
+    kve_gguf_value x;
+    CHECK_EQ_INT(kve_gguf_kv_at(g, 0, &kv), KVE_OK);
+    CHECK(!strcmp(kv.key, "general.architecture") && kv.key_len == 20 && kv.type == KVE_GGUF_STRING && kv.n == 1);
+    CHECK(kve_gguf_value_at(g, 0, 0, &x) == KVE_OK && x.len == 5 && !memcmp(x.str, "llama", 5));
+    CHECK(kve_gguf_value_at(g, 1, 0, &x) == KVE_OK && x.type == KVE_GGUF_U64 && x.u == 0xfedcba9876543210ull &&
+          x.i == 0 && x.f == (double)0xfedcba9876543210ull);
+    CHECK(kve_gguf_value_at(g, 2, 0, &x) == KVE_OK && x.i == -0x123456789abcdefll && x.u == 0);
+    CHECK(kve_gguf_value_at(g, 3, 0, &x) == KVE_OK && x.type == KVE_GGUF_I8 && x.i == -120 && x.f == -120);
+    CHECK(kve_gguf_value_at(g, 4, 0, &x) == KVE_OK && x.f == 3.25 && x.i == 0 && !x.str);
+    CHECK(kve_gguf_value_at(g, 5, 0, &x) == KVE_OK && x.type == KVE_GGUF_BOOL && x.i == 1 && x.u == 1);
+    CHECK(kve_gguf_value_at(g, 6, 0, &x) == KVE_OK && x.len == 3 && !memcmp(x.str, "a\0b", 3));
+    CHECK(kve_gguf_kv_at(g, 7, &kv) == KVE_OK && kv.type == KVE_GGUF_ARRAY && kv.elem_type == KVE_GGUF_STRING &&
+          kv.n == 3 && !strcmp(kv.key, "tokens"));
+    for (uint64_t e = 0; e < 3; e++)
+        CHECK(kve_gguf_value_at(g, 7, e, &x) == KVE_OK && x.len == strlen(strs[e]) && !memcmp(x.str, strs[e], x.len));
+    CHECK(kve_gguf_value_at(g, 8, 1, &x) == KVE_OK && x.u == 0xffffffffffffffffull && x.i == 0);
+    CHECK(kve_gguf_value_at(g, 9, 0, &x) == KVE_OK && x.type == KVE_GGUF_I16 && x.i == -32768);
+    CHECK(kve_gguf_value_at(g, 10, 0, &x) == KVE_OK && x.f == 1e-300);
+    CHECK(kve_gguf_kv_at(g, 11, &kv) == KVE_OK && kv.n == 0 && kv.elem_type == KVE_GGUF_I32);
+    CHECK_EQ_INT(kve_gguf_value_at(g, 11, 0, &x), KVE_ERR_PARAM);   /* an empty array has no element 0 */
+    CHECK_EQ_INT(kve_gguf_value_at(g, 7, 3, &x), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_gguf_kv_at(g, 12, &kv), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_gguf_kv_at(g, -1, &kv), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_gguf_kv_at(g, 0, NULL), KVE_ERR_NULL);
+    CHECK(kve_gguf_find_key(g, "arr.f64") == 10 && kve_gguf_find_key(g, "nope") == -1 &&
+          kve_gguf_find_key(g, NULL) == -1);
+    CHECK(!strcmp(kve_gguf_type_name(KVE_GGUF_ARRAY), "array") && !strcmp(kve_gguf_type_name(99), "?"));
+    kve_gguf_tensor t;
+    CHECK_EQ_INT(kve_gguf_tensor_at(g, 0, &t), KVE_OK);
+    CHECK(!strcmp(t.name, "w.q4") && t.type == GW_Q4_0 && !strcmp(t.type_name, "Q4_0") && t.n_dims == 2 &&
+          t.dims[0] == 64 && t.dims[1] == 2 && t.dims[2] == 1 && t.offset == 0 && t.n_bytes == 2 * 2 * 18);
+    CHECK_EQ_INT(kve_gguf_tensor_at(g, 1, &t), KVE_OK);
+    CHECK(!strcmp(t.name, "b.f32") && !strcmp(t.type_name, "F32") && t.n_bytes == 20 && t.offset == 96);
+    CHECK_EQ_INT(kve_gguf_tensor_at(g, 2, &t), KVE_ERR_PARAM);
+    CHECK(kve_gguf_find_tensor(g, "b.f32") == 1 && kve_gguf_find_tensor(g, "x") == -1);
+    kve_hparams hp;
+    CHECK_EQ_INT(kve_gguf_hparams(g, &hp, err, sizeof err), KVE_ERR_MODEL);   /* llama without its keys */
+    CHECK(strstr(err, "llama.") != NULL);
+    kve_gguf_close(g);
+    /* damaged: the tensor data cut short */
+    CHECK_EQ_INT(kve_gguf_open_memory(buf, n - 120, &g, err, sizeof err), KVE_ERR_MODEL);
+    CHECK(g == NULL && strstr(err, "tensor") != NULL);
+    CHECK_EQ_INT(kve_gguf_open_memory(NULL, 4, &g, err, sizeof err), KVE_ERR_NULL);
+    CHECK_EQ_INT(kve_gguf_open("/nonexistent/x.gguf", &g, err, sizeof err), KVE_ERR_IO);
+    CHECK(strstr(err, "/nonexistent/x.gguf") && strstr(err, "No such file"));
     free(buf);
 }

@@ -691,19 +691,28 @@ TEST(kvengine_submit_ex_and_context_options_refuse_bad_input_and_change_nothing)
  * the float64 forward of the fixture at every scored position; truncation
  * keeps what it says and leaves the cut pages to the prefix cache until
  * kve_session_clear_prefixes; the shape is the fixture's. */
+/* The fixture and an f32 session on it (64 positions, 2 threads, prefill
+ * batches of 7 rows, f32 products); -1 with the test failed and nothing
+ * left open. */
+static int open_f32_session(fx_model *fx, kve_model **m, kve_session **s) {
+    if (load_fixture(fx, m)) return -1;
+    char err[256];
+    kve_session_params sp = kve_session_default_params();
+    sp.n_ctx = 64, sp.n_threads = 2, sp.n_batch = 7, sp.kv_type = KV_F32, sp.act_bits = 0;
+    if (kve_session_create(*m, &sp, s, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "session: %s", err);
+        kve_model_free(*m), fx_free(fx);
+        return -1;
+    }
+    return 0;
+}
+
 TEST(kvengine_session_eval_scores_every_position_as_the_f64_reference) {
     enum { N = 40 };
     fx_model fx;
     kve_model *m;
     kve_session *s;
-    if (load_fixture(&fx, &m)) return;
-    char err[256];
-    kve_session_params sp = kve_session_default_params();
-    sp.n_ctx = 64, sp.n_threads = 2, sp.n_batch = 7, sp.kv_type = KV_F32, sp.act_bits = 0;
-    if (kve_session_create(m, &sp, &s, err, sizeof err) != KVE_OK) {
-        test_fail(__FILE__, __LINE__, "session: %s", err);
-        return kve_model_free(m), fx_free(&fx);
-    }
+    if (open_f32_session(&fx, &m, &s)) return;
     const int32_t V = kve_model_n_vocab(m);
     int32_t toks[N];
     toks[0] = kve_model_bos(m);
@@ -769,6 +778,161 @@ TEST(kvengine_session_eval_scores_every_position_as_the_f64_reference) {
     CHECK(nl == fx.s.layers && w == 0);
     CHECK_EQ_INT(kve_model_group(m, 1, &nl, &w), KVE_ERR_PARAM);
     free(ref), free(got);
+    kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+/* Largest |got - want| relative to the largest |want| over n. */
+static double rel_diff_f64(const float *got, const double *want, int64_t n) {
+    double bmax, d = fx_max_diff(got, want, n, &bmax);
+    return d / (bmax > 0 ? bmax : 1);
+}
+
+/* kve_session_eval_reference (no cache at all) equals the float64 forward
+ * of the fixture at every scored position and leaves the session as it was;
+ * kve_session_read_kv gives layer 0's K and V as the fixture's weights make
+ * them, at their positions, and after a context shift the moved keys turned
+ * to their new positions; bad arguments are refused by name with nothing
+ * written. */
+TEST(kvengine_reference_eval_and_kv_reads_are_the_f64_forward) {
+    enum { N = 40 };
+    fx_model fx;
+    kve_model *m;
+    kve_session *s;
+    if (open_f32_session(&fx, &m, &s)) return;
+    const int32_t V = kve_model_n_vocab(m), kvd = fx.s.kv_heads * fx.head_dim;
+    int32_t toks[N];
+    toks[0] = kve_model_bos(m);
+    for (int32_t i = 1; i < N; i++) toks[i] = FX_BYTE0 + (int32_t)((i * 53 + 7) % 200);
+    double *ref = malloc(sizeof(double) * (size_t)N * (size_t)V);
+    float *got = malloc(sizeof(float) * (size_t)N * (size_t)V);
+    fx_reference(&fx, toks, N, ref);
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, N, 3, got), KVE_OK);
+    double r = rel_diff_f64(got, ref + (size_t)3 * (size_t)V, (int64_t)(N - 3) * V);
+    printf("     reference eval: relative diff to f64 %.2e\n", r);
+    CHECK(r <= 1e-5);
+    CHECK_EQ_INT(kve_session_n_cached(s), 0);   /* the session is not used */
+    /* refused, nothing written: first past n, more than n_ctx, an id outside the vocabulary, NULLs */
+    got[0] = 12345.0f;
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, 3, 4, got), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, -1, 0, got), KVE_ERR_PARAM);
+    int32_t *many = calloc(65, sizeof *many);
+    CHECK_EQ_INT(kve_session_eval_reference(s, many, 65, 64, got), KVE_ERR_PARAM);
+    free(many);
+    int32_t bad[2] = {1, V};
+    CHECK_EQ_INT(kve_session_eval_reference(s, bad, 2, 0, got), KVE_ERR_TOKEN);
+    CHECK(got[0] == 12345.0f);
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, 2, 0, NULL), KVE_ERR_NULL);
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, 2, 2, NULL), KVE_OK);   /* nothing scored */
+    CHECK_EQ_INT(kve_session_eval_reference(NULL, toks, 2, 0, got), KVE_ERR_NULL);
+    /* the cache's layer 0 after feeding in chunks: each position's K and V */
+    CHECK_EQ_INT(kve_session_feed(s, toks, 17), KVE_OK);
+    CHECK_EQ_INT(kve_session_feed(s, toks + 17, N - 17), KVE_OK);
+    float *k = malloc(sizeof(float) * (size_t)N * (size_t)kvd), *v = malloc(sizeof(float) * (size_t)N * (size_t)kvd);
+    double *kr = malloc(sizeof(double) * (size_t)kvd), *vr = malloc(sizeof(double) * (size_t)kvd);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 0, N, k, v), KVE_OK);
+    double worst = 0;
+    for (int32_t p = 0; p < N; p++) {
+        fx_layer0_kv(&fx, toks[p], p, kr, vr);
+        worst = fmax(worst, fmax(rel_diff_f64(k + (size_t)p * kvd, kr, kvd), rel_diff_f64(v + (size_t)p * kvd, vr, kvd)));
+    }
+    printf("     layer 0 K/V read: relative diff to f64 %.2e\n", worst);
+    CHECK(worst <= 1e-5);
+    float *k2 = malloc(sizeof(float) * 3 * (size_t)kvd), *v2 = malloc(sizeof(float) * 3 * (size_t)kvd);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 21, 3, k2, v2), KVE_OK);   /* a range from inside */
+    CHECK(!memcmp(k2, k + (size_t)21 * kvd, sizeof(float) * 3 * (size_t)kvd) &&
+          !memcmp(v2, v + (size_t)21 * kvd, sizeof(float) * 3 * (size_t)kvd));
+    free(k2), free(v2);
+    /* shifted: position p >= 4 now holds token p + dropped, turned to p */
+    int32_t dropped = 0;
+    CHECK_EQ_INT(kve_session_shift(s, 4, 0, &dropped), KVE_OK);
+    CHECK(dropped > 0);
+    const int32_t held = N - dropped;
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 0, held, k, v), KVE_OK);
+    worst = 0;
+    for (int32_t p = 0; p < held; p++) {
+        fx_layer0_kv(&fx, toks[p < 4 ? p : p + dropped], p, kr, vr);
+        worst = fmax(worst, fmax(rel_diff_f64(k + (size_t)p * kvd, kr, kvd), rel_diff_f64(v + (size_t)p * kvd, vr, kvd)));
+    }
+    printf("     layer 0 K/V after a shift of %d: relative diff to f64 %.2e\n", (int)dropped, worst);
+    CHECK(worst <= 1e-5);
+    /* refused, nothing written: group, layer, positions past what is cached, NULLs */
+    k[0] = 12345.0f;
+    CHECK_EQ_INT(kve_session_read_kv(s, 1, 0, 0, 1, k, v), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, fx.s.layers, 0, 1, k, v), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, -1, 0, 1, k, v), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, held - 1, 2, k, v), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, -1, 1, k, v), KVE_ERR_PARAM);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 0, 1, NULL, v), KVE_ERR_NULL);
+    CHECK(k[0] == 12345.0f);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, held, 0, NULL, NULL), KVE_OK);
+    free(k), free(v), free(kr), free(vr), free(ref), free(got);
+    kve_session_free(s);
+    kve_model_free(m);
+    fx_free(&fx);
+}
+
+/* kve_session_options.window forces a sliding window on a model without
+ * one: the cache group says so, cached decoding and the reference both
+ * equal the float64 forward attending within that window, and the evicted
+ * positions are no longer readable. Options of a size this library does
+ * not know, or a negative window, are refused by name. */
+TEST(kvengine_session_forced_window_attends_as_the_windowed_f64_forward) {
+    enum { N = 40, W = 8 };
+    fx_model fx;
+    kve_model *m;
+    kve_session *s = NULL;
+    if (load_fixture(&fx, &m)) return;
+    char err[256];
+    kve_session_params sp = kve_session_default_params();
+    sp.n_ctx = 64, sp.n_threads = 2, sp.n_batch = 5, sp.kv_type = KV_F32, sp.act_bits = 0;
+    kve_session_options so = kve_session_default_options();
+    CHECK(so.size == sizeof so && so.window == 0);
+    so.window = -1;
+    CHECK_EQ_INT(kve_session_create_ex(m, &sp, &so, &s, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(s == NULL && strstr(err, "window") != NULL);
+    so.window = W, so.size = sizeof so + 8;
+    CHECK_EQ_INT(kve_session_create_ex(m, &sp, &so, &s, err, sizeof err), KVE_ERR_PARAM);
+    CHECK(strstr(err, "size") != NULL);
+    so.size = sizeof(size_t);
+    CHECK_EQ_INT(kve_session_create_ex(m, &sp, &so, &s, err, sizeof err), KVE_ERR_PARAM);
+    so.size = sizeof so;
+    if (kve_session_create_ex(m, &sp, &so, &s, err, sizeof err) != KVE_OK) {
+        test_fail(__FILE__, __LINE__, "session: %s", err);
+        return kve_model_free(m), fx_free(&fx);
+    }
+    int32_t nl = -1, w = -1;
+    CHECK_EQ_INT(kve_session_cache_group(s, 0, &nl, &w, NULL), KVE_OK);
+    CHECK(nl == fx.s.layers && w == W);
+    const int32_t V = kve_model_n_vocab(m);
+    int32_t toks[N];
+    toks[0] = kve_model_bos(m);
+    for (int32_t i = 1; i < N; i++) toks[i] = FX_BYTE0 + (int32_t)((i * 29 + 3) % 200);
+    double *ref = malloc(sizeof(double) * (size_t)N * (size_t)V), *full = malloc(sizeof(double) * (size_t)N * (size_t)V);
+    float *got = malloc(sizeof(float) * (size_t)N * (size_t)V);
+    fx_reference(&fx, toks, N, full);
+    fx.s.window = W;   /* the reference attends within the forced window too */
+    fx_reference(&fx, toks, N, ref);
+    fx.s.window = 0;
+    /* the window matters for these tokens: the last rows differ from full attention */
+    double bmax, apart = 0;
+    for (int64_t i = (int64_t)(N - 1) * V; i < (int64_t)N * V; i++) apart = fmax(apart, fabs(ref[i] - full[i]));
+    CHECK(apart > 1e-3);
+    CHECK_EQ_INT(kve_session_eval(s, toks, 23, 0, got), KVE_OK);
+    CHECK_EQ_INT(kve_session_eval(s, toks + 23, N - 23, 0, got + (size_t)23 * (size_t)V), KVE_OK);
+    double r = fx_max_diff(got, ref, (int64_t)N * V, &bmax) / bmax;
+    printf("     forced window %d, cached: relative diff to windowed f64 %.2e\n", W, r);
+    CHECK(r <= 1e-5);
+    CHECK_EQ_INT(kve_session_eval_reference(s, toks, N, 0, got), KVE_OK);
+    r = fx_max_diff(got, ref, (int64_t)N * V, &bmax) / bmax;
+    printf("     forced window %d, reference: relative diff to windowed f64 %.2e\n", W, r);
+    CHECK(r <= 1e-5);
+    float kv[2][512];
+    CHECK(fx.s.kv_heads * fx.head_dim <= 512);
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, 0, 1, kv[0], kv[1]), KVE_ERR_PARAM);   /* evicted */
+    CHECK_EQ_INT(kve_session_read_kv(s, 0, 0, N - 1, 1, kv[0], kv[1]), KVE_OK);
+    free(ref), free(full), free(got);
     kve_session_free(s);
     kve_model_free(m);
     fx_free(&fx);

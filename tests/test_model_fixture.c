@@ -477,6 +477,22 @@ static void attend(const fx_model *m, const double *q, const double *K, const do
     }
 }
 
+void fx_layer0_kv(const fx_model *m, int32_t token, int32_t pos, double *k, double *v) {
+    const int32_t D = m->s.dim, d = m->head_dim, Hkv = m->s.kv_heads, kvd = Hkv * d;
+    const fx_layer *L = &m->L[0];
+    double *x = malloc(sizeof(double) * D), *h = malloc(sizeof(double) * D);
+    for (int32_t i = 0; i < D; i++) x[i] = m->embd[(size_t)token * D + i] * (m->gemma ? sqrt((double)D) : 1.0);
+    rmsnorm(x, L->attn_norm, h, D, m->eps);
+    matvec(L->wk, h, k, kvd, D);
+    matvec(L->wv, h, v, kvd, D);
+    for (int32_t i = 0; L->bk && i < kvd; i++) k[i] += L->bk[i];
+    for (int32_t i = 0; L->bv && i < kvd; i++) v[i] += L->bv[i];
+    for (int32_t kh = 0; (m->gemma || m->qwen == 3) && kh < Hkv; kh++)
+        rmsnorm(k + kh * d, L->k_norm, k + kh * d, d, m->eps);
+    rope(m, m->gemma ? m->inv_freq_local : m->inv_freq, k, Hkv, pos);
+    free(x), free(h);
+}
+
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits) {
     const int32_t D = m->s.dim, d = m->head_dim, H = m->s.heads, Hkv = m->s.kv_heads, F = m->s.ffn, V = m->vocab;
     const int32_t qd = H * d, kvd = Hkv * d;

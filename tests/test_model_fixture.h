@@ -129,6 +129,10 @@ llm_model *fx_load(const fx_model *m);
 /* A context on model with params p, or NULL with the test failed. */
 llm_context *fx_context(const llm_model *model, const llm_context_params *p);
 
+/* Layer 0's K (RoPE applied at pos) and V of token, [Hkv*d] each, in
+ * float64: what a cache's first layer holds for it there (gemma3: layer 0 is
+ * a window layer). */
+void fx_layer0_kv(const fx_model *m, int32_t token, int32_t pos, double *k, double *v);
 /* logits [n][V] of every position of tokens [n], in float64. */
 void fx_reference(const fx_model *m, const int32_t *tokens, int32_t n, double *logits);
 

@@ -77,7 +77,32 @@ typedef struct {
     char *err;           /* [errlen] message buffer */
     size_t errlen;       /* its size; 0 = no message wanted */
     char what[128];      /* what is being read, for messages: "metadata entry 3 ('a.b')" */
+    int flags;           /* LLM_GGUF_ANY_TYPE */
 } rd;
+
+/* Block sizes (elements, bytes) the format gives the tensor types the engine
+ * does not read, in ggml's numbering: with LLM_GGUF_ANY_TYPE their tensors are
+ * bounds-checked with these and listed, never decoded. */
+static const struct { int16_t type, elems, bytes; } format_only[] = {
+    {9, 32, 40},    {15, 256, 292}, {16, 256, 66},  {17, 256, 74},  {18, 256, 98}, {19, 256, 50}, {20, 32, 18},
+    {21, 256, 110}, {22, 256, 82},  {23, 256, 136}, {24, 1, 1},     {25, 1, 2},    {26, 1, 4},    {27, 1, 8},
+    {28, 1, 8},     {29, 256, 56},  {34, 256, 54},  {35, 256, 66},  {39, 32, 17},
+};
+
+/* A type's block size: the engine's for the types it reads, else (with
+ * LLM_GGUF_ANY_TYPE) the format's; 0 when neither knows it. */
+static int block_size(const rd *r, int type, int64_t *elems, int64_t *bytes) {
+    if (llm_type_supported(type)) {
+        *elems = llm_type_block_elems(type), *bytes = llm_type_block_bytes(type);
+        return 1;
+    }
+    for (size_t i = 0; (r->flags & LLM_GGUF_ANY_TYPE) && i < sizeof format_only / sizeof *format_only; i++)
+        if (format_only[i].type == type) {
+            *elems = format_only[i].elems, *bytes = format_only[i].bytes;
+            return 1;
+        }
+    return 0;
+}
 
 __attribute__((format(printf, 2, 3)))
 static int fail(rd *r, const char *fmt, ...) {
@@ -277,17 +302,19 @@ static int parse_tensor_info(rd *r, llm_gguf_tensor *t, uint64_t *name_at, uint6
     }
     t->n_elements = n;
     if (get_u32(r, &type, "type")) return -1;
-    if (!llm_type_supported((int)type)) {
+    int64_t elems, bytes;
+    if (type > INT16_MAX || !block_size(r, (int)type, &elems, &bytes)) {
         const char *tn = llm_type_name((int)type);
         return fail(r, "tensor '%s': %s type %u%s%s%s", name, tn ? "unsupported" : "unknown",
                     type, tn ? " (" : "", tn ? tn : "", tn ? ")" : "");
     }
     t->type = (int)type;
-    int64_t rb = llm_row_bytes(t->type, t->dims[0]);
-    if (rb < 0)
+    if (t->dims[0] % elems)
         return fail(r, "tensor '%s': row length %lld is not a multiple of the %s block size %lld",
-                    name, (long long)t->dims[0], llm_type_name(t->type),
-                    (long long)llm_type_block_elems(t->type));
+                    name, (long long)t->dims[0], llm_type_name(t->type), (long long)elems);
+    if (t->dims[0] / elems > INT64_MAX / bytes)
+        return fail(r, "tensor '%s': byte size overflows 64 bits", name);
+    int64_t rb = t->dims[0] / elems * bytes;
     int64_t rows = t->dims[0] ? n / t->dims[0] : 0;
     if (rb && rows > INT64_MAX / rb)
         return fail(r, "tensor '%s': byte size overflows 64 bits", name);
@@ -406,7 +433,11 @@ static int parse(llm_gguf *g, rd *r) {
 }
 
 int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *err, size_t errlen) {
-    rd r = {.p = data, .size = size, .err = err, .errlen = errlen};
+    return llm_gguf_open_memory_ex(data, size, 0, out, err, errlen);
+}
+
+int llm_gguf_open_memory_ex(const void *data, size_t size, int flags, llm_gguf **out, char *err, size_t errlen) {
+    rd r = {.p = data, .size = size, .err = err, .errlen = errlen, .flags = flags};
     *out = NULL;
     if (errlen) err[0] = 0;
     if (!data && size) return fail(&r, "no data");
@@ -424,6 +455,10 @@ int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *er
 }
 
 int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen) {
+    return llm_gguf_open_ex(path, 0, out, err, errlen);
+}
+
+int llm_gguf_open_ex(const char *path, int flags, llm_gguf **out, char *err, size_t errlen) {
     *out = NULL;
     /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer before
      * fstat could tell it is no regular file (no effect on a regular one) */
@@ -432,23 +467,23 @@ int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen) {
     if (fd < 0 || fstat(fd, &st) != 0) {
         if (errlen) snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
-        return -1;
+        return -2;
     }
     if (!S_ISREG(st.st_mode) || st.st_size == 0) {
         if (errlen) snprintf(err, errlen, "%s: %s", path,
                              S_ISREG(st.st_mode) ? "file is empty" : "not a regular file");
         close(fd);
-        return -1;
+        return S_ISREG(st.st_mode) ? -1 : -2;
     }
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int mmap_errno = errno;
     close(fd);   /* the mapping keeps the file open */
     if (m == MAP_FAILED) {
         if (errlen) snprintf(err, errlen, "%s: mmap failed: %s", path, strerror(mmap_errno));
-        return -1;
+        return -2;
     }
     char msg[400];
-    if (llm_gguf_open_memory(m, (size_t)st.st_size, out, msg, sizeof msg)) {
+    if (llm_gguf_open_memory_ex(m, (size_t)st.st_size, flags, out, msg, sizeof msg)) {
         if (errlen) snprintf(err, errlen, "%s: %s", path, msg);
         munmap(m, (size_t)st.st_size);
         return -1;
@@ -510,6 +545,16 @@ llm_gguf_str llm_gguf_kv_key(const llm_gguf *g, int64_t i) {
 
 int llm_gguf_kv_type(const llm_gguf *g, int64_t i) {
     return i < 0 || i >= g->n_kv ? -1 : (int)g->kv[i].type;
+}
+
+int llm_gguf_kv_elems(const llm_gguf *g, int64_t i, llm_gguf_arr *out) {
+    if (i < 0 || i >= g->n_kv) return LLM_GGUF_ENOKEY;
+    const kv_entry *e = &g->kv[i];
+    if (e->type == LLM_GGUF_ARR)
+        *out = (llm_gguf_arr){e->arr_type, e->arr_n, g->base + e->at, e->str_at, g->base};
+    else /* a string's length field is at e->at, as a string array's str_at says */
+        *out = (llm_gguf_arr){e->type, 1, g->base + e->at, e->type == LLM_GGUF_STR ? &e->at : NULL, g->base};
+    return LLM_GGUF_OK;
 }
 
 /* An integer value as sign + magnitude-free pair: *neg = 1 with *s < 0, or
@@ -647,12 +692,18 @@ int llm_gguf_bool_or(const llm_gguf *g, const char *key, int dflt) {
 
 /* ------------------------------------------------------------ array elements */
 
-int64_t llm_gguf_arr_i64(const llm_gguf_arr *a, uint64_t i) {
-    if (i >= a->n || a->type == LLM_GGUF_STR) return 0;
+/* Element i of an integer or bool array as read_int gives it; -1 past the
+ * end or for another type. */
+static int arr_int(const llm_gguf_arr *a, uint64_t i, int *neg, int64_t *s, uint64_t *u) {
+    if (i >= a->n || a->type == LLM_GGUF_STR) return -1;
     const uint8_t *p = a->data + i * value_size(a->type);
-    if (a->type == LLM_GGUF_BOOL) return p[0];
+    if (a->type == LLM_GGUF_BOOL) return *neg = 0, *u = p[0], 0;
+    return read_int(p, a->type, neg, s, u);
+}
+
+int64_t llm_gguf_arr_i64(const llm_gguf_arr *a, uint64_t i) {
     int neg; int64_t s; uint64_t u;
-    if (read_int(p, a->type, &neg, &s, &u)) return 0;
+    if (arr_int(a, i, &neg, &s, &u)) return 0;
     return neg ? s : u > (uint64_t)INT64_MAX ? 0 : (int64_t)u;
 }
 
@@ -677,6 +728,11 @@ double llm_gguf_arr_f64(const llm_gguf_arr *a, uint64_t i) {
 }
 
 float llm_gguf_arr_f32(const llm_gguf_arr *a, uint64_t i) { return (float)llm_gguf_arr_f64(a, i); }
+
+uint64_t llm_gguf_arr_u64(const llm_gguf_arr *a, uint64_t i) {
+    int neg; int64_t s; uint64_t u;
+    return arr_int(a, i, &neg, &s, &u) || neg ? 0 : u;
+}
 
 llm_gguf_str llm_gguf_arr_str(const llm_gguf_arr *a, uint64_t i) {
     if (i >= a->n || a->type != LLM_GGUF_STR || !a->str_at) return (llm_gguf_str){"", 0};
@@ -720,73 +776,4 @@ const llm_gguf_tensor *llm_gguf_find_tensor(const llm_gguf *g, const char *name)
         if (c < 0) lo = mid + 1; else hi = mid - 1;
     }
     return NULL;
-}
-
-/* ------------------------------------------------------------ summary */
-
-static void print_str(FILE *f, llm_gguf_str s, uint64_t max) {
-    fputc('"', f);
-    for (uint64_t i = 0; i < s.len && i < max; i++) {
-        unsigned char c = (unsigned char)s.ptr[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c >= 32 && c < 127) fputc(c, f);
-        else if (c == '\n') fputs("\\n", f);
-        else fprintf(f, "\\x%02x", c);
-    }
-    fputs(s.len > max ? "\"..." : "\"", f);
-}
-
-static void print_elem(FILE *f, const llm_gguf_arr *a, uint64_t i) {
-    switch (a->type) {
-    case LLM_GGUF_STR: print_str(f, llm_gguf_arr_str(a, i), 40); break;
-    case LLM_GGUF_F32: case LLM_GGUF_F64: fprintf(f, "%g", llm_gguf_arr_f64(a, i)); break;
-    case LLM_GGUF_BOOL: fputs(llm_gguf_arr_i64(a, i) ? "true" : "false", f); break;
-    case LLM_GGUF_U64: {
-        uint64_t b = ld64(a->data + 8 * i);
-        fprintf(f, "%llu", (unsigned long long)b);
-        break;
-    }
-    default: fprintf(f, "%lld", (long long)llm_gguf_arr_i64(a, i)); break;
-    }
-}
-
-void llm_gguf_print(const llm_gguf *g, FILE *f, int with_tensors) {
-    fprintf(f, "GGUF v%u: %lld metadata entries, %lld tensors, alignment %u, data at offset %llu, "
-            "file %llu bytes\n", g->version, (long long)g->n_kv, (long long)g->n_tensors,
-            g->alignment, (unsigned long long)g->data_start, (unsigned long long)g->size);
-    for (int64_t i = 0; i < g->n_kv; i++) {
-        const kv_entry *e = &g->kv[i];
-        llm_gguf_str key = llm_gguf_kv_key(g, i);
-        fprintf(f, "  %-44.*s ", (int)(key.len > 200 ? 200 : key.len), key.ptr);
-        llm_gguf_arr one = {e->type, 1, g->base + e->at, NULL, g->base};
-        if (e->type == LLM_GGUF_ARR) {
-            llm_gguf_arr a = {e->arr_type, e->arr_n, g->base + e->at, e->str_at, g->base};
-            fprintf(f, "%s[%llu] [", llm_gguf_type_name((int)a.type), (unsigned long long)a.n);
-            for (uint64_t k = 0; k < a.n && k < 6; k++) {
-                if (k) fputs(", ", f);
-                print_elem(f, &a, k);
-            }
-            fputs(a.n > 6 ? ", ...]\n" : "]\n", f);
-        } else if (e->type == LLM_GGUF_STR) {
-            llm_gguf_str s = {(const char *)g->base + e->at + 8, ld64(g->base + e->at)};
-            fputs("string ", f);
-            print_str(f, s, 80);
-            fputc('\n', f);
-        } else {
-            fprintf(f, "%-6s ", llm_gguf_type_name((int)e->type));
-            print_elem(f, &one, 0);
-            fputc('\n', f);
-        }
-    }
-    if (!with_tensors) return;
-    for (int64_t i = 0; i < g->n_tensors; i++) {
-        const llm_gguf_tensor *t = &g->tensors[i];
-        char shape[96];
-        int o = 0;
-        for (int d = 0; d < t->n_dims; d++)
-            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%lld", d ? ", " : "",
-                          (long long)t->dims[d]);
-        fprintf(f, "  %-44s %-5s [%s] %llu bytes at %llu\n", t->name, llm_type_name(t->type),
-                shape, (unsigned long long)t->n_bytes, (unsigned long long)t->offset);
-    }
 }

@@ -40,7 +40,7 @@ enum {
     LLM_GGUF_F64 = 12,
 };
 
-/* Return codes of the getters (llm_gguf_open* return 0 or -1). */
+/* Return codes of the getters (llm_gguf_open* return 0, -1 or -2). */
 enum {
     LLM_GGUF_OK = 0,
     LLM_GGUF_ENOKEY = -1,   /* no such key */
@@ -69,7 +69,8 @@ typedef struct {
 /* One tensor, as described by its info record; filled and checked at open. */
 typedef struct {
     const char *name;          /* NUL-terminated copy owned by the llm_gguf */
-    int type;                  /* ggml type number, one llm_type_supported() accepts */
+    int type;                  /* ggml type number, one llm_type_supported() accepts (any the
+                                  format defines with LLM_GGUF_ANY_TYPE) */
     int n_dims;                /* 1..4 */
     int64_t dims[LLM_GGUF_MAX_DIMS]; /* dims[0] contiguous; entries past n_dims are 1 */
     int64_t n_elements;        /* product of dims */
@@ -83,12 +84,20 @@ typedef struct {
 /* ---- opening ---------------------------------------------------------- */
 
 /* Map the file at `path` read-only and parse it. On success *out is set and 0
- * returned; on failure -1, *out = NULL, and err (if errlen > 0) holds one line
- * saying what is wrong and where. */
+ * returned; on failure -1 (the bytes are no valid GGUF file) or -2 (the file
+ * cannot be opened or mapped, or is no regular file), *out = NULL, and err
+ * (if errlen > 0) holds one line saying what is wrong and where. */
 int llm_gguf_open(const char *path, llm_gguf **out, char *err, size_t errlen);
 /* Parse `size` bytes at `data` without copying them; they must stay valid and
  * unchanged until llm_gguf_close. Same results as llm_gguf_open. */
 int llm_gguf_open_memory(const void *data, size_t size, llm_gguf **out, char *err, size_t errlen);
+/* The same with flags: LLM_GGUF_ANY_TYPE also accepts tensors of the types
+ * the format defines but the engine does not read (IQ*, Q8_K, I8..I64, F64,
+ * TQ*, MXFP4), their data bounds checked with the format's block sizes: for
+ * inspecting a file (kvengine.h's kve_gguf_*), never for running it. */
+enum { LLM_GGUF_ANY_TYPE = 1 };
+int llm_gguf_open_ex(const char *path, int flags, llm_gguf **out, char *err, size_t errlen);
+int llm_gguf_open_memory_ex(const void *data, size_t size, int flags, llm_gguf **out, char *err, size_t errlen);
 /* Free everything; unmap if llm_gguf_open mapped the file. NULL is fine. */
 void llm_gguf_close(llm_gguf *g);
 /* The pages wholly inside [p, p + n) of a file opened by llm_gguf_open are
@@ -110,6 +119,10 @@ int64_t llm_gguf_n_kv(const llm_gguf *g);
 int64_t llm_gguf_find_key(const llm_gguf *g, const char *key);
 llm_gguf_str llm_gguf_kv_key(const llm_gguf *g, int64_t i);   /* {"", 0} if i is out of range */
 int llm_gguf_kv_type(const llm_gguf *g, int64_t i);           /* value type, or -1 */
+/* Entry i's value as an array: an array as it is, any other value as an
+ * array of one element of its type (read with llm_gguf_arr_*). LLM_GGUF_OK,
+ * or LLM_GGUF_ENOKEY for i out of range (*out untouched). */
+int llm_gguf_kv_elems(const llm_gguf *g, int64_t i, llm_gguf_arr *out);
 
 /* Typed getters: LLM_GGUF_OK and *out set, or an LLM_GGUF_E* code and *out
  * untouched. The integer getters accept any integer type whose value fits
@@ -139,6 +152,8 @@ int      llm_gguf_bool_or(const llm_gguf *g, const char *key, int dflt);
 int64_t      llm_gguf_arr_i64(const llm_gguf_arr *a, uint64_t i);
 double       llm_gguf_arr_f64(const llm_gguf_arr *a, uint64_t i);
 float        llm_gguf_arr_f32(const llm_gguf_arr *a, uint64_t i);
+/* _u64: any integer type (negative values give 0); bool gives 0/1. */
+uint64_t     llm_gguf_arr_u64(const llm_gguf_arr *a, uint64_t i);
 llm_gguf_str llm_gguf_arr_str(const llm_gguf_arr *a, uint64_t i);
 
 /* String helpers: compare with a C string; copy into buf as a C string,
@@ -158,12 +173,5 @@ int64_t llm_gguf_n_tensors(const llm_gguf *g);
 const llm_gguf_tensor *llm_gguf_tensor_at(const llm_gguf *g, int64_t i);
 /* Tensor by exact name (names are unique), or NULL. O(log n). */
 const llm_gguf_tensor *llm_gguf_find_tensor(const llm_gguf *g, const char *name);
-
-/* ---- summary ----------------------------------------------------------- */
-
-/* Print version, counts, every metadata entry (arrays shortened to their
- * first few elements) and, if with_tensors, every tensor with its type, shape
- * and size. */
-void llm_gguf_print(const llm_gguf *g, FILE *f, int with_tensors);
 
 #endif

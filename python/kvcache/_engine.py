@@ -16,7 +16,7 @@ import ctypes.util
 import os
 import threading
 
-from ._ffi import CacheStats, P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
+from ._ffi import CacheStats, RopeParams, P_float, P_int32, c_char_p, c_float, c_int, c_int32, c_size_t, c_uint64, c_void_p
 
 LIB_NAME = "libkvengine.so"
 
@@ -98,6 +98,35 @@ class ModelShape(ctypes.Structure):
                 ("packed_bytes", c_uint64), ("streamed_bytes", c_uint64)]
 
 
+class GGUFInfo(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("alignment", ctypes.c_uint32), ("data_offset", c_uint64),
+                ("file_size", c_uint64), ("n_kv", ctypes.c_int64), ("n_tensors", ctypes.c_int64)]
+
+
+class GGUFKV(ctypes.Structure):
+    _fields_ = [("key", c_char_p), ("key_len", c_size_t), ("type", c_int), ("elem_type", c_int), ("n", c_uint64)]
+
+
+class GGUFValue(ctypes.Structure):
+    _fields_ = [("type", c_int), ("i", ctypes.c_int64), ("u", c_uint64), ("f", ctypes.c_double), ("str", c_void_p),
+                ("len", c_size_t)]
+
+
+class GGUFTensor(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("type", c_int32), ("type_name", c_char_p), ("n_dims", c_int32),
+                ("dims", ctypes.c_int64 * 4), ("offset", c_uint64), ("n_bytes", c_uint64)]
+
+
+class HParams(ctypes.Structure):
+    _fields_ = [("n_vocab", c_int32), ("dim", c_int32), ("n_layers", c_int32), ("n_heads", c_int32),
+                ("n_kv_heads", c_int32), ("head_dim", c_int32), ("ffn_dim", c_int32), ("ctx_train", c_int32),
+                ("norm_eps", c_float), ("rope", RopeParams)]
+
+
+class SessionOptions(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("window", c_int32)]
+
+
 class SessionParams(ctypes.Structure):
     _fields_ = [("n_ctx", c_int32), ("n_threads", c_int32), ("n_batch", c_int32), ("kv_type", c_int),
                 ("act_bits", c_int32), ("no_window", c_int32)]
@@ -133,7 +162,9 @@ STRUCTS = {"kve_model_shape": ModelShape, "kve_context_params": ContextParams, "
            "kve_request_params": RequestParams, "kve_output": Output, "kve_session_params": SessionParams,
            "kve_generate_params": GenerateParams, "kve_generate_result": GenerateResult,
            "kve_context_options": ContextOptions, "kve_context_stats": ContextStats, "kve_logit_bias": LogitBias,
-           "kve_request_options": RequestOptions}
+           "kve_request_options": RequestOptions, "kve_gguf_info": GGUFInfo, "kve_gguf_kv": GGUFKV,
+           "kve_gguf_value": GGUFValue, "kve_gguf_tensor": GGUFTensor, "kve_hparams": HParams,
+           "kve_session_options": SessionOptions}
 
 PP = ctypes.POINTER(c_void_p)
 # name: (restype, argtypes), in the header's order
@@ -162,6 +193,17 @@ PROTOTYPES = {
     "kve_model_tool_style": (c_int, [c_void_p]),
     "kve_chat_default_system": (c_char_p, [c_void_p]),
     "kve_token_piece": (c_void_p, [c_void_p, c_int32, ctypes.POINTER(c_size_t)]),
+    "kve_gguf_open": (c_int, [c_char_p, PP, c_char_p, c_size_t]),
+    "kve_gguf_open_memory": (c_int, [c_void_p, c_size_t, PP, c_char_p, c_size_t]),
+    "kve_gguf_close": (None, [c_void_p]),
+    "kve_gguf_get_info": (GGUFInfo, [c_void_p]),
+    "kve_gguf_type_name": (c_char_p, [c_int]),
+    "kve_gguf_kv_at": (c_int, [c_void_p, ctypes.c_int64, ctypes.POINTER(GGUFKV)]),
+    "kve_gguf_find_key": (ctypes.c_int64, [c_void_p, c_char_p]),
+    "kve_gguf_value_at": (c_int, [c_void_p, ctypes.c_int64, c_uint64, ctypes.POINTER(GGUFValue)]),
+    "kve_gguf_tensor_at": (c_int, [c_void_p, ctypes.c_int64, ctypes.POINTER(GGUFTensor)]),
+    "kve_gguf_find_tensor": (ctypes.c_int64, [c_void_p, c_char_p]),
+    "kve_gguf_hparams": (c_int, [c_void_p, ctypes.POINTER(HParams), c_char_p, c_size_t]),
     "kve_grammar_parse": (c_int, [c_void_p, c_char_p, c_size_t, c_int, PP, c_char_p, c_size_t]),
     "kve_grammar_free": (None, [c_void_p]),
     "kve_grammar_check": (c_int, [c_char_p, c_size_t, c_int, c_char_p, c_size_t]),
@@ -189,11 +231,15 @@ PROTOTYPES = {
     "kve_session_create": (c_int, [c_void_p, ctypes.POINTER(SessionParams), PP, c_char_p, c_size_t]),
     "kve_session_free": (None, [c_void_p]),
     "kve_session_get_params": (SessionParams, [c_void_p]),
+    "kve_session_default_options": (SessionOptions, []),
+    "kve_session_create_ex": (c_int, [c_void_p, ctypes.POINTER(SessionParams), ctypes.POINTER(SessionOptions), PP,
+                                      c_char_p, c_size_t]),
     "kve_generate_default_params": (GenerateParams, []),
     "kve_session_generate": (c_int, [c_void_p, P_int32, c_int32, ctypes.POINTER(GenerateParams),
                                      ctypes.POINTER(GenerateResult)]),
     "kve_session_feed": (c_int, [c_void_p, P_int32, c_int32]),
     "kve_session_eval": (c_int, [c_void_p, P_int32, c_int32, c_int32, ctypes.POINTER(c_float)]),
+    "kve_session_eval_reference": (c_int, [c_void_p, P_int32, c_int32, c_int32, ctypes.POINTER(c_float)]),
     "kve_session_shift": (c_int, [c_void_p, c_int32, c_int32, P_int32]),
     "kve_session_truncate": (c_int, [c_void_p, c_int32]),
     "kve_session_reset": (None, [c_void_p]),
@@ -204,6 +250,7 @@ PROTOTYPES = {
     "kve_session_load": (c_int, [c_void_p, c_char_p, P_int32, c_int32, P_int32, c_char_p, c_size_t]),
     "kve_session_cache_stats": (CacheStats, [c_void_p]),
     "kve_session_cache_group": (c_int, [c_void_p, c_int32, P_int32, P_int32, ctypes.POINTER(CacheStats)]),
+    "kve_session_read_kv": (c_int, [c_void_p, c_int32, c_int32, c_int32, c_int32, P_float, P_float]),
 }
 
 STOP_NAMES = ["none", "eog", "string", "length", "context", "cancel", "error"]
