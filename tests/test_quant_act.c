@@ -337,6 +337,44 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
     llm_quant_select(was);
 }
 
+/* One X row (decode) reads up to LLM_ROW1_GROUPS packed groups at once: row
+ * ranges over 6 groups (the last of 5 rows), starting and ending inside
+ * groups, taken whole and in pieces of 1 to 6 groups, on every kernel and
+ * both activation widths, equal to the scalar plain product bit for bit. */
+TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
+    test_rng r = {41};
+    static const int64_t cut[][5] = {{0, 45, 45, 45, 45}, {0, 3, 41, 45, 45}, {0, 8, 40, 44, 45}, {0, 17, 18, 45, 45}};
+    for (int ti = 0; ti < N_INT8; ti++)
+        for (int bits = 8; bits <= 16; bits += 8) {
+            const int type = int8_types[ti];
+            if (!packed_type(type)) continue;
+            const int64_t n = llm_type_block_elems(type) == 32 ? 32 * 18 : 256 * 2, rows = 45;
+            problem p;
+            llm_quant_select("scalar");
+            make_problem(&p, &r, type, rows, n, 1, bits);
+            float *Y0 = product(&p), *Y1 = malloc((size_t)rows * sizeof *Y1);
+            void *P = packed_of(&p);
+            CHECK(P != NULL);
+            for (int ki = 0; ki < N_KERNELS; ki++) {
+                if (select_kernels(ki) != 0) continue;
+                act_buf own;
+                CHECK(quantize(&own, p.X, 1, n, bits) == 0);
+                for (int c = 0; c < 4; c++) {
+                    memset(Y1, 0xff, (size_t)rows * sizeof *Y1);
+                    for (int i = 0; i < 4; i++) llm_matmul_act(type, p.W, P, n, cut[c][i], cut[c][i + 1], &own.a, Y1, rows);
+                    if (memcmp(Y0, Y1, (size_t)rows * sizeof *Y0) != 0)
+                        test_fail(__FILE__, __LINE__, "%s (%s, bits %d, cuts %d): one row against packed groups differs",
+                                  llm_type_name(type), kernels[ki], bits, c);
+                }
+                free(own.buf);
+            }
+            free(P), free(Y0), free(Y1);
+            free_problem(&p);
+        }
+    llm_quant_select(was);
+}
+
 /* The packed types at the row counts that choose the prefill tiles: a few
  * rows (2, 3), the tiles of 4 (and 2 on AVX2) with a remainder (9, 13),
  * AVX-512's passes of 32 X rows with the rest in tiles (45: 32 + 13), and

@@ -401,6 +401,14 @@ uint64_t llm_model_streamed_bytes(const llm_model *m) {
     return bytes;
 }
 
+/* Bytes of a product matrix pack_weights copies as it is: one the integer
+ * products read (llm_type_int8) and that has no packed layout; 0 else */
+static uint64_t plain_copy_bytes(const llm_matrix *w) {
+    if (w->rows <= 0 || !llm_type_int8(w->type) || llm_packed_bytes(w->type, w->rows, w->cols)) return 0;
+    const int64_t rb = llm_row_bytes(w->type, w->cols);
+    return rb > 0 ? (uint64_t)w->rows * (uint64_t)rb : 0;
+}
+
 static void pack_weights(llm_model *m) {
     const char *env = getenv("KVCACHE_PACK");
     if (env && !strcmp(env, "0")) return;
@@ -408,27 +416,43 @@ static void pack_weights(llm_model *m) {
     llm_matrix **all = malloc(n * sizeof *all);
     if (!all) return;
     for (size_t i = 0; i < n; i++) all[i] = product_matrix(m, i);
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < n; i++) bytes += (uint64_t)llm_packed_bytes(all[i]->type, all[i]->rows, all[i]->cols);
+    uint64_t bytes = 0, copied = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += (uint64_t)llm_packed_bytes(all[i]->type, all[i]->rows, all[i]->cols);
+        copied += plain_copy_bytes(all[i]);
+    }
     /* in 2 MiB pages where the kernel gives them (transparent huge pages on
-     * madvise): 512 times fewer page faults to fill it, TLB misses to stream it */
+     * madvise): 512 times fewer page faults to fill it, TLB misses to stream
+     * it. The integer products' matrices that are not packed (Q6_K, Q5_K)
+     * are copied there as they are, for the same TLB misses (the file's
+     * mapping has 4 KB pages; figures in docs/PERFORMANCE.md). */
     const size_t huge = (size_t)2 << 20;
-    void *mem = bytes && bytes < SIZE_MAX - huge ? aligned_alloc(huge, (size_t)(bytes + huge - 1) / huge * huge) : NULL;
+    const uint64_t all_bytes = bytes + copied;
+    void *mem = all_bytes && all_bytes < SIZE_MAX - huge
+                    ? aligned_alloc(huge, (size_t)(all_bytes + huge - 1) / huge * huge)
+                    : NULL;
 #ifdef MADV_HUGEPAGE
-    if (mem) madvise(mem, (size_t)(bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+    if (mem) madvise(mem, (size_t)(all_bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
 #endif
     if (mem) {
         uint8_t *p = mem;
         for (size_t i = 0; i < n; i++) {
             llm_matrix *w = all[i];
-            int64_t b = llm_packed_bytes(w->type, w->rows, w->cols);
+            const int64_t b = llm_packed_bytes(w->type, w->rows, w->cols), c = (int64_t)plain_copy_bytes(w);
+            const void *mapped = w->data;
             if (b && llm_pack_rows(w->type, w->data, w->rows, w->cols, p) == 0) {
                 w->packed = p;
                 p += b;
-                /* the mapped rows are read again only by f32 products and
-                 * embedding lookups, which fault in what they need */
-                llm_gguf_release(m->gguf, w->data, (size_t)(w->rows * llm_row_bytes(w->type, w->cols)));
+            } else if (c) {
+                memcpy(p, w->data, (size_t)c);
+                w->data = p;
+                p += c;
+            } else {
+                continue;
             }
+            /* the mapped rows are read again only by f32 products and
+             * embedding lookups, which fault in what they need */
+            llm_gguf_release(m->gguf, mapped, (size_t)(w->rows * llm_row_bytes(w->type, w->cols)));
         }
         m->packed = mem, m->packed_bytes = bytes;
     }

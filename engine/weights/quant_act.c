@@ -472,13 +472,22 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         else if (lanes && nt > LLM_ACT_FEW_ROWS)
             for (int t = 0; t < nt; t++) xs[t].lanes = lanes + (size_t)((jb + t) / 8) * llm_act_lanes_size(nb);
         if (packed) {
-            for (int64_t g = row0 / 8; g * 8 < row1; g++) {
+            for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
-                int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
-                if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
-                    llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
-                for (int t = 0; t < nt; t++)
-                    for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = out[8 * t + i];
+                /* one X row: up to LLM_ROW1_GROUPS groups at once */
+                ng = (row1 - g * 8 + 7) / 8;
+                ng = ng < LLM_ROW1_GROUPS ? ng : LLM_ROW1_GROUPS;
+                if (nt > 1 || !k->act_row_packed || k->act_row_packed(type, grp, 8 * rb, (int)ng, nb, xs, out) != 0) {
+                    ng = 1;
+                    if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
+                        llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
+                }
+                for (int64_t h = 0; h < ng; h++) {
+                    const int64_t r = (g + h) * 8;
+                    const int64_t i0 = row0 > r ? row0 - r : 0, i1 = row1 - r < 8 ? row1 - r : 8;
+                    for (int t = 0; t < nt; t++)
+                        for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + r + i] = out[8 * (h + t) + i];
+                }
             }
             continue;
         }

@@ -3,8 +3,9 @@
  * activation's 32 int8 quants by vpmaddubsw (unsigned x signed byte pairs
  * into int16) and vpmaddwd (into int32), or widened to int16 and multiplied
  * with 16-bit quants by vpmaddwd alone, all exact. Rows packed in groups of
- * 8 (llm_pack_rows; the kernels at the end) are one stream, and the 8 rows'
- * sums of one block become the 8 lanes of one vector. A plain weight row is
+ * 8 (llm_pack_rows; the kernels at the end) are one stream a group (one
+ * activation row reads several groups side by side), and the 8 rows' sums
+ * of one block become the 8 lanes of one vector. A plain weight row is
  * read in memory order (one stream per row: this CPU family's prefetchers
  * lose pace with 8 interleaved rows), 8 blocks at a time: their exact block
  * sums S_b become the 8 lanes of one vector. Either way the float part
@@ -691,14 +692,77 @@ static inline void lanes_final(const __m256 acc[8], float out[8]) {
  * ahead keeps one core's stream fed, more starts to evict what is in use. */
 enum { PF_AHEAD = 3072 };
 
-/* NT activation rows (decode, or a few): each row of the group decoded in
- * registers. NT > 1 (up to LANE_ROWS) only with 16-bit quants: a
- * lane-packed group's bytes are then masked once for all the rows, another
- * group's 8 rows decoded once per block for all of them (figures in
- * docs/PERFORMANCE.md); each row's float part is the same, so the same bits. */
+/* The 8 rows' exact sums of block b of a packed group (the block's bytes at
+ * p) against one activation row x */
+static inline __attribute__((always_inline)) __m256i row1_sums(const int type, const uint8_t *grp, const uint8_t *p,
+                                                              int64_t b, const llm_act_row *x, const int W16) {
+    const int bb = (int)llm_packed_block_bytes(type), hd = llm_packed_head(type);
+    __m256i S;
+    if (llm_packed_lanes(type) && W16) {
+        const int16_t *xp = (const int16_t *)x->q + 32 * b;
+        lane_sums16(llm_packed_lane_quants(type, grp, b), &xp, 1, &S);
+    } else if (llm_packed_lanes(type)) {
+        S = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
+    } else if (W16 && ZMM_ROW1(type)) {   /* Q8_0 */
+        S = q8_rows8_sums(p + llm_packed_rest(bb, hd, 0), (const int16_t *)x->q + 32 * b);
+    } else {
+        __m256i xa, xb, v[8];
+        x_block(x, b, W16, &xa, &xb);
+        UNROLL for (int r = 0; r < 8; r++) {
+            __m256i w0, w1 = _mm256_setzero_si256();
+            block32_quants(type, p + llm_packed_rest(bb, hd, r), W16, &w0, &w1);
+            v[r] = wdot(type, w0, w1, xa, xb, W16);
+        }
+        S = hsum8_epi32(v);
+    }
+    return S;
+}
+
+/* One activation row against ng <= LLM_ROW1_GROUPS packed groups, gbytes
+ * apart (out[8*k + r]: row r of group k), block b of every group before
+ * block b + 1: ng streams through memory at once. Each group's rows are summed as
+ * packed_group sums them, in the same order, so the same bits; a Q4_K
+ * super-block's d and dmin are converted once for its 8 blocks. */
+static inline __attribute__((always_inline)) void packed_groups_row1(const int type, const uint8_t *grp,
+                                                                    int64_t gbytes, int ng, int64_t nb,
+                                                                    const llm_act_row *x, float *out, const int W16) {
+    const int64_t bb = llm_packed_block_bytes(type);
+    __m256 acc[LLM_ROW1_GROUPS][8];   /* [group][b % 8], a lane per weight row: the reference's lane sums */
+    for (int k = 0; k < ng; k++) UNROLL for (int i = 0; i < 8; i++) acc[k][i] = _mm256_setzero_ps();
+    __m256 d[LLM_ROW1_GROUPS], dmin[LLM_ROW1_GROUPS];
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int ns = nb - b0 < 8 ? (int)(nb - b0) : 8;
+        if (type == LLM_TYPE_Q4_K)
+            for (int k = 0; k < ng; k++) {
+                const uint8_t *sb = llm_packed_block(type, grp + k * gbytes, b0);
+                d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + LLM_PK4K_D)));
+                dmin[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + LLM_PK4K_DMIN)));
+            }
+        UNROLL for (int s = 0; s < 8; s++) {
+            if (s >= ns) break;
+            const int64_t b = b0 + s;
+            for (int k = 0; k < ng; k++) {
+                const uint8_t *g = grp + k * gbytes;
+                const uint8_t *p = llm_packed_block(type, g, b), *at = g + b * 8 * bb;
+                for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+                const __m256i S = row1_sums(type, g, p, b, x, W16);
+                __m256 wa, wb;
+                if (type == LLM_TYPE_Q4_K) q4k_scales(p, s, d[k], dmin[k], &wa, &wb);
+                else packed_scales(type, g, b, &wa, &wb);
+                acc[k][s] = _mm256_add_ps(acc[k][s], block_terms(type, S, wa, wb, x, b));
+            }
+        }
+    }
+    for (int k = 0; k < ng; k++) lanes_final(acc[k], out + 8 * k);
+}
+
+/* NT (2 .. LANE_ROWS) activation rows of 16-bit quants (a few rows): a
+ * lane-packed group's bytes masked once for all the rows, another group's 8
+ * rows decoded once per block for all of them (figures in
+ * docs/PERFORMANCE.md); each row's float part is the same as one row's, so
+ * the same bits. */
 static inline __attribute__((always_inline)) void packed_group(const int type, const uint8_t *grp, int64_t nb,
-                                                              const llm_act_row *x, const int NT, float *out,
-                                                              const int W16) {
+                                                              const llm_act_row *x, const int NT, float *out) {
     const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     __m256 acc[LANE_ROWS][8];   /* [X row][b % 8], a lane per weight row: the reference's lane sums */
@@ -708,33 +772,20 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
         const uint8_t *p = llm_packed_block(type, grp, b), *at = grp + b * 8 * bb;
         for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
         __m256i S[LANE_ROWS];
-        if (llm_packed_lanes(type) && W16) {
+        if (llm_packed_lanes(type)) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
             lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
-        } else if (llm_packed_lanes(type)) {
-            S[0] = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
-        } else if (NT == 1 && W16 && ZMM_ROW1(type)) {   /* Q8_0 */
-            S[0] = q8_rows8_sums(p + llm_packed_rest((int)bb, hd, 0), (const int16_t *)x->q + 32 * b);
-        } else if (NT == 1) {
-            __m256i xa, xb, v[8];
-            x_block(x, b, W16, &xa, &xb);
-            UNROLL for (int r = 0; r < 8; r++) {
-                __m256i w0, w1 = _mm256_setzero_si256();
-                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0, &w1);
-                v[r] = wdot(type, w0, w1, xa, xb, W16);
-            }
-            S[0] = hsum8_epi32(v);
-        } else { /* a few rows of 16-bit quants: the 8 rows' quants decoded once for all of them */
+        } else {
             __m256i w0[8], w1[8];
             UNROLL for (int r = 0; r < 8; r++) {
                 w1[r] = _mm256_setzero_si256();
-                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), W16, &w0[r], &w1[r]);
+                block32_quants(type, p + llm_packed_rest((int)bb, hd, r), 1, &w0[r], &w1[r]);
             }
             UNROLL for (int t = 0; t < NT; t++) {
                 __m256i xa, xb, v[8];
-                x_block(&x[t], b, W16, &xa, &xb);
-                UNROLL for (int r = 0; r < 8; r++) v[r] = wdot(type, w0[r], w1[r], xa, xb, W16);
+                x_block(&x[t], b, 1, &xa, &xb);
+                UNROLL for (int r = 0; r < 8; r++) v[r] = wdot(type, w0[r], w1[r], xa, xb, 1);
                 S[t] = hsum8_epi32(v);
             }
         }
@@ -746,50 +797,21 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
     UNROLL for (int t = 0; t < NT; t++) lanes_final(acc[t], out + 8 * t);
 }
 
-/* packed_group for one X row of 16-bit quants and a Q4_K group (decode),
- * by super-block: its rows' d and dmin converted once for its 8 blocks */
-static void packed_q4k_row1(const uint8_t *grp, int64_t nb, const llm_act_row *x, float *out) {
-    const int64_t bb = llm_packed_block_bytes(LLM_TYPE_Q4_K);
-    __m256 acc[8];
-    UNROLL for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-        const uint8_t *p = llm_packed_block(LLM_TYPE_Q4_K, grp, b0);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN)));
-        UNROLL for (int s = 0; s < 8; s++) {
-            const int64_t b = b0 + s;
-            const uint8_t *at = grp + b * 8 * bb;
-            for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
-            const int16_t *xp = (const int16_t *)x->q + 32 * b;
-            __m256i S;
-            __m256 wa, wb;
-            lane_sums16(p + LLM_PK4K_Q + 128 * s, &xp, 1, &S);
-            q4k_scales(p, s, d, dmin, &wa, &wb);
-            acc[s] = _mm256_add_ps(acc[s], block_terms(LLM_TYPE_Q4_K, S, wa, wb, x, b));
-        }
-    }
-    lanes_final(acc, out);
-}
-
 /* packed_group on the first rows of x [0 .. n), as many as it takes at
  * once (up to LANE_ROWS with 16-bit quants, else 1), each count compiled
  * apart; returns how many it took. */
 static inline __attribute__((always_inline)) int packed_rows(const int type, const uint8_t *grp, int64_t nb,
                                                             const llm_act_row *x, int n, float *out, const int W16) {
-    if (type == LLM_TYPE_Q4_K && W16 && n == 1) {
-        packed_q4k_row1(grp, nb, x, out);
-        return 1;
-    }
     if (!W16 || n == 1) {
-        packed_group(type, grp, nb, x, 1, out, W16);
+        packed_groups_row1(type, grp, 0, 1, nb, x, out, W16);
         return 1;
     }
     switch (n < LANE_ROWS ? n : LANE_ROWS) {
 #if LANE_ROWS > 2
-    case 4: packed_group(type, grp, nb, x, 4, out, W16); return 4;
-    case 3: packed_group(type, grp, nb, x, 3, out, W16); return 3;
+    case 4: packed_group(type, grp, nb, x, 4, out); return 4;
+    case 3: packed_group(type, grp, nb, x, 3, out); return 3;
 #endif
-    default: packed_group(type, grp, nb, x, 2, out, W16); return 2;
+    default: packed_group(type, grp, nb, x, 2, out); return 2;
     }
 }
 
@@ -1185,6 +1207,30 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     }
 }
 
+#define ROW1(T_, W_)                                                                                   \
+    static void row1_##T_##_##W_(const uint8_t *grp, int64_t gbytes, int ng, int64_t nb, const llm_act_row *x, \
+                                 float *out) {                                                         \
+        packed_groups_row1(T_, grp, gbytes, ng, nb, x, out, W_);                                       \
+    }
+#define ROW1_W(T_) ROW1(T_, 0) ROW1(T_, 1)
+ROW1_W(LLM_TYPE_Q4_0) ROW1_W(LLM_TYPE_Q4_1) ROW1_W(LLM_TYPE_Q5_0) ROW1_W(LLM_TYPE_Q8_0) ROW1_W(LLM_TYPE_Q4_K)
+#undef ROW1_W
+#undef ROW1
+
+int QK_CAT(llm_act_row_packed_, QK_TABLE)(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb,
+                                          const llm_act_row *x, float *out) {
+    if (ng < 1 || ng > LLM_ROW1_GROUPS) return -1;
+    int w16 = x->bits == LLM_ACT_Q16;
+    switch (type) {
+    case LLM_TYPE_Q4_0: (w16 ? row1_LLM_TYPE_Q4_0_1 : row1_LLM_TYPE_Q4_0_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q4_1: (w16 ? row1_LLM_TYPE_Q4_1_1 : row1_LLM_TYPE_Q4_1_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q5_0: (w16 ? row1_LLM_TYPE_Q5_0_1 : row1_LLM_TYPE_Q5_0_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q8_0: (w16 ? row1_LLM_TYPE_Q8_0_1 : row1_LLM_TYPE_Q8_0_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q4_K: (w16 ? row1_LLM_TYPE_Q4_K_1 : row1_LLM_TYPE_Q4_K_0)(groups, gbytes, ng, nb, x, out); return 0;
+    default: return -1;
+    }
+}
+
 /* ---- Q5_1, Q2_K and Q3_K ----
  * Each block of 32 decoded once per chunk of 8 into int16 weights (Q3_K:
  * times the sub-block scale - 32, Q2_K: times the 4-bit scale, with its
@@ -1397,6 +1443,11 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
 int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt,
                                    int64_t nb, float *out) {
     return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
+}
+
+int QK_CAT(llm_act_row_packed_, QK_TABLE)(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb,
+                                          const llm_act_row *x, float *out) {
+    return -1;
 }
 
 #endif

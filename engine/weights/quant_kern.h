@@ -20,6 +20,11 @@ typedef struct {
     const int32_t *lanes;
 } llm_act_row;
 
+/* Packed groups one activation row (decode) reads at once: one stream
+ * through memory each, which one core reads faster than a single stream
+ * (figures in docs/PERFORMANCE.md) */
+enum { LLM_ROW1_GROUPS = 8 };
+
 typedef struct {
     const char *name;   /* "scalar", "avx2", "avx512", "avx512vnni" */
     /* Decode n elements (whole blocks); 0 if done, -1 if this table has no
@@ -53,6 +58,12 @@ typedef struct {
      * group of 8), each row pointed at its group's; act_dot and
      * act_dot_packed then read them */
     void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+    /* NULL, or act_dot_packed for one activation row x against ng <=
+     * LLM_ROW1_GROUPS packed groups, gbytes apart: out[8*k + r] for group
+     * k, row r; -1 if it does not take the type (the caller then takes the
+     * groups one at a time) */
+    int (*act_row_packed)(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb, const llm_act_row *x,
+                          float *out);
 } llm_qkern;
 
 /* int32s of one group of 8 rows in lanes (llm_act_row.lanes) of nb
@@ -95,6 +106,12 @@ int llm_act_dot_packed_avx2(int type, const uint8_t *group, int64_t nb, const ll
 int llm_act_dot_packed_avx512(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
 int llm_act_dot_packed_avx512vnni(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
                                   float *out);
+int llm_act_row_packed_avx2(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb, const llm_act_row *x,
+                            float *out);
+int llm_act_row_packed_avx512(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb,
+                              const llm_act_row *x, float *out);
+int llm_act_row_packed_avx512vnni(int type, const uint8_t *groups, int64_t gbytes, int ng, int64_t nb,
+                                  const llm_act_row *x, float *out);
 
 /* The packed layout (quant.h, llm_pack_rows): 1 for the types it holds; the
  * header bytes each row's block keeps in front (the scale halves); and where
