@@ -337,28 +337,30 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
     llm_quant_select(was);
 }
 
-/* The packed types at the row counts that choose the prefill tiles: a few
- * rows (2, 3), the tiles of 4 (and 2 on AVX2) with a remainder (9, 13),
- * AVX-512's passes of 32 X rows with the rest in tiles (45: 32 + 13), and
- * more than a block of 64 (70: 64 + 6), on a last group of 5 rows and a
- * row range that starts and ends inside groups; every kernel, plain and
- * packed rows, equal to the scalar plain product bit for bit. */
+/* The packed types (and Q6_K, plain only) at the row counts that choose the
+ * prefill tiles: a few rows (2, 3), the tiles of 4 (and 2 on AVX2) with a
+ * remainder (9, 13), AVX-512 VNNI's tiles of 32 X rows with the rest in
+ * tiles (45: 32 + 13) or in lanes from the middle of a group of 16 (56: 32
+ * + 16 + 8), and its tiles of 64 in a block of 64 and more (70: 64 + 6),
+ * on a last group of 5 rows and a row range that starts and ends inside
+ * groups; every kernel, plain and packed rows, equal to the scalar plain
+ * product bit for bit. */
 TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {37};
-    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0};
-    static const int64_t ms[] = {2, 3, 9, 13, 45, 70};
-    for (int ti = 0; ti < 3; ti++)
-        for (int mi = 0; mi < 6; mi++)
+    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K};
+    static const int64_t ms[] = {2, 3, 9, 13, 45, 56, 70};
+    for (int ti = 0; ti < 5; ti++)
+        for (int mi = 0; mi < 7; mi++)
             for (int bits = 8; bits <= 16; bits += 8) {
                 const int type = types[ti];
-                const int64_t n = type == LLM_TYPE_Q4_K ? 768 : 224, rows = 13, m = ms[mi];
+                const int64_t n = llm_type_block_elems(type) == 256 ? 768 : 224, rows = 13, m = ms[mi];
                 problem p;
                 llm_quant_select("scalar");
                 make_problem(&p, &r, type, rows, n, m, bits);
                 float *Y0 = product(&p), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
                 void *P = packed_of(&p);
-                CHECK(P != NULL);
+                CHECK((P != NULL) == packed_type(type));
                 for (int ki = 0; ki < N_KERNELS; ki++) {
                     if (select_kernels(ki) != 0) continue;
                     /* X quantized by these kernels (with the lanes they read laid out once), and
@@ -366,6 +368,7 @@ TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
                     act_buf own;
                     CHECK(quantize(&own, p.X, m, n, bits) == 0);
                     for (int pk = 0; pk < 4; pk++) {
+                        if (pk % 2 && !P) continue;
                         const llm_act *a = pk < 2 ? &own.a : &p.ab.a;
                         memset(Y1, 0xff, (size_t)(m * rows) * sizeof *Y1);
                         llm_matmul_act(type, p.W, pk % 2 ? P : NULL, n, 0, 3, a, Y1, rows);

@@ -16,9 +16,9 @@ enum { QB = 32 };   /* elements per activation block */
 /* ------------------------------------------------------------ quantizing */
 
 static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
-/* the lanes of m rows of n: a group of 8 rows' per 8 rows begun */
+/* the lanes of m rows of n: a group of 16 rows' per 16 rows begun */
 static size_t lanes_bytes(int64_t m, int64_t n) {
-    return round64((size_t)(m + 7) / 8 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
+    return round64((size_t)(m + 15) / 16 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
 }
 
 size_t llm_act_bytes(int64_t m, int64_t n) {
@@ -102,7 +102,7 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
         for (int64_t jb = 0; jb < m; jb += JB) {
             int nt = (int)(m - jb < JB ? m - jb : JB);
             for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
-            k->act_lanes(xs, nt, (int64_t)nb, lanes + (size_t)(jb / 8) * llm_act_lanes_size((int64_t)nb));
+            k->act_lanes(xs, nt, (int64_t)nb, llm_act_lanes_row(lanes, (int64_t)nb, jb));
         }
         a->lanes = lanes;
     }
@@ -462,7 +462,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     int32_t *lanes = NULL;   /* a's, or (quantized under other kernels) this call's */
     const int own = !a->lanes;
     if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS)
-        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8)) : a->lanes;
+        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 16)) : a->lanes;
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
@@ -470,7 +470,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
         if (lanes && nt > LLM_ACT_FEW_ROWS && own) k->act_lanes(xs, nt, nb, lanes);
         else if (lanes && nt > LLM_ACT_FEW_ROWS)
-            for (int t = 0; t < nt; t++) xs[t].lanes = lanes + (size_t)((jb + t) / 8) * llm_act_lanes_size(nb);
+            for (int t = 0; t < nt; t++) xs[t].lanes = llm_act_lanes_row(lanes, nb, jb + t);
         if (packed) {
             for (int64_t g = row0 / 8; g * 8 < row1; g++) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
