@@ -71,7 +71,7 @@ void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q,
                        bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i]);
 }
 
-enum { JB = 64 };   /* X rows per L2 block */
+enum { JB = LLM_ACT_BLOCK_ROWS };   /* X rows per L2 block */
 
 /* X row j of a as one kernel row */
 static llm_act_row act_row(const llm_act *a, int64_t j) {
@@ -107,6 +107,19 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
         a->lanes = lanes;
     }
     return 0;
+}
+
+llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1) {
+    llm_act r = *a;
+    r.m = j1 - j0;
+    r.x = a->x + j0 * a->n;
+    if (a->bits == LLM_ACT_F32) return r;
+    const int64_t nb = a->n / QB;
+    r.q = (char *)a->q + j0 * a->n * (a->bits / 8);
+    r.d = a->d + j0 * nb, r.s = a->s + j0 * nb;
+    /* the lanes of rows from j0 (a group's first) on, if these rows are enough to read them */
+    r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, j0) : NULL;
+    return r;
 }
 
 int llm_type_int8(int type) {
@@ -477,8 +490,11 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
                 int64_t i0 = row0 > g * 8 ? row0 - g * 8 : 0, i1 = row1 - g * 8 < 8 ? row1 - g * 8 : 8;
                 if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
                     llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);
-                for (int t = 0; t < nt; t++)
-                    for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = out[8 * t + i];
+                if (i0 == 0 && i1 == 8)   /* a whole group: one copy of a constant size (a vector move) a row */
+                    for (int t = 0; t < nt; t++) memcpy(Y + (jb + t) * ldy + g * 8, out + 8 * t, 8 * sizeof *Y);
+                else
+                    for (int t = 0; t < nt; t++)
+                        for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + g * 8 + i] = out[8 * t + i];
             }
             continue;
         }
