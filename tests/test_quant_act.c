@@ -375,28 +375,30 @@ TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product)
     llm_quant_select(was);
 }
 
-/* The packed types at the row counts that choose the prefill tiles: a few
- * rows (2, 3), the tiles of 4 (and 2 on AVX2) with a remainder (9, 13),
- * AVX-512's passes of 32 X rows with the rest in tiles (45: 32 + 13), and
- * more than a block of 64 (70: 64 + 6), on a last group of 5 rows and a
- * row range that starts and ends inside groups; every kernel, plain and
- * packed rows, equal to the scalar plain product bit for bit. */
+/* The packed types (and Q6_K, plain only) at the row counts that choose the
+ * prefill tiles: a few rows (2, 3), the tiles of 4 (and 2 on AVX2) with a
+ * remainder (9, 13), AVX-512 VNNI's tiles of 32 X rows with the rest in
+ * tiles (45: 32 + 13) or in lanes from the middle of a group of 16 (56: 32
+ * + 16 + 8), and its tiles of 64 in a block of 64 and more (70: 64 + 6),
+ * on a last group of 5 rows and a row range that starts and ends inside
+ * groups; every kernel, plain and packed rows, equal to the scalar plain
+ * product bit for bit. */
 TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {37};
-    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0};
-    static const int64_t ms[] = {2, 3, 9, 13, 45, 70};
-    for (int ti = 0; ti < 3; ti++)
-        for (int mi = 0; mi < 6; mi++)
+    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K};
+    static const int64_t ms[] = {2, 3, 9, 13, 45, 56, 70};
+    for (int ti = 0; ti < 5; ti++)
+        for (int mi = 0; mi < 7; mi++)
             for (int bits = 8; bits <= 16; bits += 8) {
                 const int type = types[ti];
-                const int64_t n = type == LLM_TYPE_Q4_K ? 768 : 224, rows = 13, m = ms[mi];
+                const int64_t n = llm_type_block_elems(type) == 256 ? 768 : 224, rows = 13, m = ms[mi];
                 problem p;
                 llm_quant_select("scalar");
                 make_problem(&p, &r, type, rows, n, m, bits);
                 float *Y0 = product(&p), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
                 void *P = packed_of(&p);
-                CHECK(P != NULL);
+                CHECK((P != NULL) == packed_type(type));
                 for (int ki = 0; ki < N_KERNELS; ki++) {
                     if (select_kernels(ki) != 0) continue;
                     /* X quantized by these kernels (with the lanes they read laid out once), and
@@ -404,6 +406,7 @@ TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
                     act_buf own;
                     CHECK(quantize(&own, p.X, m, n, bits) == 0);
                     for (int pk = 0; pk < 4; pk++) {
+                        if (pk % 2 && !P) continue;
                         const llm_act *a = pk < 2 ? &own.a : &p.ab.a;
                         memset(Y1, 0xff, (size_t)(m * rows) * sizeof *Y1);
                         llm_matmul_act(type, p.W, pk % 2 ? P : NULL, n, 0, 3, a, Y1, rows);
@@ -419,6 +422,49 @@ TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
                 free(P), free(Y0), free(Y1);
                 free_problem(&p);
             }
+    llm_quant_select(was);
+}
+
+/* llm_act_rows: a block of X rows taken apart (a product's rows from a
+ * block of 64 on, as the engine's gate and up run them) gives those rows of
+ * the whole product bit for bit, on every kernel: with the lanes of the
+ * whole (16-bit, from a group of 16 on), and too few rows for lanes (6).
+ * The integer widths against the scalar kernels' whole product, f32 (whose
+ * kernels differ in their last bits) against the same kernels'. */
+TEST(quant_act_row_blocks_give_those_rows_of_the_whole_product) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
+    test_rng r = {38};
+    static const int64_t cut[][2] = {{0, 64}, {64, 128}, {128, 150}, {64, 70}};
+    for (int bits = 0; bits <= 16; bits += 8)
+        for (int pk = 0; pk < 2; pk++) {
+            const int type = pk ? LLM_TYPE_Q4_0 : LLM_TYPE_Q6_K;
+            const int64_t n = 512, rows = 16, m = 150;
+            problem p;
+            llm_quant_select("scalar");
+            make_problem(&p, &r, type, rows, n, m, bits);
+            float *Y0 = product(&p), *Y1 = malloc((size_t)(m * rows) * sizeof *Y1);
+            void *P = pk ? packed_of(&p) : NULL;
+            for (int ki = 0; ki < N_KERNELS; ki++) {
+                if (select_kernels(ki) != 0) continue;
+                act_buf own;
+                CHECK(quantize(&own, p.X, m, n, bits) == 0);
+                if (bits == LLM_ACT_F32) llm_matmul_act(type, p.W, P, n, 0, rows, &own.a, Y0, rows);
+                for (int c = 0; c < 4; c++) {
+                    const llm_act rows_of = llm_act_rows(&own.a, cut[c][0], cut[c][1]);
+                    CHECK(rows_of.m == cut[c][1] - cut[c][0]);
+                    memset(Y1, 0xff, (size_t)(m * rows) * sizeof *Y1);
+                    llm_matmul_act(type, p.W, P, n, 0, rows, &rows_of, Y1 + cut[c][0] * rows, rows);
+                    if (memcmp(Y0 + cut[c][0] * rows, Y1 + cut[c][0] * rows,
+                               (size_t)(rows_of.m * rows) * sizeof *Y0) != 0)
+                        test_fail(__FILE__, __LINE__, "%s (%s, bits %d): X rows %lld..%lld differ from the whole",
+                                  llm_type_name(type), kernels[ki], bits, (long long)cut[c][0],
+                                  (long long)cut[c][1]);
+                }
+                free(own.buf);
+            }
+            free(P), free(Y0), free(Y1);
+            free_problem(&p);
+        }
     llm_quant_select(was);
 }
 

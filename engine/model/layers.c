@@ -96,10 +96,11 @@ static void glu_rows(float *g, const float *u, int64_t n, llm_glu act) {
     else glu_run(g, u, n, 0);
 }
 
-/* Rows r0 .. r1 of part i: y [m][r0 .. r1) */
-static void part_rows(const llm_mm_job *j, int i, int64_t r0, int64_t r1) {
+/* Rows r0 .. r1 of part i against X rows a, the rows of its input from t0
+ * on: y [t0 ..][r0 .. r1) */
+static void part_rows(const llm_mm_job *j, int i, int64_t r0, int64_t r1, const llm_act *a, int64_t t0) {
     const llm_matrix *w = j->part[i].w;
-    llm_matmul_act(w->type, w->data, w->packed, w->cols, r0, r1, &j->act[j->part[i].input], j->part[i].y,
+    llm_matmul_act(w->type, w->data, w->packed, w->cols, r0, r1, a, j->part[i].y + (size_t)t0 * (size_t)j->part[i].ldy,
                    j->part[i].ldy);
 }
 
@@ -109,17 +110,24 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     if (j->glu) {   /* the same rows of gate and up, then the activation on them */
         const int64_t F = j->part[0].w->rows, n = j->part[0].task_rows, r0 = task * n;
         const int64_t r1 = r0 + n < F ? r0 + n : F;
-        part_rows(j, 0, r0, r1), part_rows(j, 1, r0, r1);
-        for (int32_t t = 0; t < j->m; t++)
-            glu_rows(j->part[0].y + (size_t)t * (size_t)F + r0, j->part[1].y + (size_t)t * (size_t)F + r0, r1 - r0,
-                     j->glu_act);
+        /* by blocks of X rows: gate's and up's products of a block read its X rows from L2 one after
+         * the other, and the activation finds their results in cache */
+        const llm_act *a = &j->act[j->part[0].input];
+        for (int64_t t0 = 0; t0 < j->m; t0 += LLM_ACT_BLOCK_ROWS) {
+            const int64_t t1 = t0 + LLM_ACT_BLOCK_ROWS < j->m ? t0 + LLM_ACT_BLOCK_ROWS : j->m;
+            const llm_act rows = llm_act_rows(a, t0, t1);
+            part_rows(j, 0, r0, r1, &rows, t0), part_rows(j, 1, r0, r1, &rows, t0);
+            for (int64_t t = t0; t < t1; t++)
+                glu_rows(j->part[0].y + (size_t)t * (size_t)F + r0, j->part[1].y + (size_t)t * (size_t)F + r0,
+                         r1 - r0, j->glu_act);
+        }
         return;
     }
     int i = j->n_parts - 1;
     while (task < j->part[i].first_task) i--;
     const int64_t rows = j->part[i].w->rows, n = j->part[i].task_rows;
     const int64_t r0 = (task - j->part[i].first_task) * n;
-    part_rows(j, i, r0, r0 + n < rows ? r0 + n : rows);
+    part_rows(j, i, r0, r0 + n < rows ? r0 + n : rows, &j->act[j->part[i].input], 0);
 }
 
 llm_mm_job llm_mm_begin(int32_t m) { return (llm_mm_job){.m = m}; }

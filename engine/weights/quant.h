@@ -193,7 +193,7 @@ typedef struct {
     float *d;         /* [m][n / 32] block scales */
     int32_t *s;       /* [m][n / 32] sum of each block's quants */
     int32_t *lanes;   /* NULL, or (bits 16, more than 8 rows, kernels that read
-                         them) the rows' quants in lanes of 8 rows, laid out once
+                         them) the rows' quants in lanes of 16 rows, laid out once
                          for every product that reads a */
 } llm_act;
 
@@ -209,6 +209,12 @@ int llm_act_default_bits(void);
  * multiple of 32 gives 0). Returns 0, or -1 (a untouched) for m < 1, n < 1,
  * other bits or a buffer too small. */
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes);
+/* X rows the products take at once (their blocks of X rows), a multiple of
+ * the lanes' groups of 16 */
+enum { LLM_ACT_BLOCK_ROWS = 64 };
+/* Rows j0 .. j1-1 of a as an llm_act of their own (the same quants, read in
+ * place), for 0 <= j0 < j1 <= a->m, j0 a multiple of LLM_ACT_BLOCK_ROWS */
+llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1);
 /* As llm_matmul_rows for the rows of a (n_in == a->n): integer products for
  * the block formats unless a->bits == 0, f32 ones otherwise. P is NULL or
  * the same rows packed by llm_pack_rows (faster; the same bits). Weight rows

@@ -16,9 +16,9 @@ enum { QB = 32 };   /* elements per activation block */
 /* ------------------------------------------------------------ quantizing */
 
 static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
-/* the lanes of m rows of n: a group of 8 rows' per 8 rows begun */
+/* the lanes of m rows of n: a group of 16 rows' per 16 rows begun */
 static size_t lanes_bytes(int64_t m, int64_t n) {
-    return round64((size_t)(m + 7) / 8 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
+    return round64((size_t)(m + 15) / 16 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
 }
 
 size_t llm_act_bytes(int64_t m, int64_t n) {
@@ -71,7 +71,7 @@ void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q,
                        bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i]);
 }
 
-enum { JB = 64 };   /* X rows per L2 block */
+enum { JB = LLM_ACT_BLOCK_ROWS };   /* X rows per L2 block */
 
 /* X row j of a as one kernel row */
 static llm_act_row act_row(const llm_act *a, int64_t j) {
@@ -102,11 +102,24 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
         for (int64_t jb = 0; jb < m; jb += JB) {
             int nt = (int)(m - jb < JB ? m - jb : JB);
             for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
-            k->act_lanes(xs, nt, (int64_t)nb, lanes + (size_t)(jb / 8) * llm_act_lanes_size((int64_t)nb));
+            k->act_lanes(xs, nt, (int64_t)nb, llm_act_lanes_row(lanes, (int64_t)nb, jb));
         }
         a->lanes = lanes;
     }
     return 0;
+}
+
+llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1) {
+    llm_act r = *a;
+    r.m = j1 - j0;
+    r.x = a->x + j0 * a->n;
+    if (a->bits == LLM_ACT_F32) return r;
+    const int64_t nb = a->n / QB;
+    r.q = (char *)a->q + j0 * a->n * (a->bits / 8);
+    r.d = a->d + j0 * nb, r.s = a->s + j0 * nb;
+    /* the lanes of rows from j0 (a group's first) on, if these rows are enough to read them */
+    r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, j0) : NULL;
+    return r;
 }
 
 int llm_type_int8(int type) {
@@ -462,7 +475,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     int32_t *lanes = NULL;   /* a's, or (quantized under other kernels) this call's */
     const int own = !a->lanes;
     if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS)
-        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 8)) : a->lanes;
+        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 16)) : a->lanes;
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
@@ -470,7 +483,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
         if (lanes && nt > LLM_ACT_FEW_ROWS && own) k->act_lanes(xs, nt, nb, lanes);
         else if (lanes && nt > LLM_ACT_FEW_ROWS)
-            for (int t = 0; t < nt; t++) xs[t].lanes = lanes + (size_t)((jb + t) / 8) * llm_act_lanes_size(nb);
+            for (int t = 0; t < nt; t++) xs[t].lanes = llm_act_lanes_row(lanes, nb, jb + t);
         if (packed) {
             for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
@@ -485,8 +498,11 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
                 for (int64_t h = 0; h < ng; h++) {
                     const int64_t r = (g + h) * 8;
                     const int64_t i0 = row0 > r ? row0 - r : 0, i1 = row1 - r < 8 ? row1 - r : 8;
-                    for (int t = 0; t < nt; t++)
-                        for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + r + i] = out[8 * (h + t) + i];
+                    if (i0 == 0 && i1 == 8)   /* a whole group: one copy of a constant size (a vector move) a row */
+                        for (int t = 0; t < nt; t++) memcpy(Y + (jb + t) * ldy + r, out + 8 * (h + t), 8 * sizeof *Y);
+                    else
+                        for (int t = 0; t < nt; t++)
+                            for (int64_t i = i0; i < i1; i++) Y[(jb + t) * ldy + r + i] = out[8 * (h + t) + i];
                 }
             }
             continue;

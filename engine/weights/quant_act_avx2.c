@@ -886,7 +886,8 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
     if (llm_packed_lanes(type)) {
         __m256i pr[16], rows[8];
         lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
-        if (PAIRS) {
+        if (PAIRS) {   /* Q4_0's quants less 8 here, once for all the X rows */
+            if (type == LLM_TYPE_Q4_0) UNROLL for (int j = 0; j < 16; j++) pr[j] = _mm256_sub_epi16(pr[j], _mm256_set1_epi16(8));
             UNROLL for (int j = 0; j < 16; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, pr[j]);
             packed_scales(type, grp, b, &rb->wa[i], &rb->wb[i]);
             return;
@@ -926,9 +927,12 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
 
 /* Pair j (elements 2j, 2j + 1) of weight row r in slot i of the buffer:
  * rows' vectors ([row][half]), or with PAIRS the pair vectors ([pair][row]) */
+static inline __attribute__((always_inline)) int pair_index(int r, int j, const int PAIRS) {
+    return PAIRS ? 8 * j + r : 16 * r + j;
+}
 static inline __attribute__((always_inline)) const int32_t *pair_at(const rows_buf *rb, int64_t i, int r, int j,
                                                                     const int PAIRS) {
-    return (const int32_t *)rb->w[i] + (PAIRS ? 8 * j + r : 16 * r + j);
+    return (const int32_t *)rb->w[i] + pair_index(r, j, PAIRS);
 }
 
 /* The same with the activation rows in lanes (llm_act_row.lanes, 16-bit):
@@ -941,12 +945,11 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
                    int nt, __m256 (*acc)[8][8], const int PAIRS) {
     for (int t0 = 0; t0 < nt; t0 += 8) {
         for (int64_t b = c0; b < c1; b++) {
-            const int32_t *lanes = x[t0].lanes;
-            const __m256i *xl = (const __m256i *)(lanes + b * 128);
+            const int32_t *lanes = x[t0].lanes;   /* 8 rows of a group of 16 */
             __m256i xv[16];
-            UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256(xl + j);
-            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb) + b * 8));
-            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 8));
+            UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256((const __m256i *)(lanes + b * 256 + 16 * j));
+            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb) + b * 16));
+            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 16));
             const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
             UNROLL for (int r = 0; r < 8; r++) {
                 __m256i a0 = _mm256_setzero_si256(), a1 = a0;
@@ -955,73 +958,82 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
                     a1 = dp_pairs(a1, xv[j + 1], bcast32(pair_at(rb, b - c0, r, j + 1, PAIRS)));
                 }
                 __m256 *ac = &acc[t0 / 8][r][b % 8];
-                *ac = _mm256_add_ps(*ac, terms(type, _mm256_add_epi32(a0, a1), Bv, dv, _mm256_set1_ps(wa[r]),
+                /* Q4_0's pair vectors hold its quants less 8: sums with no offset to take off, as Q8_0's */
+                *ac = _mm256_add_ps(*ac, terms(PAIRS && type == LLM_TYPE_Q4_0 ? LLM_TYPE_Q8_0 : type,
+                                               _mm256_add_epi32(a0, a1), Bv, dv, _mm256_set1_ps(wa[r]),
                                                _mm256_set1_ps(wb[r])));
             }
         }
     }
 }
 
-/* With AVX-512 VNNI, passes of 32 X rows (rows_against_lanes32); without
- * VNNI a product is two 512-bit operations (vpmaddwd and vpaddd) and the
- * passes lose to rows_against_lanes (docs/PERFORMANCE.md) */
+/* With AVX-512 VNNI, the X rows in lanes by 32 or 64 at a time in 512-bit
+ * tiles (wide_block); without VNNI a product is two 512-bit operations
+ * (vpmaddwd and vpaddd) and such tiles lose to rows_against_lanes
+ * (docs/PERFORMANCE.md) */
 #if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
 #define X_WIDE 1
 static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
     return _mm512_dpwssd_epi32(acc, w, x);
 }
 
-/* 8 int32 lanes at lo, then 8 at hi */
-static inline __attribute__((always_inline)) __m512i join512(const int32_t *lo, const int32_t *hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
-                              _mm256_loadu_si256((const __m256i *)hi), 1);
-}
-
-/* rows_against_lanes on 32 X rows from t0 (four groups of lanes), in the
- * 16 lanes of 512-bit vectors: each weight pair broadcast once for two
- * vectors of X rows, a quarter block (4 pairs) of both in 8 registers at a
- * time, the 8 weight rows' sums in 16 (16 chains of vpdpwssd, each loaded
- * X vector used 8 times). A broadcast per product was slower than
- * rows_against_lanes: the machines measured load one 512-bit vector a
- * cycle. acc[g][r][b % 8]: X rows
- * 16g.. (lane l: X row 16g + l), weight row r. The float part is terms'
- * on 16 lanes. */
+/* Block b (slot i of the buffer) of weight rows r0 .. r0+NR-1 against NV
+ * vectors of 16 X rows in lanes (groups of 16 from l0 on, G int32 apart),
+ * in the 16 lanes of 512-bit vectors: per pair, the NV X vectors loaded
+ * once and each weight row's pair broadcast once for all of them, the
+ * NV * NR sums in registers (at most 16). A 512-bit load or broadcast
+ * costs about what a vpdpwssd does on the machines measured, so the loads
+ * a product takes decide: 64 X rows against 4 weight rows take 8 a pair
+ * for 16 products (32 against 8: 10). acc[v][r][b % 8]: lane l is X row
+ * 16v + l, weight row r. The float part is terms' on 16 lanes; off: the
+ * quant offset still in the sums (none in Q4_0's pair vectors). */
 static inline __attribute__((always_inline)) void
-rows_against_lanes32(const int type, const rows_buf *rb, int64_t nb, int64_t c0, int64_t c1, const llm_act_row *x,
-                     int t0, __m512 (*acc)[8][8], const int PAIRS) {
-    const int off = quant_offset(type);
-    const int32_t *l[4];
-    for (int k = 0; k < 4; k++) l[k] = x[t0 + 8 * k].lanes;
-    for (int64_t b = c0; b < c1; b++) {
-        const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
-        __m512i a[8][2];   /* [weight row][X rows 16g..] */
-        UNROLL for (int r = 0; r < 8; r++) a[r][0] = a[r][1] = _mm512_setzero_si512();
-        UNROLL for (int h = 0; h < 16; h += 4) {
-            __m512i xv[2][4];
-            UNROLL for (int g = 0; g < 2; g++)
-                UNROLL for (int j = 0; j < 4; j++)
-                    xv[g][j] = join512(l[2 * g] + b * 128 + 8 * (h + j), l[2 * g + 1] + b * 128 + 8 * (h + j));
-            UNROLL for (int j = 0; j < 4; j++)
-                UNROLL for (int r = 0; r < 8; r++) {
-                    const __m512i w = _mm512_set1_epi32(*pair_at(rb, b - c0, r, h + j, PAIRS));
-                    a[r][0] = dp_pairs512(a[r][0], xv[0][j], w);
-                    a[r][1] = dp_pairs512(a[r][1], xv[1][j], w);
-                }
-        }
-        const int64_t db = llm_act_lanes_d(nb) + b * 8, sb = llm_act_lanes_s(nb) + b * 8;
-        UNROLL for (int g = 0; g < 2; g++) {
-            const __m512 dv = _mm512_castsi512_ps(join512(l[2 * g] + db, l[2 * g + 1] + db));
-            const __m512i Bv = join512(l[2 * g] + sb, l[2 * g + 1] + sb);
-            UNROLL for (int r = 0; r < 8; r++) {
-                __m512i S = a[r][g];
-                if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
-                __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r]));
-                if (with_offsets(type)) u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r])));
-                __m512 *ac = &acc[t0 / 16 + g][r][b % 8];
-                *ac = _mm512_add_ps(*ac, _mm512_mul_ps(dv, u));
-            }
+tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, const int32_t *l0, int64_t G,
+        const int NV, const int r0, const int NR, __m512 (*acc)[8][8], const int PAIRS, const int off) {
+    /* hidden from the compiler, which would otherwise keep one tile's
+     * addresses and loads for the next and run out of registers */
+    const int32_t *l = l0, *wp = pair_at(rb, i, r0, 0, PAIRS);
+    __asm__("" : "+r"(l), "+r"(wp));
+    __m512i a[4][8];   /* [X vector][weight row] */
+    UNROLL for (int v = 0; v < NV; v++) UNROLL for (int r = 0; r < NR; r++) a[v][r] = _mm512_setzero_si512();
+    UNROLL for (int j = 0; j < 16; j++) {
+        __m512i xv[4];
+        UNROLL for (int v = 0; v < NV; v++) xv[v] = _mm512_loadu_si512(l + v * G + b * 256 + 16 * j);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m512i w = _mm512_set1_epi32(wp[pair_index(r, j, PAIRS)]);
+            UNROLL for (int v = 0; v < NV; v++) a[v][r] = dp_pairs512(a[v][r], xv[v], w);
         }
     }
+    const float *wa = (const float *)&rb->wa[i], *wb = (const float *)&rb->wb[i];
+    UNROLL for (int v = 0; v < NV; v++) {
+        const __m512 dv = _mm512_loadu_ps(l + v * G + llm_act_lanes_d(nb) + b * 16);
+        const __m512i Bv = _mm512_loadu_si512(l + v * G + llm_act_lanes_s(nb) + b * 16);
+        UNROLL for (int r = 0; r < NR; r++) {
+            __m512i S = a[v][r];
+            if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
+            __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r0 + r]));
+            if (with_offsets(type))
+                u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r0 + r])));
+            __m512 *ac = &acc[v][r0 + r][b % 8];
+            *ac = _mm512_add_ps(*ac, _mm512_mul_ps(dv, u));
+        }
+    }
+}
+
+/* Block b (slot i of the buffer) against X rows [0, wide) (a multiple of
+ * 32) in lanes: 64 X rows as two tiles of 4 weight rows, 32 as one of 8.
+ * acc[v]: X rows 16v.. */
+static inline __attribute__((always_inline)) void
+wide_block(const int type, const rows_buf *rb, int64_t nb, int64_t i, int64_t b, const llm_act_row *x, int wide,
+           __m512 (*acc)[8][8], const int PAIRS) {
+    const int off = PAIRS && type == LLM_TYPE_Q4_0 ? 0 : quant_offset(type);
+    const int64_t G = (int64_t)llm_act_lanes_size(nb);   /* from a group of 16 X rows to the next */
+    int t0 = 0;
+    for (; t0 + 64 <= wide; t0 += 64) {
+        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 0, 4, acc + t0 / 16, PAIRS, off);
+        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 4, 4, acc + t0 / 16, PAIRS, off);
+    }
+    for (; t0 < wide; t0 += 32) tile512(type, rb, i, b, nb, x[t0].lanes, G, 2, 0, 8, acc + t0 / 16, PAIRS, off);
 }
 
 #else
@@ -1030,28 +1042,32 @@ rows_against_lanes32(const int type, const rows_buf *rb, int64_t nb, int64_t c0,
 
 #if QK_X_LANES
 /* llm_qkern.act_lanes: each 8 rows' pairs of quants by 8 x 8 transposes of
- * dwords, their scales and sums (few) one at a time */
+ * dwords into their half of a group of 16, their scales and sums (few) one
+ * at a time */
 void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf) {
-    for (int g = 0; g * 8 < nt; g++) {
+    for (int g = 0; g * 16 < nt; g++) {
         int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb);
         int32_t *dd = dst + llm_act_lanes_d(nb), *ss = dst + llm_act_lanes_s(nb);
-        const int n = nt - 8 * g < 8 ? nt - 8 * g : 8;
-        for (int l = 0; l < n; l++) xs[8 * g + l].lanes = dst;
-        const llm_act_row *x = xs + 8 * g;
+        const int n = nt - 16 * g < 16 ? nt - 16 * g : 16;
+        for (int l = 0; l < n; l++) xs[16 * g + l].lanes = llm_act_lanes_row(dst, nb, l);
+        const llm_act_row *x = xs + 16 * g;
         __m256i in[8], out[8];
         for (int64_t b = 0; b < nb; b++)
-            UNROLL for (int half = 0; half < 2; half++) {
-                UNROLL for (int l = 0; l < 8; l++)
-                    in[l] = l < n ? _mm256_loadu_si256((const __m256i *)((const int16_t *)x[l].q + 32 * b + 16 * half))
-                                  : _mm256_setzero_si256();
-                transpose8_epi32(in, out);
-                UNROLL for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 8), out[j]);
-            }
+            UNROLL for (int half = 0; half < 2; half++)
+                for (int e = 0; e < 2; e++) {   /* rows 8e .. 8e+7 of the group */
+                    UNROLL for (int l = 0; l < 8; l++)
+                        in[l] = 8 * e + l < n ? _mm256_loadu_si256((const __m256i *)((const int16_t *)x[8 * e + l].q +
+                                                                                     32 * b + 16 * half))
+                                              : _mm256_setzero_si256();
+                    transpose8_epi32(in, out);
+                    UNROLL for (int j = 0; j < 8; j++)
+                        _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 16 + 8 * e), out[j]);
+                }
         for (int64_t b = 0; b < nb; b++)
-            for (int l = 0; l < 8; l++) {
+            for (int l = 0; l < 16; l++) {
                 float d = l < n ? x[l].d[b] : 0.0f;
-                memcpy(dd + b * 8 + l, &d, 4);
-                ss[b * 8 + l] = l < n ? x[l].s[b] : 0;
+                memcpy(dd + b * 16 + l, &d, 4);
+                ss[b * 16 + l] = l < n ? x[l].s[b] : 0;
             }
     }
 }
@@ -1064,7 +1080,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
            const llm_act_row *x, int nt, float *out, const int W16) {
     rows_buf rb;
     const int lanes = QK_X_LANES && W16 && x[0].lanes;
-    /* X rows [0, wide) in passes of 32 (rows_against_lanes32) */
+    /* X rows [0, wide) in 512-bit tiles (wide_block) */
     const int wide = X_WIDE && lanes ? nt / 32 * 32 : 0;
     /* with lanes, a lane-packed group's pair vectors as they load */
     const int pairs = lanes && PACKED && llm_packed_lanes(type);
@@ -1083,13 +1099,13 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
             if (PACKED && pairs) packed_block_into(type, grp, b, &rb, b - c0, W16, 1);
             else if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16, 0);
             else plain_block_into(type, w, nr, b, &rb, b - c0);
-        }
 #if X_WIDE
-        for (int t0 = 0; t0 < wide; t0 += 32) {
-            if (pairs) rows_against_lanes32(type, &rb, nb, c0, c1, x, t0, acc.lanes512, 1);
-            else rows_against_lanes32(type, &rb, nb, c0, c1, x, t0, acc.lanes512, 0);
-        }
+            /* X rows [0, wide) against the block as it is decoded, so that the decoding's loads and the
+             * products overlap */
+            if (pairs && wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1);
+            else if (wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 0);
 #endif
+        }
         /* the rest: its sums from acc.lanes[wide / 8], past the passes' */
         if (pairs && wide < nt) rows_against_lanes(type, &rb, nb, c0, c1, x + wide, nt - wide, acc.lanes + wide / 8, 1);
         else if (lanes && wide < nt)
@@ -1169,8 +1185,8 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 #else
 #define LANE_TILES 0
 #endif
-/* With AVX-512 (X_WIDE), each 32 rows in lanes go first to group_rows'
- * passes of 32, faster there than the tiles above (figures in
+/* With AVX-512 VNNI (X_WIDE), each 32 rows in lanes go first to group_rows'
+ * 512-bit tiles, faster there than the tiles above (figures in
  * docs/PERFORMANCE.md) */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \

@@ -13,10 +13,13 @@ typedef struct {
     int bits;           /* 8 or 16, the same for every row of one call */
     const float *d;     /* [n / 32] block scales */
     const int32_t *s;   /* [n / 32] sum of each block's quants */
-    /* NULL, or (16-bit quants, for tables with x_lanes) this row's group of
-     * 8 consecutive rows of the call in lanes, rows past the call's zero:
-     * their quants as [n / 32][16][8] int16 pairs ([block][pair j][row]),
-     * then their scales [n / 32][8] (float) and quant sums [n / 32][8] */
+    /* NULL, or (16-bit quants, for tables with act_lanes) the rows of the
+     * call in lanes, in groups of 16 consecutive rows (rows past the call's
+     * zero): a group's quants as [n / 32][16][16] int16 pairs ([block][pair
+     * j][row]), then their scales [n / 32][16] (float) and quant sums
+     * [n / 32][16]. A row points at its group, 8 int32 further for rows
+     * 8..15 of it (llm_act_lanes_row), so that 8 rows read their lanes at a
+     * stride of 16 and 16 rows theirs whole. */
     const int32_t *lanes;
 } llm_act_row;
 
@@ -53,9 +56,9 @@ typedef struct {
      * into quants q (int8 or int16 by bits), scales d and sums s, each block
      * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
     void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
-    /* NULL, or: the nt rows' 16-bit quants, scales and sums in lanes of 8
+    /* NULL, or: the nt rows' 16-bit quants, scales and sums in lanes of 16
      * rows (llm_act_row.lanes) into buf (llm_act_lanes_size(nb) int32 per
-     * group of 8), each row pointed at its group's; act_dot and
+     * group of 16), each row pointed at its group's; act_dot and
      * act_dot_packed then read them */
     void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
     /* NULL, or act_dot_packed for one activation row x against ng <=
@@ -66,11 +69,15 @@ typedef struct {
                           float *out);
 } llm_qkern;
 
-/* int32s of one group of 8 rows in lanes (llm_act_row.lanes) of nb
- * blocks, and where in it the scales and the sums begin */
-static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (128 + 16); }
-static inline int64_t llm_act_lanes_d(int64_t nb) { return nb * 128; }
-static inline int64_t llm_act_lanes_s(int64_t nb) { return nb * 136; }
+/* int32s of one group of 16 rows in lanes (llm_act_row.lanes) of nb
+ * blocks, where in it the scales and the sums begin, and where row t of
+ * lanes laid out from buf points */
+static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (256 + 32); }
+static inline int64_t llm_act_lanes_d(int64_t nb) { return nb * 256; }
+static inline int64_t llm_act_lanes_s(int64_t nb) { return nb * 272; }
+static inline int32_t *llm_act_lanes_row(int32_t *buf, int64_t nb, int64_t t) {
+    return buf + (size_t)(t / 16) * llm_act_lanes_size(nb) + (size_t)(t % 16 / 8 * 8);
+}
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if
  * set and supported, else the best this CPU runs; llm_quant_force_scalar
