@@ -5,6 +5,7 @@
  * split, decode (one X row) == prefill (many). */
 #include "test.h"
 #include "../engine/weights/quant.h"
+#include "../engine/weights/quant_kern.h"
 #include "quant_oracle.h"
 
 #include <stdlib.h>
@@ -337,7 +338,7 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
     llm_quant_select(was);
 }
 
-/* One X row (decode) reads up to LLM_ROW1_GROUPS packed groups at once: row
+/* One X row (decode) reads up to LLM_ROW1_GROUPS long packed groups at once: row
  * ranges over 6 groups (the last of 5 rows), starting and ending inside
  * groups, taken whole and in pieces of 1 to 6 groups, on every kernel and
  * both activation widths, equal to the scalar plain product bit for bit. */
@@ -349,7 +350,9 @@ TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product)
         for (int bits = 8; bits <= 16; bits += 8) {
             const int type = int8_types[ti];
             if (!packed_type(type)) continue;
-            const int64_t n = llm_type_block_elems(type) == 32 ? 32 * 18 : 256 * 2, rows = 45;
+            /* 4096 wide: groups of 8 rows long enough to be read several at once */
+            const int64_t n = 4096, rows = 45;
+            CHECK(8 * llm_row_bytes(type, n) >= LLM_ROW1_STREAM_BYTES);
             problem p;
             llm_quant_select("scalar");
             make_problem(&p, &r, type, rows, n, 1, bits);

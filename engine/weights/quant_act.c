@@ -487,10 +487,14 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         if (packed) {
             for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
-                /* one X row: up to LLM_ROW1_GROUPS groups at once */
-                ng = (row1 - g * 8 + 7) / 8;
+                /* one X row: up to LLM_ROW1_GROUPS long groups at once; a
+                 * single group through act_dot_packed's one-row kernels, which
+                 * run faster from cache, but for Q4_K, whose one-row kernel is
+                 * act_row_packed's */
+                ng = 8 * rb >= LLM_ROW1_STREAM_BYTES ? (row1 - g * 8 + 7) / 8 : 1;
                 ng = ng < LLM_ROW1_GROUPS ? ng : LLM_ROW1_GROUPS;
-                if (nt > 1 || !k->act_row_packed || k->act_row_packed(type, grp, 8 * rb, (int)ng, nb, xs, out) != 0) {
+                const int row1_kernel = nt == 1 && (ng > 1 || type == LLM_TYPE_Q4_K) && k->act_row_packed;
+                if (!row1_kernel || k->act_row_packed(type, grp, 8 * rb, (int)ng, nb, xs, out) != 0) {
                     ng = 1;
                     if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
                         llm_act_dot_packed_scalar(type, grp, nb, xs, nt, out);

@@ -24,9 +24,11 @@ typedef struct {
 } llm_act_row;
 
 /* Packed groups one activation row (decode) reads at once: one stream
- * through memory each, which one core reads faster than a single stream
- * (figures in docs/PERFORMANCE.md) */
-enum { LLM_ROW1_GROUPS = 8 };
+ * through memory each, which one core reads faster than a single stream,
+ * where the groups are long enough (LLM_ROW1_STREAM_BYTES of 8 rows or
+ * more) for the hardware prefetch to ramp up in each; shorter groups (small
+ * models) go one at a time (figures in docs/PERFORMANCE.md) */
+enum { LLM_ROW1_GROUPS = 8, LLM_ROW1_STREAM_BYTES = 16384 };
 
 typedef struct {
     const char *name;   /* "scalar", "avx2", "avx512", "avx512vnni" */
