@@ -76,6 +76,8 @@ $(LIB_OBJ) $(ENGINE_OBJ): CFLAGS_ALL += -fvisibility=hidden
 # where a kernel landed moved with every change to the code linked before it,
 # and its loops' speed moved with that (docs/PERFORMANCE.md, "Tuning record").
 KERNEL_FLAGS = -g1 -falign-functions=64 $(KERNEL_CFLAGS)
+# TEST_CFLAGS: extra flags for the test files alone (the sanitizer build's).
+$(TEST_OBJ): CFLAGS_ALL += $(TEST_CFLAGS)
 $(BUILD)/src/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c $(KERNEL_FLAGS)
 $(BUILD)/src/%_avx512.o: CFLAGS_ALL += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c $(KERNEL_FLAGS)
 $(BUILD)/engine/%_avx2.o:   CFLAGS_ALL += -mavx2 -mfma -mf16c $(KERNEL_FLAGS)
@@ -149,9 +151,14 @@ test: deps
 	@$(MAKE) --no-print-directory test-all
 
 # kvcache serve over HTTP with the official openai client (and curl), on the
-# real model: each test starts its own server on a free loopback port.
+# real model: each test starts its own server on a free loopback port. The
+# files go to two pytest workers (pytest-xdist): a test spends much of its
+# time in the client and between requests, and the other worker's server
+# uses it.
+SERVER_WORKERS ?= -n 2 --dist loadfile
 test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
-	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/server
+	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q \
+	    $(SERVER_WORKERS) tests/server
 
 # kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D; bench model rows as measured.
 test-cli: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
@@ -184,9 +191,13 @@ test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(M
 # through the tiny models and the shorter real-model tests.
 # They also set KVCACHE_TEST_QUICK (tests/test.h): the longest kernel and
 # attention sweeps take every shape and path but fewer random draws there.
-# The scalar run leaves out two real-model runs of a minute each there (cached
-# decode against recomputation, the CLI's control tokens); the portable AVX2 run keeps them.
-SCALAR_SLOW_TESTS := engine_real_cached_decode_equals_full_recompute,cli_control_tokens_come_from
+# The scalar run takes the tests that compute with the kernels (the kernels',
+# the models', attention's) and leaves out those of logic the kernels do not
+# change (the scheduler's, the cache policies', the CLI's, the disk tier's,
+# kvengine.h's calls, the window's memory over 4096 tokens), which the
+# portable build runs just before it, and a real-model run of a minute there
+# (cached decode against recomputation).
+SCALAR_LEFT_OUT := sched_,policy_,cli_,tier_,kvengine_,window_layers_memory,engine_real_cached_decode_equals_full_recompute
 SLOW_TESTS := perplexity,past_the_window,bench_attention_json,gemma3_real_greedy,engine_real_greedy_output,bench_model_floor,penalties_and_stop_strings,gbnf_mask_matches,gbnf_greedy,sampler_draws_match_a_double_reference
 
 test-asan: deps
@@ -203,7 +214,7 @@ SERVER_ASAN_TESTS ?= test_hardening or test_kv_events or (test_server and not eq
 test-server-asan: deps $(MODEL) $(PY_DEPS)
 	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/kvcache
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 KVCACHE_BIN=$(abspath build-asan)/kvcache \
-	    KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q -p no:cacheprovider tests/server \
+	    KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q -p no:cacheprovider $(SERVER_WORKERS) tests/server \
 	    -k "$(SERVER_ASAN_TESTS)"
 
 # The Python thread tests, the C concurrent-call tests and the disk tier's
@@ -211,8 +222,12 @@ test-server-asan: deps $(MODEL) $(PY_DEPS)
 # (gcc's: its runtime can be preloaded into a Python that was not built with it,
 # clang 14's faults when preloaded), then the Python thread tests once more
 # under AddressSanitizer + UBSan (clang's runtime, preloaded). Any report fails.
+# Its run_tests holds only the files of the C thread tests (THREAD_TESTS) and
+# what they use.
+THREAD_TESTS := concurrent,thread_count,tier_scheduler
 TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
-              LDFLAGS="-fsanitize=thread"
+              LDFLAGS="-fsanitize=thread" \
+              TEST_SRC="tests/main.c tests/test_kernels.c tests/test_tier.c tests/ref.c tests/test_model_fixture.c tests/gguf_writer.c"
 # (fuzzer-no-link too: the fuzz targets link this same build, so the slow
 # sanitizer compile of the SIMD kernels happens once). UBSan's checks are
 # compiled recoverable and made fatal at run time by UBSAN_OPTIONS: clang 14
@@ -221,19 +236,19 @@ TSAN_FLAGS := BUILD=build-tsan OPT=-O1 CC=gcc CFLAGS="-fsanitize=thread -fno-omi
 # fuzzers' coverage (no fuzz target reaches them) and UBSan (its checks are of
 # scalar arithmetic and pointers, and the kernels' arithmetic is vector
 # intrinsics; ASan still checks every access against its object's bounds):
-# with UBSan, clang took minutes on the AVX-512 product kernels alone.
+# with UBSan, clang took minutes on the AVX-512 product kernels alone. The
+# test files leave out the coverage too: no fuzz target links them, and it
+# took a quarter of the float64 oracles' time.
 ASAN_FLAGS := BUILD=build-asan OPT=-O1 CC=clang \
               CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
-              KERNEL_CFLAGS="-fno-sanitize=fuzzer-no-link,undefined" \
+              KERNEL_CFLAGS="-fno-sanitize=fuzzer-no-link,undefined" TEST_CFLAGS=-fno-sanitize=fuzzer-no-link \
               LDFLAGS="-fsanitize=address,undefined"
 export UBSAN_OPTIONS := halt_on_error=1:print_stacktrace=1
 PY_THREAD_TESTS := PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider --capture=sys \
                    python/tests/test_threads.py
 test-threads: deps $(PY_DEPS)
 	$(MAKE) --no-print-directory $(TSAN_FLAGS) build-tsan/run_tests build-tsan/libkvcache.so
-	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests concurrent
-	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests thread_count
-	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/run_tests tier_scheduler
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" KVCACHE_TEST_JOBS=2 build-tsan/run_tests $(THREAD_TESTS)
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" LD_PRELOAD=$$(gcc -print-file-name=libtsan.so) \
 	    KVCACHE_LIB=$(abspath build-tsan)/libkvcache.so $(PY_THREAD_TESTS)
 	$(MAKE) --no-print-directory $(ASAN_FLAGS) build-asan/libkvcache.so
@@ -247,7 +262,7 @@ test-threads: deps $(PY_DEPS)
 # ships) generates with the AVX2 and the scalar kernels forced.
 test-portable: deps $(MODEL) $(PY_DEPS)
 	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS) $(MAKE) BUILD=build-portable MARCH= test-c
-	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS),$(SCALAR_SLOW_TESTS) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
+	KVCACHE_TEST_QUICK=1 KVCACHE_TEST_EXCLUDE=$(SLOW_TESTS),$(SCALAR_LEFT_OUT) KVCACHE_SIMD=scalar $(MAKE) BUILD=build-portable MARCH= test-c
 	$(MAKE) --no-print-directory BUILD=build-portable MARCH= build-portable/libkvcache.so build-portable/libkvengine.so
 	KVCACHE_LIB=$(abspath build-portable)/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath build-portable)/libkvengine.so \
 	    KVCACHE_MODEL=$(abspath $(MODEL)) PYTHONPATH=python $(TEST_PYTHON) -m pytest -q -p no:cacheprovider \

@@ -1,4 +1,5 @@
-/* tests/main.c - runs the registered tests; `run_tests [SUBSTRING]`.
+/* tests/main.c - runs the registered tests; `run_tests [SUBSTRING,...]` runs
+ * those whose names contain one of the substrings.
  * KVCACHE_TEST_EXCLUDE=a,b,... leaves out the tests whose names contain any
  * of the substrings (the sanitizer and scalar runs leave out the slowest
  * real-model tests, which the plain run keeps), and says how many.
@@ -56,7 +57,7 @@ static int by_name(const void *a, const void *b) {
 }
 
 /* whether name contains one of the comma-separated substrings of list */
-static int excluded(const char *name, const char *list) {
+static int contains_any(const char *name, const char *list) {
     for (const char *p = list; p && *p;) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -67,8 +68,8 @@ static int excluded(const char *name, const char *list) {
     return 0;
 }
 
-/* whether the run asks for the test: its name contains the filter, if any */
-static int matches(const char *name, const char *filter) { return !filter || strstr(name, filter); }
+/* whether the run asks for the test: its name contains one of the filter's, if any */
+static int matches(const char *name, const char *filter) { return !filter || contains_any(name, filter); }
 
 /* What the processes of one run share: the next test to take, the counts,
  * and the test each worker is in (-1: none), to name one that dies. */
@@ -81,7 +82,7 @@ typedef struct {
 /* Takes tests in name order until none is left, counting each in `sh`. */
 static void run_some(shared_counts *sh, int worker, const char *filter, const char *exclude) {
     for (int i; (i = atomic_fetch_add(&sh->next, 1)) < n_tests;) {
-        if (!matches(tests[i].name, filter) || excluded(tests[i].name, exclude)) continue;
+        if (!matches(tests[i].name, filter) || contains_any(tests[i].name, exclude)) continue;
         sh->running[worker] = i;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -108,7 +109,7 @@ int main(int argc, char **argv) {
     /* run in a stable order, whatever the link order */
     qsort(tests, (size_t)n_tests, sizeof tests[0], by_name);
     int left_out = 0;
-    for (int i = 0; i < n_tests; i++) left_out += matches(tests[i].name, filter) && excluded(tests[i].name, exclude);
+    for (int i = 0; i < n_tests; i++) left_out += matches(tests[i].name, filter) && contains_any(tests[i].name, exclude);
     shared_counts *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED) {
         perror("run_tests: mmap");

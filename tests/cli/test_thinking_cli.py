@@ -2,6 +2,7 @@
 enable_thinking) on a tiny synthetic Qwen3 (scripts/synth_model.py). The
 reference is the file's own template rendered by jinja2 and given to
 `generate --special` as a raw prompt: greedy, both must write the same text."""
+import functools
 import os
 import subprocess
 import sys
@@ -28,11 +29,15 @@ def qwen3(tmp_path_factory):
     return path
 
 
-def rendered(path, **kw):
+@functools.lru_cache(maxsize=None)   # GGUFReader parses the whole 49k-token vocabulary
+def template_of(path):
     f = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
-    tmpl = bytes(f.parts[f.data[0]]).decode()
+    return bytes(f.parts[f.data[0]]).decode()
+
+
+def rendered(path, **kw):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(tmpl).render(messages=[{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+    return env.from_string(template_of(path)).render(messages=[{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                         **kw)
 
 

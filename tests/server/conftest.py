@@ -12,6 +12,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 
@@ -79,6 +80,13 @@ class Server:
             raise AssertionError("kvcache serve did not stop within 30 s of SIGTERM")
         self.proc.stdout.close(), self.log.close()
         assert rc == 0, f"kvcache serve exited {rc}"
+
+
+def in_parallel(fn, items, workers=8):
+    """[fn(x) for x in items], the calls made by `workers` threads at once
+    (the shared server takes 8 sequences in one batch)."""
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
 
 
 @pytest.fixture(scope="session")

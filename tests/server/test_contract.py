@@ -9,6 +9,8 @@ import json
 import openai
 import pytest
 
+from conftest import in_parallel
+
 PROMPTS = [f"Write one sentence about {w}." for w in (
     "cats", "dogs", "rain", "the sea", "bread", "winter", "music", "trains", "a forest", "the moon", "coffee",
     "a library", "bicycles", "snow", "a garden", "the desert", "apples", "clocks", "a river", "birds", "tea",
@@ -66,15 +68,15 @@ def tokens_of(reply):
 
 
 def test_logit_bias_minus_100_removes_a_token_from_32_greedy_replies(server, client):
-    base = [chat(client, p, logprobs=True) for p in PROMPTS]
+    base = in_parallel(lambda p: chat(client, p, logprobs=True), PROMPTS)
     counts = collections.Counter(t for r in base for t in tokens_of(r))
     piece, times = counts.most_common(1)[0]
     status, tok = server.post("/tokenize", {"content": piece})
     assert status == 200 and len(tok["tokens"]) == 1, (piece, tok)
     tid = tok["tokens"][0]
     assert times >= 8, counts.most_common(3)
-    for p in PROMPTS:
-        r = chat(client, p, logprobs=True, logit_bias={str(tid): -100})
+    biased = in_parallel(lambda p: chat(client, p, logprobs=True, logit_bias={str(tid): -100}), PROMPTS)
+    for p, r in zip(PROMPTS, biased):
         assert piece not in tokens_of(r), (p, tokens_of(r))
     # +100 on a token makes every greedy step choose it
     r = chat(client, PROMPTS[0], logprobs=True, max_tokens=4, logit_bias={str(tid): 100})
@@ -132,8 +134,9 @@ def test_json_object_replies_parse(client):
     sometimes nests or lists keys until max_tokens: those end "length", cut
     inside the object (as OpenAI's do); most end on their own."""
     stopped = 0
-    for prompt in JSON_PROMPTS:
-        c = chat(client, prompt, max_tokens=200, response_format={"type": "json_object"}).choices[0]
+    replies = in_parallel(lambda p: chat(client, p, max_tokens=200, response_format={"type": "json_object"}),
+                          JSON_PROMPTS)
+    for prompt, c in zip(JSON_PROMPTS, (r.choices[0] for r in replies)):
         if c.finish_reason == "stop":
             stopped += 1
             assert parses_as_object(c.message.content), (prompt, c.message.content)
@@ -141,7 +144,8 @@ def test_json_object_replies_parse(client):
             assert c.finish_reason == "length" and not parses_as_object(c.message.content)
     assert stopped >= 6, stopped
     # without the constraint the same model writes prose
-    plain = [chat(client, p, max_tokens=60).choices[0].message.content for p in JSON_PROMPTS[-3:]]
+    plain = [r.choices[0].message.content for r in in_parallel(lambda p: chat(client, p, max_tokens=60),
+                                                               JSON_PROMPTS[-3:])]
     assert not any(parses_as_object(t) for t in plain), plain
 
 

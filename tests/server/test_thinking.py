@@ -7,6 +7,7 @@ the switch). The reference for each prompt is the file's own template text
 rendered by jinja2, sent to /v1/completions with parse_special: the chat
 request must see the same prompt (its token count) and, greedy, give the
 same tokens."""
+import functools
 import os
 import subprocess
 import sys
@@ -33,6 +34,7 @@ def qwen3(tmp_path_factory):
     s.stop()
 
 
+@functools.lru_cache(maxsize=None)   # GGUFReader parses the whole 49k-token vocabulary
 def template_of(path):
     f = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
     return bytes(f.parts[f.data[0]]).decode()

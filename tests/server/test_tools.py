@@ -10,6 +10,8 @@ import jsonschema
 import openai
 import pytest
 
+from conftest import in_parallel
+
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"},
     "hobbies": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
@@ -50,8 +52,8 @@ def schema_format(schema):
 
 def test_json_schema_replies_validate(client):
     stopped = 0
-    for prompt in PROMPTS:
-        c = ask(client, prompt, max_tokens=200, response_format=schema_format(PERSON)).choices[0]
+    replies = in_parallel(lambda p: ask(client, p, max_tokens=200, response_format=schema_format(PERSON)), PROMPTS)
+    for c in (r.choices[0] for r in replies):
         if c.finish_reason == "stop":
             stopped += 1
             jsonschema.validate(json.loads(c.message.content), PERSON)
@@ -131,17 +133,19 @@ def reassemble(stream):
 
 
 def test_streamed_tool_calls_reassemble_to_calls_that_validate(client):
-    for prompt in TOOL_PROMPTS[:4]:
-        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            calls, content, finish = reassemble(ask(client, prompt, tools=TOOLS, tool_choice=choice, stream=True))
-            assert finish == {0: "tool_calls"} and not content.get(0), (prompt, content)
-            (call,) = calls[0].values()
-            assert call["id"].startswith("call_") and call["name"] in PARAMS
-            jsonschema.validate(json.loads(call["arguments"]), PARAMS[call["name"]])
-            # the same call as the reply that does not stream
-            whole = ask(client, prompt, tools=TOOLS, tool_choice=choice).choices[0].message.tool_calls[0]
-            assert whole.function.name == call["name"]
-            assert json.loads(whole.function.arguments) == json.loads(call["arguments"])
+    def streamed_and_whole(case):
+        prompt, choice = case
+        return (reassemble(ask(client, prompt, tools=TOOLS, tool_choice=choice, stream=True)),
+                ask(client, prompt, tools=TOOLS, tool_choice=choice).choices[0].message.tool_calls[0])
+    cases = [(p, c) for p in TOOL_PROMPTS[:4] for c in ("required", {"type": "function", "function": {"name": "get_weather"}})]
+    for (prompt, _), ((calls, content, finish), whole) in zip(cases, in_parallel(streamed_and_whole, cases)):
+        assert finish == {0: "tool_calls"} and not content.get(0), (prompt, content)
+        (call,) = calls[0].values()
+        assert call["id"].startswith("call_") and call["name"] in PARAMS
+        jsonschema.validate(json.loads(call["arguments"]), PARAMS[call["name"]])
+        # the same call as the reply that does not stream
+        assert whole.function.name == call["name"]
+        assert json.loads(whole.function.arguments) == json.loads(call["arguments"])
 
 
 def test_n_choices_each_make_their_own_call(client):
