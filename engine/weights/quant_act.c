@@ -488,12 +488,11 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
             for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
                 /* one X row: up to LLM_ROW1_GROUPS long groups at once; a
-                 * single group through act_dot_packed's one-row kernels, which
-                 * run faster from cache, but for Q4_K, whose one-row kernel is
-                 * act_row_packed's */
+                 * single group through act_dot_packed (the same one-row
+                 * kernel, for a group that is not read beside others) */
                 ng = 8 * rb >= LLM_ROW1_STREAM_BYTES ? (row1 - g * 8 + 7) / 8 : 1;
                 ng = ng < LLM_ROW1_GROUPS ? ng : LLM_ROW1_GROUPS;
-                const int row1_kernel = nt == 1 && (ng > 1 || type == LLM_TYPE_Q4_K) && k->act_row_packed;
+                const int row1_kernel = nt == 1 && ng > 1 && k->act_row_packed;
                 if (!row1_kernel || k->act_row_packed(type, grp, 8 * rb, (int)ng, nb, xs, out) != 0) {
                     ng = 1;
                     if (k->act_dot_packed(type, grp, nb, xs, nt, out) != 0)
