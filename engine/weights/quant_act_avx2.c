@@ -702,16 +702,41 @@ static inline __attribute__((always_inline)) void q6k_pairs(const uint8_t *grp, 
     }
 }
 
-/* The 8 rows' sums of a block against the int16 pairs xp of one activation
- * block, the weights as q6k_pairs gives them (exact: |sum| <= 32 * 4096 *
- * 16383 < 2^31) */
-static inline __attribute__((always_inline)) __m256i pairs_sum(const __m256i pr[16], const int16_t *xp) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-    UNROLL for (int j = 0; j < 16; j += 2) {
-        a0 = dp_pairs(a0, pr[j], bcast32(xp + 2 * j));
-        a1 = dp_pairs(a1, pr[j + 1], bcast32(xp + 2 * j + 2));
+/* The 8 rows' exact sums S[t] of block b of a packed Q6_K group against
+ * the int16 pairs xp[t] of NT <= LANE_ROWS activation rows: the quants less
+ * 32 against x per sub-block of 16, and only those two sums times the
+ * scales (|sub-block sum| <= 16 * 32 * 16383, times 128: below 2^30),
+ * fewer operations than q6k_pairs' scaled weights where few X rows read
+ * them */
+static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, int64_t b, const int16_t *const *xp,
+                                                          const int NT, __m256i *S) {
+    const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
+    const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+    const __m256i m0 = _mm256_set1_epi32(0x000F000F), mh = _mm256_set1_epi32(0x00300030);
+    const __m256i k32 = _mm256_set1_epi16(32);
+    __m256i acc[LANE_ROWS][2];   /* [X row][sub-block] */
+    UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+    UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12) : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), m0);
+            const int sh = 4 * k + 2 * (c % 2) - 4;
+            const __m256i hs = sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh);
+#ifdef __AVX512VL__
+            const __m256i w = _mm256_ternarylogic_epi32(hs, mh, lo, 0xEA);   /* (hs & mh) | lo */
+#else
+            const __m256i w = _mm256_or_si256(_mm256_and_si256(hs, mh), lo);
+#endif
+            const __m256i wq = _mm256_sub_epi16(w, k32);
+            UNROLL for (int t = 0; t < NT; t++)
+                acc[t][c / 2] = dp_pairs(acc[t][c / 2], wq, bcast32(xp[t] + 8 * c + 2 * k));
+        }
     }
-    return _mm256_add_epi32(a0, a1);
+    const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8))));
+    const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 8)));
+    UNROLL for (int t = 0; t < NT; t++)
+        S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
 }
 
 /* Block b of activation row x as int16 pairs: its 16-bit quants, or its
@@ -753,10 +778,9 @@ static inline __attribute__((always_inline)) __m256i row1_sums(const int type, c
     const int bb = (int)llm_packed_block_bytes(type), hd = llm_packed_head(type);
     __m256i S;
     if (type == LLM_TYPE_Q6_K) {
-        __m256i pr[16];
         _Alignas(32) int16_t buf[32];
-        q6k_pairs(grp, b, pr);
-        S = pairs_sum(pr, x_pairs(x, b, W16, buf));
+        const int16_t *xp = x_pairs(x, b, W16, buf);
+        q6k_sums(grp, b, &xp, 1, &S);
     } else if (llm_packed_lanes(type) && W16) {
         const int16_t *xp = (const int16_t *)x->q + 32 * b;
         lane_sums16(llm_packed_lane_quants(type, grp, b), &xp, 1, &S);
@@ -833,9 +857,9 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
         for (int o = 0; o < sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
         __m256i S[LANE_ROWS];
         if (type == LLM_TYPE_Q6_K) {
-            __m256i pr[16];
-            q6k_pairs(grp, b, pr);
-            UNROLL for (int t = 0; t < NT; t++) S[t] = pairs_sum(pr, (const int16_t *)x[t].q + 32 * b);
+            const int16_t *xp[LANE_ROWS];
+            UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
+            q6k_sums(grp, b, xp, NT, S);
         } else if (llm_packed_lanes(type)) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
