@@ -739,6 +739,52 @@ static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, i
         S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
 }
 
+#ifdef __AVX512BW__
+/* q6k_sums for one X row on two blocks at once, b and b + 1 (b even), in
+ * the 16 lanes of 512-bit vectors: lanes 0-7 block b's 8 rows, 8-15 block
+ * b + 1's. xv[j]: the X row's pair j of block b in lanes 0-7, of block b + 1
+ * in 8-15 (q6k_x2) */
+static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *grp, int64_t b, const __m512i xv[16]) {
+    const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
+    const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+    const __m512i m0 = _mm512_set1_epi32(0x000F000F), mh = _mm512_set1_epi32(0x00300030);
+    const __m512i k32 = _mm512_set1_epi16(32);
+    __m512i acc[2][2];   /* [sub-block][pair parity] */
+    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = _mm512_setzero_si512();
+    UNROLL for (int c = 0; c < 4; c++) {
+        const uint8_t *lo_at = q + 32 * c, *hi_at = q + LLM_PK6K_HI + 32 * (c / 2);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo_at)),
+                                             _mm256_loadu_si256((const __m256i *)(lo_at + LLM_PK6K_BLOCK)), 1);
+        const __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)hi_at)),
+                                              _mm256_loadu_si256((const __m256i *)(hi_at + LLM_PK6K_BLOCK)), 1);
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), m0);
+            const int sh = 4 * k + 2 * (c % 2) - 4;
+            const __m512i hs = sh >= 0 ? _mm512_srli_epi32(hv, sh) : _mm512_slli_epi32(hv, -sh);
+            const __m512i w = _mm512_sub_epi16(_mm512_ternarylogic_epi32(hs, mh, lo, 0xEA), k32);
+#ifdef QK_VNNI
+            acc[c / 2][k % 2] = _mm512_dpwssd_epi32(acc[c / 2][k % 2], w, xv[4 * c + k]);
+#else
+            acc[c / 2][k % 2] = _mm512_add_epi32(acc[c / 2][k % 2], _mm512_madd_epi16(w, xv[4 * c + k]));
+#endif
+        }
+    }
+    /* the sub-block scales: [block b's first 8, its second 8, block b + 1's first, second] */
+    const __m128i s0 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8)));
+    const __m128i s1 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 16));
+    const __m512i sa = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s1)), sb = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s1));
+    return _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), sa),
+                            _mm512_mullo_epi32(_mm512_add_epi32(acc[1][0], acc[1][1]), sb));
+}
+
+/* One X row's blocks b, b + 1 (64 int16 quants at xq) as q6k_sums2's xv */
+static inline __attribute__((always_inline)) void q6k_x2(const int16_t *xq, __m512i xv[16]) {
+    const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 32);
+    UNROLL for (int j = 0; j < 16; j++)
+        xv[j] = _mm512_permutex2var_epi32(x0, _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(16 + j), 1), x1);
+}
+#endif
+
 /* Block b of activation row x as int16 pairs: its 16-bit quants, or its
  * 8-bit ones widened into buf */
 static inline __attribute__((always_inline)) const int16_t *x_pairs(const llm_act_row *x, int64_t b, const int W16,
@@ -812,6 +858,30 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
     __m256 acc[LLM_ROW1_GROUPS][8];   /* [group][b % 8], a lane per weight row: the reference's lane sums */
     for (int k = 0; k < ng; k++) UNROLL for (int i = 0; i < 8; i++) acc[k][i] = _mm256_setzero_ps();
     __m256 d[LLM_ROW1_GROUPS], dmin[LLM_ROW1_GROUPS];
+#ifdef __AVX512BW__
+    if (type == LLM_TYPE_Q6_K) {   /* two blocks at a time (a row has whole super-blocks): q6k_sums2 */
+        const int64_t sb = llm_packed_stream_bytes(type);
+        for (int64_t b = 0; b < nb; b += 2) {
+            _Alignas(64) int16_t buf[64];
+            const int16_t *xq = x_pairs(x, b, W16, buf);
+            if (!W16) x_pairs(x, b + 1, W16, buf + 32);
+            __m512i xv[16];
+            q6k_x2(xq, xv);
+            for (int k = 0; k < ng; k++) {
+                const uint8_t *g = grp + k * gbytes, *at = g + b * sb;
+                for (int o = 0; o < 2 * sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+                const __m512i S = q6k_sums2(g, b, xv);
+                __m256 wa, wb;
+                packed_scales(type, g, b, &wa, &wb);   /* the super-block's d, the same for b + 1 */
+                acc[k][b % 8] = _mm256_add_ps(acc[k][b % 8], block_terms(type, _mm512_castsi512_si256(S), wa, wb, x, b));
+                acc[k][b % 8 + 1] = _mm256_add_ps(acc[k][b % 8 + 1],
+                                                  block_terms(type, _mm512_extracti64x4_epi64(S, 1), wa, wb, x, b + 1));
+            }
+        }
+        for (int k = 0; k < ng; k++) lanes_final(acc[k], out + 8 * k);
+        return;
+    }
+#endif
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int ns = nb - b0 < 8 ? (int)(nb - b0) : 8;
         if (type == LLM_TYPE_Q4_K)
