@@ -412,50 +412,57 @@ static void unpack_q4_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q4
     }
 }
 
-/* Row r's Q6_K super-block between the file's form blk and the packed
- * super-block p (quant_kern.h): into p (both zeroed first where they are
- * to be written) if pack, else back into blk. Element k of block i: its low
- * 4 bits are nibble i / 2 % 2 of ql[64 (i / 4) + 32 (i % 2) + k], its high
- * 2 bits bits 2 (i % 4) of qh[32 (i / 4) + k], as weight_block reads them. */
-static void q6_k_move(uint8_t *blk, uint8_t *p, int r, int pack) {
-    uint8_t *d = blk + offsetof(llm_block_q6_k, d), *sc = blk + offsetof(llm_block_q6_k, scales);
-    if (pack) memcpy(p + LLM_PK6K_D + 2 * r, d, 2);
-    else memcpy(d, p + LLM_PK6K_D + 2 * r, 2);
-    for (int j = 0; j < 16; j++) {
-        if (pack) p[LLM_PK6K_SC + 8 * j + r] = sc[j];
-        else sc[j] = p[LLM_PK6K_SC + 8 * j + r];
-    }
-    for (int i = 0; i < 8; i++) {
-        uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * i;
-        for (int k = 0; k < QB; k++) {
-            /* [0]: the low bits, [1]: the high ones; in the file's block and the packed one */
-            int fs[2] = {i / 2 % 2 * 4, 2 * (i % 4)}, ps[2], mask[2] = {15, 3};
-            uint8_t *f[2] = {blk + offsetof(llm_block_q6_k, ql) + 64 * (i / 4) + 32 * (i % 2) + k,
-                             blk + offsetof(llm_block_q6_k, qh) + 32 * (i / 4) + k};
-            uint8_t *t[2] = {q + llm_lane_byte(r, k, &ps[0]), q + LLM_PK6K_HI + llm_q6_hi_byte(r, k, &ps[1])};
-            for (int h = 0; h < 2; h++) {
-                if (pack) *t[h] |= (uint8_t)((*f[h] >> fs[h] & mask[h]) << ps[h]);
-                else *f[h] |= (uint8_t)((*t[h] >> ps[h] & mask[h]) << fs[h]);
+/* Q6_K (quant_kern.h): super-block sb of W's rows 8g .. 8g+7 into the
+ * packed super-block at dst, padding rows zeros. Element k of block i: its
+ * low 4 bits are nibble i / 2 % 2 of ql[64 (i / 4) + 32 (i % 2) + k], its
+ * high 2 bits bits 2 (i % 4) of qh[32 (i / 4) + k], as weight_block reads
+ * them; whole dwords of lanes at a time (a model's load packs hundreds of
+ * MB of them). */
+static void pack_q6_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst) {
+    memset(dst, 0, 8 * sizeof(llm_block_q6_k));
+    for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
+        const uint8_t *blk = src + (g * 8 + r) * rb + sb * (int64_t)sizeof(llm_block_q6_k);
+        memcpy(dst + LLM_PK6K_D + 2 * r, blk + offsetof(llm_block_q6_k, d), 2);
+        for (int j = 0; j < 16; j++) dst[LLM_PK6K_SC + 8 * j + r] = blk[offsetof(llm_block_q6_k, scales) + j];
+        for (int i = 0; i < 8; i++) {
+            uint8_t *q = dst + LLM_PK6K_Q + LLM_PK6K_BLOCK * i;
+            const uint8_t *ql = blk + offsetof(llm_block_q6_k, ql) + 64 * (i / 4) + 32 * (i % 2);
+            const uint8_t *qh = blk + offsetof(llm_block_q6_k, qh) + 32 * (i / 4);
+            for (int c = 0; c < 4; c++) {
+                const uint32_t v = lane_dword(ql + 8 * c, i / 2 % 2);
+                memcpy(q + 32 * c + 4 * r, &v, 4);
+            }
+            for (int c = 0; c < 2; c++) {   /* the high bits of nibble chunk 2c + e, as nibbles, at bit 2e */
+                uint32_t h = 0;
+                for (int e = 0; e < 2; e++) {
+                    uint64_t t;
+                    memcpy(&t, qh + 8 * (2 * c + e), 8);
+                    t = t >> (2 * (i % 4)) & 0x0303030303030303ull;
+                    h |= lane_dword((const uint8_t *)&t, 0) << (2 * e);
+                }
+                memcpy(q + LLM_PK6K_HI + 32 * c + 4 * r, &h, 4);
             }
         }
     }
 }
 
-/* Q6_K: super-block sb of W's rows 8g .. 8g+7 into the packed super-block
- * at dst, padding rows zeros */
-static void pack_q6_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst) {
-    memset(dst, 0, 8 * sizeof(llm_block_q6_k));
-    for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
-        uint8_t blk[sizeof(llm_block_q6_k)];
-        memcpy(blk, src + (g * 8 + r) * rb + sb * (int64_t)sizeof(llm_block_q6_k), sizeof blk);
-        q6_k_move(blk, dst, r, 1);
-    }
-}
-
-/* Row r's super-block of a packed Q6_K super-block p, as the file has it */
+/* Row r's super-block of a packed Q6_K super-block p, as the file has it
+ * (pack_q6_k's bits put back one at a time, by llm_lane_byte and
+ * llm_q6_hi_byte) */
 static void unpack_q6_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q6_k)]) {
     memset(blk, 0, sizeof(llm_block_q6_k));
-    q6_k_move(blk, (uint8_t *)p, r, 0);
+    memcpy(blk + offsetof(llm_block_q6_k, d), p + LLM_PK6K_D + 2 * r, 2);
+    for (int j = 0; j < 16; j++) blk[offsetof(llm_block_q6_k, scales) + j] = p[LLM_PK6K_SC + 8 * j + r];
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * i;
+        for (int k = 0; k < QB; k++) {
+            int ls, hs;
+            const uint8_t lo = q[llm_lane_byte(r, k, &ls)] >> ls & 15;
+            const uint8_t hi = q[LLM_PK6K_HI + llm_q6_hi_byte(r, k, &hs)] >> hs & 3;
+            blk[offsetof(llm_block_q6_k, ql) + 64 * (i / 4) + 32 * (i % 2) + k] |= (uint8_t)(lo << (i / 2 % 2 * 4));
+            blk[offsetof(llm_block_q6_k, qh) + 32 * (i / 4) + k] |= (uint8_t)(hi << (2 * (i % 4)));
+        }
+    }
 }
 
 int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) {
