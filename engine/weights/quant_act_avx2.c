@@ -676,6 +676,22 @@ static inline __attribute__((always_inline)) void packed_scales(const int type, 
                                 : _mm256_setzero_ps();
 }
 
+/* Pair k of nibble chunk c of a packed Q6_K block (v: that chunk, hv: its
+ * high-bit chunk, c / 2): lane r is row r's quants 8c + 2k, 8c + 2k + 1
+ * less 32, as int16 */
+static inline __attribute__((always_inline)) __m256i q6k_pair(__m256i v, __m256i hv, const int c, const int k) {
+    const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12)
+                              : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(0x000F000F));
+    const int sh = 4 * k + 2 * (c % 2) - 4;   /* from the high bits' place to bits 4, 5 of each half */
+    const __m256i hs = sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh);
+#ifdef __AVX512VL__
+    const __m256i w = _mm256_ternarylogic_epi32(hs, _mm256_set1_epi32(0x00300030), lo, 0xEA);   /* (hs & mask) | lo */
+#else
+    const __m256i w = _mm256_or_si256(_mm256_and_si256(hs, _mm256_set1_epi32(0x00300030)), lo);
+#endif
+    return _mm256_sub_epi16(w, _mm256_set1_epi16(32));
+}
+
 /* The 16 int16 pair vectors of block b of a packed Q6_K group: lane r of
  * pr[j] is row r's weights 2j, 2j + 1, its quants less 32 times their
  * sub-block's scale (at most 32 * 128 in size), as weight_block's. Chunk c
@@ -684,8 +700,6 @@ static inline __attribute__((always_inline)) void packed_scales(const int type, 
 static inline __attribute__((always_inline)) void q6k_pairs(const uint8_t *grp, int64_t b, __m256i pr[16]) {
     const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
     const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
-    const __m256i m0 = _mm256_set1_epi32(0x000F000F), mh = _mm256_set1_epi32(0x00300030);
-    const __m256i k32 = _mm256_set1_epi16(32);
     UNROLL for (int c = 0; c < 4; c++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
         const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
@@ -693,12 +707,7 @@ static inline __attribute__((always_inline)) void q6k_pairs(const uint8_t *grp, 
         const __m256i s32 = _mm256_cvtepi8_epi32(
             _mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 8 * (2 * (b % 8) + c / 2))));
         const __m256i sc = _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s32, 16));
-        UNROLL for (int k = 0; k < 4; k++) {
-            const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12) : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), m0);
-            const int sh = 4 * k + 2 * (c % 2) - 4;   /* from the high bits' place to bits 4, 5 of each half */
-            const __m256i hi = _mm256_and_si256(sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh), mh);
-            pr[4 * c + k] = _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_or_si256(lo, hi), k32), sc);
-        }
+        UNROLL for (int k = 0; k < 4; k++) pr[4 * c + k] = _mm256_mullo_epi16(q6k_pair(v, hv, c, k), sc);
     }
 }
 
@@ -712,23 +721,13 @@ static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, i
                                                           const int NT, __m256i *S) {
     const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
     const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
-    const __m256i m0 = _mm256_set1_epi32(0x000F000F), mh = _mm256_set1_epi32(0x00300030);
-    const __m256i k32 = _mm256_set1_epi16(32);
     __m256i acc[LANE_ROWS][2];   /* [X row][sub-block] */
     UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
     UNROLL for (int c = 0; c < 4; c++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
         const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
         UNROLL for (int k = 0; k < 4; k++) {
-            const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12) : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), m0);
-            const int sh = 4 * k + 2 * (c % 2) - 4;
-            const __m256i hs = sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh);
-#ifdef __AVX512VL__
-            const __m256i w = _mm256_ternarylogic_epi32(hs, mh, lo, 0xEA);   /* (hs & mh) | lo */
-#else
-            const __m256i w = _mm256_or_si256(_mm256_and_si256(hs, mh), lo);
-#endif
-            const __m256i wq = _mm256_sub_epi16(w, k32);
+            const __m256i wq = q6k_pair(v, hv, c, k);
             UNROLL for (int t = 0; t < NT; t++)
                 acc[t][c / 2] = dp_pairs(acc[t][c / 2], wq, bcast32(xp[t] + 8 * c + 2 * k));
         }
