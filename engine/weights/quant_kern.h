@@ -164,7 +164,8 @@ enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, L
  * r row r's: chunk c holds those of nibble chunks 2c and 2c + 1, the 2 bits
  * of the nibble at bit n of chunk i's dword at bit n + 2 (i % 2) of chunk
  * i / 2's (llm_q6_hi_byte), so that one shift and a mask put them beside
- * their nibbles. */
+ * their nibbles. LLM_PK6K_Q: where block 0 begins; LLM_PK6K_HI: where a
+ * block's high bits begin in it. */
 enum { LLM_PK6K_D = 0, LLM_PK6K_SC = 16, LLM_PK6K_Q = 144, LLM_PK6K_HI = 128, LLM_PK6K_BLOCK = 192 };
 static inline int llm_packed_lanes(int type) {
     return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K;
@@ -185,8 +186,8 @@ static inline const uint8_t *llm_packed_block(int type, const uint8_t *grp, int6
     return grp + b * 8 * llm_packed_block_bytes(type);
 }
 /* The bytes of a packed group's stream per block of 32 elements (8 rows'),
- * what a kernel prefetches per block: Q6_K's super-block of 8 rows is 8 * 210
- * bytes, not a multiple of 8 blocks' */
+ * what a kernel prefetches per block: 8 blocks' bytes, or Q6_K's 210 (its
+ * 8 rows' super-block of 8 blocks is 8 * 210 bytes, 26.25 a block and row) */
 static inline int64_t llm_packed_stream_bytes(int type) {
     return type == LLM_TYPE_Q6_K ? (int64_t)sizeof(llm_block_q6_k) : 8 * llm_packed_block_bytes(type);
 }
