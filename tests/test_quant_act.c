@@ -209,9 +209,10 @@ static void *packed_of(const problem *p) {
     return P;
 }
 
-/* the packed types: the 32-element formats but Q5_1, and Q4_K */
+/* the packed types: the 32-element formats but Q5_1, and Q4_K, Q6_K */
 static int packed_type(int type) {
-    return (llm_type_block_elems(type) == 32 && type != LLM_TYPE_Q5_1) || type == LLM_TYPE_Q4_K;
+    return (llm_type_block_elems(type) == 32 && type != LLM_TYPE_Q5_1) || type == LLM_TYPE_Q4_K ||
+           type == LLM_TYPE_Q6_K;
 }
 
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
@@ -245,7 +246,8 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
 }
 
 /* int16 quants at their extremes (every |q| = 16383) against the largest
- * Q6_K and Q8_0 weights: the int32 block sums must not overflow. */
+ * Q6_K and Q8_0 weights, in plain rows and packed: the int32 block sums
+ * must not overflow. */
 TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     for (int ti = 0; ti < 2; ti++) {
@@ -262,14 +264,18 @@ TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
         for (int k = 0; k < 256; k++) x[k] = 1.0f;
         act_buf ab;
         CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
+        uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
+        CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
         for (int ki = 0; ki < N_KERNELS; ki++) {
             if (select_kernels(ki) != 0) continue;
-            float y;
-            llm_matmul_act(type, W, NULL, n, 0, 1, &ab.a, &y, 1);
-            CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
+            for (int pk = 0; pk < 2; pk++) {
+                float y;
+                llm_matmul_act(type, W, pk ? P : NULL, n, 0, 1, &ab.a, &y, 1);
+                CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
+            }
         }
         free(ab.buf);
-        free(W);
+        free(W), free(P);
     }
     llm_quant_select(was);
 }
@@ -378,7 +384,7 @@ TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product)
     llm_quant_select(was);
 }
 
-/* The packed types (and Q6_K, plain only) at the row counts that choose the
+/* The packed types at the row counts that choose the
  * prefill tiles: a few rows (2, 3), the tiles of 4 (and 2 on AVX2) with a
  * remainder (9, 13), AVX-512 VNNI's tiles of 32 X rows with the rest in
  * tiles (45: 32 + 13) or in lanes from the middle of a group of 16 (56: 32
@@ -473,14 +479,14 @@ TEST(quant_act_row_blocks_give_those_rows_of_the_whole_product) {
 
 /* The packed form: which types have it, its size, the padding of a last
  * group, and bad arguments (nothing written). */
-TEST(quant_act_packing_covers_the_32_element_formats_and_q4_k_and_refuses_bad_shapes) {
+TEST(quant_act_packing_covers_the_32_element_formats_q4_k_and_q6_k_and_refuses_bad_shapes) {
     test_rng r = {36};
-    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_K};
-    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
+    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_K, LLM_TYPE_Q6_K};
+    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q5_K, LLM_TYPE_Q3_K};
     for (int i = 0; i < 5; i++) CHECK(llm_packed_bytes(plain[i], 8, 256) == 0);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         int type = packed[i];
-        int64_t n = type == LLM_TYPE_Q4_K ? 768 : 96, rows = 11, rb = llm_row_bytes(type, n);
+        int64_t n = llm_type_block_elems(type) == 256 ? 768 : 96, rows = 11, rb = llm_row_bytes(type, n);
         CHECK(llm_packed_bytes(type, rows, n) == 16 * rb);   /* 2 groups of 8 */
         CHECK(llm_packed_bytes(type, 8, n) == 8 * rb);
         CHECK(llm_packed_bytes(type, 0, n) == 0 && llm_packed_bytes(type, 8, 33) == 0);
@@ -489,11 +495,11 @@ TEST(quant_act_packing_covers_the_32_element_formats_and_q4_k_and_refuses_bad_sh
         for (int64_t j = 0; j < rows; j++) random_row(&r, type, n, W + j * rb);
         memset(P, 0x5a, (size_t)(16 * rb));
         CHECK(llm_pack_rows(type, W, rows, 33, P) == -1 && llm_pack_rows(type, NULL, rows, n, P) == -1);
-        CHECK(llm_pack_rows(LLM_TYPE_Q6_K, W, rows, 256, P) == -1);
+        CHECK(llm_pack_rows(LLM_TYPE_Q5_K, W, rows, 256, P) == -1);
         CHECK(P[0] == 0x5a && P[16 * rb - 1] == 0x5a);
         CHECK(llm_pack_rows(type, W, rows, n, P) == 0);
         /* the same bits, moved (whole halves and quants: nibbles or bytes; Q4_K's 6-bit scales and
-         * mins), and the 5 padding rows zero */
+         * mins; Q6_K's quants split in 4 and 2 bits), and the 5 padding rows zero */
         uint64_t sw = 0, sp = 0;
         for (int64_t k = 0; k < rows * rb; k++) sw += (uint64_t)__builtin_popcount(W[k]);
         for (int64_t k = 0; k < 16 * rb; k++) sp += (uint64_t)__builtin_popcount(P[k]);

@@ -423,7 +423,7 @@ static void pack_weights(llm_model *m) {
     }
     /* in 2 MiB pages where the kernel gives them (transparent huge pages on
      * madvise): 512 times fewer page faults to fill it, TLB misses to stream
-     * it. The integer products' matrices that are not packed (Q6_K, Q5_K)
+     * it. The integer products' matrices that are not packed (Q5_K, Q3_K)
      * are copied there as they are, for the same TLB misses (the file's
      * mapping has 4 KB pages; figures in docs/PERFORMANCE.md). */
     const size_t huge = (size_t)2 << 20;

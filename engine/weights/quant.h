@@ -229,7 +229,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
 int llm_type_int8(int type);
 
 /* ---- weights packed in groups of 8 rows ----
- * An integer-activation product reads a matrix of Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K
+ * An integer-activation product reads a matrix of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K
  * fastest with its rows in groups of 8 interleaved block by block: one
  * memory stream feeds 8 rows, their 8 scales come in one load, and 8 rows'
  * block sums fill one vector (no partial chunk at a row's end). Block b of
@@ -240,12 +240,14 @@ int llm_type_int8(int type);
  * Q8_0's as each row's rest of block in turn (4 fifth-bit bytes and 16
  * nibble bytes; 32 quants). Q4_K goes by super-block: the 8 rows' d and
  * dmin halves, their sub-block scales and mins unpacked to bytes, then each
- * sub-block's quants in lanes as Q4_0's (quant_kern.h, LLM_PK4K_*). A group
- * takes the bytes of 8 rows; rows past the
+ * sub-block's quants in lanes as Q4_0's (quant_kern.h, LLM_PK4K_*); Q6_K
+ * too: the 8 rows' d halves and int8 sub-block scales, then each block of
+ * 32's low 4 bits in lanes as Q4_0's and its high 2 bits in lanes beside
+ * them (LLM_PK6K_*). A group takes the bytes of 8 rows; rows past the
  * last one pad its last group as zeros. Every row's product follows the
  * reference's arithmetic, so packed and plain rows give the same bits. */
 /* Bytes of the packed form of rows x cols, or 0 if this type is not packed
- * (Q5_K, Q6_K and the other formats not named above, and the float types)
+ * (Q5_K and the other formats not named above, and the float types)
  * or the shape is bad. */
 int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols);
 /* Pack W (rows x cols of `type`) into P (llm_packed_bytes bytes). Returns 0,

@@ -303,7 +303,7 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
 
 int llm_type_packed(int type) {
     return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0 ||
-           type == LLM_TYPE_Q4_K;
+           type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;
 }
 
 int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
@@ -412,14 +412,68 @@ static void unpack_q4_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q4
     }
 }
 
+/* Q6_K (quant_kern.h): super-block sb of W's rows 8g .. 8g+7 into the
+ * packed super-block at dst, padding rows zeros. Element k of block i: its
+ * low 4 bits are nibble i / 2 % 2 of ql[64 (i / 4) + 32 (i % 2) + k], its
+ * high 2 bits bits 2 (i % 4) of qh[32 (i / 4) + k], as weight_block reads
+ * them; whole dwords of lanes at a time (a model's load packs hundreds of
+ * MB of them). */
+static void pack_q6_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst) {
+    memset(dst, 0, 8 * sizeof(llm_block_q6_k));
+    for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
+        const uint8_t *blk = src + (g * 8 + r) * rb + sb * (int64_t)sizeof(llm_block_q6_k);
+        memcpy(dst + LLM_PK6K_D + 2 * r, blk + offsetof(llm_block_q6_k, d), 2);
+        for (int j = 0; j < 16; j++) dst[LLM_PK6K_SC + 8 * j + r] = blk[offsetof(llm_block_q6_k, scales) + j];
+        for (int i = 0; i < 8; i++) {
+            uint8_t *q = dst + LLM_PK6K_Q + LLM_PK6K_BLOCK * i;
+            const uint8_t *ql = blk + offsetof(llm_block_q6_k, ql) + 64 * (i / 4) + 32 * (i % 2);
+            const uint8_t *qh = blk + offsetof(llm_block_q6_k, qh) + 32 * (i / 4);
+            for (int c = 0; c < 4; c++) {
+                const uint32_t v = lane_dword(ql + 8 * c, i / 2 % 2);
+                memcpy(q + 32 * c + 4 * r, &v, 4);
+            }
+            for (int c = 0; c < 2; c++) {   /* the high bits of nibble chunk 2c + e, as nibbles, at bit 2e */
+                uint32_t h = 0;
+                for (int e = 0; e < 2; e++) {
+                    uint64_t t;
+                    memcpy(&t, qh + 8 * (2 * c + e), 8);
+                    t = t >> (2 * (i % 4)) & 0x0303030303030303ull;
+                    h |= lane_dword((const uint8_t *)&t, 0) << (2 * e);
+                }
+                memcpy(q + LLM_PK6K_HI + 32 * c + 4 * r, &h, 4);
+            }
+        }
+    }
+}
+
+/* Row r's super-block of a packed Q6_K super-block p, as the file has it
+ * (pack_q6_k's bits put back one at a time, by llm_lane_byte and
+ * llm_q6_hi_byte) */
+static void unpack_q6_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q6_k)]) {
+    memset(blk, 0, sizeof(llm_block_q6_k));
+    memcpy(blk + offsetof(llm_block_q6_k, d), p + LLM_PK6K_D + 2 * r, 2);
+    for (int j = 0; j < 16; j++) blk[offsetof(llm_block_q6_k, scales) + j] = p[LLM_PK6K_SC + 8 * j + r];
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * i;
+        for (int k = 0; k < QB; k++) {
+            int ls, hs;
+            const uint8_t lo = q[llm_lane_byte(r, k, &ls)] >> ls & 15;
+            const uint8_t hi = q[LLM_PK6K_HI + llm_q6_hi_byte(r, k, &hs)] >> hs & 3;
+            blk[offsetof(llm_block_q6_k, ql) + 64 * (i / 4) + 32 * (i % 2) + k] |= (uint8_t)(lo << (i / 2 % 2 * 4));
+            blk[offsetof(llm_block_q6_k, qh) + 32 * (i / 4) + k] |= (uint8_t)(hi << (2 * (i % 4)));
+        }
+    }
+}
+
 int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) {
     int64_t bytes = llm_packed_bytes(type, rows, cols);
     if (!bytes || !W || !P) return -1;
     const int64_t bb = llm_type_block_bytes(type), nb = cols / QB, rb = llm_row_bytes(type, cols);
     uint8_t *dst = P;
-    if (type == LLM_TYPE_Q4_K) {
+    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K) {
         for (int64_t g = 0; g < (rows + 7) / 8; g++)
-            for (int64_t sb = 0; sb < cols / LLM_QK_K; sb++, dst += 8 * bb) pack_q4_k(W, rows, rb, g, sb, dst);
+            for (int64_t sb = 0; sb < cols / LLM_QK_K; sb++, dst += 8 * bb)
+                (type == LLM_TYPE_Q4_K ? pack_q4_k : pack_q6_k)(W, rows, rb, g, sb, dst);
         return 0;
     }
     for (int64_t g = 0; g < (rows + 7) / 8; g++)
@@ -439,13 +493,15 @@ int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const 
         for (int r = 0; r < 8; r++) {
             float lane[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t blk[sizeof(llm_block_q4_k)];
+                uint8_t blk[sizeof(llm_block_q6_k)];
+                const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;
                 if (type == LLM_TYPE_Q4_K) unpack_q4_k(llm_packed_block(type, group, b), r, blk);
+                else if (type == LLM_TYPE_Q6_K) unpack_q6_k(llm_packed_block(type, group, b), r, blk);
                 else unpack_block(type, group + b * 8 * bb, r, blk);
                 int32_t wi[QB], mn[QB];
                 float wa, wb;
                 /* the packed types have no mins of Q2_K's kind */
-                weight_block(type, blk, type == LLM_TYPE_Q4_K ? b % 8 : 0, wi, mn, &wa, &wb);
+                weight_block(type, blk, kq ? b % 8 : 0, wi, mn, &wa, &wb);
                 lane[b % 8] = lane[b % 8] + act_term(wi, NULL, wa, wb, x, b);
             }
             out[r] = llm_act_lanes_sum(lane);

@@ -666,9 +666,133 @@ static inline __attribute__((always_inline)) void packed_scales(const int type, 
                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN))), wa, wb);
         return;
     }
+    if (type == LLM_TYPE_Q6_K) {   /* the sub-block scales are in the weights (q6k_pairs) */
+        *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK6K_D)));
+        *wb = _mm256_setzero_ps();
+        return;
+    }
     *wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_scale(0))));
     *wb = type == LLM_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + llm_packed_offset(0))))
                                 : _mm256_setzero_ps();
+}
+
+/* Pair k of nibble chunk c of a packed Q6_K block (v: that chunk, hv: its
+ * high-bit chunk, c / 2): lane r is row r's quants 8c + 2k, 8c + 2k + 1
+ * less 32, as int16 */
+static inline __attribute__((always_inline)) __m256i q6k_pair(__m256i v, __m256i hv, const int c, const int k) {
+    const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12)
+                              : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(0x000F000F));
+    const int sh = 4 * k + 2 * (c % 2) - 4;   /* from the high bits' place to bits 4, 5 of each half */
+    const __m256i hs = sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh);
+#ifdef __AVX512VL__
+    const __m256i w = _mm256_ternarylogic_epi32(hs, _mm256_set1_epi32(0x00300030), lo, 0xEA);   /* (hs & mask) | lo */
+#else
+    const __m256i w = _mm256_or_si256(_mm256_and_si256(hs, _mm256_set1_epi32(0x00300030)), lo);
+#endif
+    return _mm256_sub_epi16(w, _mm256_set1_epi16(32));
+}
+
+/* The 16 int16 pair vectors of block b of a packed Q6_K group: lane r of
+ * pr[j] is row r's weights 2j, 2j + 1, its quants less 32 times their
+ * sub-block's scale (at most 32 * 128 in size), as weight_block's. Chunk c
+ * of nibbles (elements 8c .. 8c+7, sub-block c / 2) as lane_pairs takes
+ * Q4_0's, with the high bits of high-bit chunk c / 2 shifted beside them. */
+static inline __attribute__((always_inline)) void q6k_pairs(const uint8_t *grp, int64_t b, __m256i pr[16]) {
+    const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
+    const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+    UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
+        /* row r's int8 scale in both int16 halves of dword r */
+        const __m256i s32 = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 8 * (2 * (b % 8) + c / 2))));
+        const __m256i sc = _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s32, 16));
+        UNROLL for (int k = 0; k < 4; k++) pr[4 * c + k] = _mm256_mullo_epi16(q6k_pair(v, hv, c, k), sc);
+    }
+}
+
+/* The 8 rows' exact sums S[t] of block b of a packed Q6_K group against
+ * the int16 pairs xp[t] of NT <= LANE_ROWS activation rows: the quants less
+ * 32 against x per sub-block of 16, and only those two sums times the
+ * scales (|sub-block sum| <= 16 * 32 * 16383, times 128: below 2^30),
+ * fewer operations than q6k_pairs' scaled weights where few X rows read
+ * them */
+static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, int64_t b, const int16_t *const *xp,
+                                                          const int NT, __m256i *S) {
+    const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
+    const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+    __m256i acc[LANE_ROWS][2];   /* [X row][sub-block] */
+    UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+    UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m256i wq = q6k_pair(v, hv, c, k);
+            UNROLL for (int t = 0; t < NT; t++)
+                acc[t][c / 2] = dp_pairs(acc[t][c / 2], wq, bcast32(xp[t] + 8 * c + 2 * k));
+        }
+    }
+    const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8))));
+    const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 8)));
+    UNROLL for (int t = 0; t < NT; t++)
+        S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
+}
+
+#ifdef __AVX512BW__
+/* q6k_sums for one X row on two blocks at once, b and b + 1 (b even), in
+ * the 16 lanes of 512-bit vectors: lanes 0-7 block b's 8 rows, 8-15 block
+ * b + 1's. xv[j]: the X row's pair j of block b in lanes 0-7, of block b + 1
+ * in 8-15 (q6k_x2) */
+static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *grp, int64_t b, const __m512i xv[16]) {
+    const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
+    const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+    const __m512i m0 = _mm512_set1_epi32(0x000F000F), mh = _mm512_set1_epi32(0x00300030);
+    const __m512i k32 = _mm512_set1_epi16(32);
+    __m512i acc[2][2];   /* [sub-block][pair parity] */
+    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = _mm512_setzero_si512();
+    UNROLL for (int c = 0; c < 4; c++) {
+        const uint8_t *lo_at = q + 32 * c, *hi_at = q + LLM_PK6K_HI + 32 * (c / 2);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo_at)),
+                                             _mm256_loadu_si256((const __m256i *)(lo_at + LLM_PK6K_BLOCK)), 1);
+        const __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)hi_at)),
+                                              _mm256_loadu_si256((const __m256i *)(hi_at + LLM_PK6K_BLOCK)), 1);
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), m0);
+            const int sh = 4 * k + 2 * (c % 2) - 4;
+            const __m512i hs = sh >= 0 ? _mm512_srli_epi32(hv, sh) : _mm512_slli_epi32(hv, -sh);
+            const __m512i w = _mm512_sub_epi16(_mm512_ternarylogic_epi32(hs, mh, lo, 0xEA), k32);
+#ifdef QK_VNNI
+            acc[c / 2][k % 2] = _mm512_dpwssd_epi32(acc[c / 2][k % 2], w, xv[4 * c + k]);
+#else
+            acc[c / 2][k % 2] = _mm512_add_epi32(acc[c / 2][k % 2], _mm512_madd_epi16(w, xv[4 * c + k]));
+#endif
+        }
+    }
+    /* the sub-block scales: [block b's first 8, its second 8, block b + 1's first, second] */
+    const __m128i s0 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8)));
+    const __m128i s1 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 16));
+    const __m512i sa = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s1)), sb = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s1));
+    return _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), sa),
+                            _mm512_mullo_epi32(_mm512_add_epi32(acc[1][0], acc[1][1]), sb));
+}
+
+/* One X row's blocks b, b + 1 (64 int16 quants at xq) as q6k_sums2's xv */
+static inline __attribute__((always_inline)) void q6k_x2(const int16_t *xq, __m512i xv[16]) {
+    const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 32);
+    UNROLL for (int j = 0; j < 16; j++)
+        xv[j] = _mm512_permutex2var_epi32(x0, _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(16 + j), 1), x1);
+}
+#endif
+
+/* Block b of activation row x as int16 pairs: its 16-bit quants, or its
+ * 8-bit ones widened into buf */
+static inline __attribute__((always_inline)) const int16_t *x_pairs(const llm_act_row *x, int64_t b, const int W16,
+                                                                   int16_t buf[32]) {
+    if (W16) return (const int16_t *)x->q + 32 * b;
+    const int8_t *q = (const int8_t *)x->q + 32 * b;
+    _mm256_storeu_si256((__m256i *)buf, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)));
+    _mm256_storeu_si256((__m256i *)(buf + 16), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))));
+    return buf;
 }
 
 /* The 8 rows' terms of block b, S their block sums and wa, wb their scales
@@ -698,7 +822,11 @@ static inline __attribute__((always_inline)) __m256i row1_sums(const int type, c
                                                               int64_t b, const llm_act_row *x, const int W16) {
     const int bb = (int)llm_packed_block_bytes(type), hd = llm_packed_head(type);
     __m256i S;
-    if (llm_packed_lanes(type) && W16) {
+    if (type == LLM_TYPE_Q6_K) {
+        _Alignas(32) int16_t buf[32];
+        const int16_t *xp = x_pairs(x, b, W16, buf);
+        q6k_sums(grp, b, &xp, 1, &S);
+    } else if (llm_packed_lanes(type) && W16) {
         const int16_t *xp = (const int16_t *)x->q + 32 * b;
         lane_sums16(llm_packed_lane_quants(type, grp, b), &xp, 1, &S);
     } else if (llm_packed_lanes(type)) {
@@ -726,10 +854,33 @@ static inline __attribute__((always_inline)) __m256i row1_sums(const int type, c
 static inline __attribute__((always_inline)) void packed_groups_row1(const int type, const uint8_t *grp,
                                                                     int64_t gbytes, int ng, int64_t nb,
                                                                     const llm_act_row *x, float *out, const int W16) {
-    const int64_t bb = llm_packed_block_bytes(type);
     __m256 acc[LLM_ROW1_GROUPS][8];   /* [group][b % 8], a lane per weight row: the reference's lane sums */
     for (int k = 0; k < ng; k++) UNROLL for (int i = 0; i < 8; i++) acc[k][i] = _mm256_setzero_ps();
     __m256 d[LLM_ROW1_GROUPS], dmin[LLM_ROW1_GROUPS];
+#ifdef __AVX512BW__
+    if (type == LLM_TYPE_Q6_K) {   /* two blocks at a time (a row has whole super-blocks): q6k_sums2 */
+        const int64_t sb = llm_packed_stream_bytes(type);
+        for (int64_t b = 0; b < nb; b += 2) {
+            _Alignas(64) int16_t buf[64];
+            const int16_t *xq = x_pairs(x, b, W16, buf);
+            if (!W16) x_pairs(x, b + 1, W16, buf + 32);
+            __m512i xv[16];
+            q6k_x2(xq, xv);
+            for (int k = 0; k < ng; k++) {
+                const uint8_t *g = grp + k * gbytes, *at = g + b * sb;
+                for (int o = 0; o < 2 * sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+                const __m512i S = q6k_sums2(g, b, xv);
+                __m256 wa, wb;
+                packed_scales(type, g, b, &wa, &wb);   /* the super-block's d, the same for b + 1 */
+                acc[k][b % 8] = _mm256_add_ps(acc[k][b % 8], block_terms(type, _mm512_castsi512_si256(S), wa, wb, x, b));
+                acc[k][b % 8 + 1] = _mm256_add_ps(acc[k][b % 8 + 1],
+                                                  block_terms(type, _mm512_extracti64x4_epi64(S, 1), wa, wb, x, b + 1));
+            }
+        }
+        for (int k = 0; k < ng; k++) lanes_final(acc[k], out + 8 * k);
+        return;
+    }
+#endif
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int ns = nb - b0 < 8 ? (int)(nb - b0) : 8;
         if (type == LLM_TYPE_Q4_K)
@@ -743,8 +894,9 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
             const int64_t b = b0 + s;
             for (int k = 0; k < ng; k++) {
                 const uint8_t *g = grp + k * gbytes;
-                const uint8_t *p = llm_packed_block(type, g, b), *at = g + b * 8 * bb;
-                for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+                const int64_t sb = llm_packed_stream_bytes(type);
+                const uint8_t *p = llm_packed_block(type, g, b), *at = g + b * sb;
+                for (int o = 0; o < sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
                 const __m256i S = row1_sums(type, g, p, b, x, W16);
                 __m256 wa, wb;
                 if (type == LLM_TYPE_Q4_K) q4k_scales(p, s, d[k], dmin[k], &wa, &wb);
@@ -769,10 +921,15 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
     UNROLL for (int t = 0; t < NT; t++) UNROLL for (int i = 0; i < 8; i++) acc[t][i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         /* block b's bytes in the group's stream (a Q4_K super-block's eighth) */
-        const uint8_t *p = llm_packed_block(type, grp, b), *at = grp + b * 8 * bb;
-        for (int o = 0; o < 8 * bb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
+        const int64_t sb = llm_packed_stream_bytes(type);
+        const uint8_t *p = llm_packed_block(type, grp, b), *at = grp + b * sb;
+        for (int o = 0; o < sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
         __m256i S[LANE_ROWS];
-        if (llm_packed_lanes(type)) {
+        if (type == LLM_TYPE_Q6_K) {
+            const int16_t *xp[LANE_ROWS];
+            UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
+            q6k_sums(grp, b, xp, NT, S);
+        } else if (llm_packed_lanes(type)) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
             lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
@@ -883,9 +1040,10 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
     const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = llm_packed_block(type, grp, b);
-    if (llm_packed_lanes(type)) {
+    if (llm_packed_lanes(type) || type == LLM_TYPE_Q6_K) {
         __m256i pr[16], rows[8];
-        lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
+        if (type == LLM_TYPE_Q6_K) q6k_pairs(grp, b, pr);
+        else lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
         if (PAIRS) {   /* Q4_0's quants less 8 here, once for all the X rows */
             if (type == LLM_TYPE_Q4_0) UNROLL for (int j = 0; j < 16; j++) pr[j] = _mm256_sub_epi16(pr[j], _mm256_set1_epi16(8));
             UNROLL for (int j = 0; j < 16; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, pr[j]);
@@ -1083,7 +1241,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
     /* X rows [0, wide) in 512-bit tiles (wide_block) */
     const int wide = X_WIDE && lanes ? nt / 32 * 32 : 0;
     /* with lanes, a lane-packed group's pair vectors as they load */
-    const int pairs = lanes && PACKED && llm_packed_lanes(type);
+    const int pairs = lanes && PACKED && (llm_packed_lanes(type) || type == LLM_TYPE_Q6_K);
     union {
         __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
         __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
@@ -1195,7 +1353,8 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
             t = nt / 32 * 32;                                                                          \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
-        if (nt - t > LLM_ACT_FEW_ROWS && (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {           \
+        if (nt - t > LLM_ACT_FEW_ROWS && (W_ || T_ != LLM_TYPE_Q6_K) &&                               \
+            (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {                                          \
             const int n = (nt - t) / 8 * 8;                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x + t, n, out + 8 * t, W_);                            \
             t += n;                                                                                    \
@@ -1204,7 +1363,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
-PACKED_W(LLM_TYPE_Q4_K)
+PACKED_W(LLM_TYPE_Q4_K) PACKED_W(LLM_TYPE_Q6_K)
 #undef PACKED_W
 #undef PACKED
 #undef LANE_TILES
@@ -1219,6 +1378,7 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q4_K: (w16 ? packed_LLM_TYPE_Q4_K_1 : packed_LLM_TYPE_Q4_K_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q6_K: (w16 ? packed_LLM_TYPE_Q6_K_1 : packed_LLM_TYPE_Q6_K_0)(group, nb, x, nt, out); return 0;
     default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
     }
 }
@@ -1230,6 +1390,7 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     }
 #define ROW1_W(T_) ROW1(T_, 0) ROW1(T_, 1)
 ROW1_W(LLM_TYPE_Q4_0) ROW1_W(LLM_TYPE_Q4_1) ROW1_W(LLM_TYPE_Q5_0) ROW1_W(LLM_TYPE_Q8_0) ROW1_W(LLM_TYPE_Q4_K)
+ROW1_W(LLM_TYPE_Q6_K)
 #undef ROW1_W
 #undef ROW1
 
@@ -1243,6 +1404,7 @@ int QK_CAT(llm_act_row_packed_, QK_TABLE)(int type, const uint8_t *groups, int64
     case LLM_TYPE_Q5_0: (w16 ? row1_LLM_TYPE_Q5_0_1 : row1_LLM_TYPE_Q5_0_0)(groups, gbytes, ng, nb, x, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? row1_LLM_TYPE_Q8_0_1 : row1_LLM_TYPE_Q8_0_0)(groups, gbytes, ng, nb, x, out); return 0;
     case LLM_TYPE_Q4_K: (w16 ? row1_LLM_TYPE_Q4_K_1 : row1_LLM_TYPE_Q4_K_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q6_K: (w16 ? row1_LLM_TYPE_Q6_K_1 : row1_LLM_TYPE_Q6_K_0)(groups, gbytes, ng, nb, x, out); return 0;
     default: return -1;
     }
 }

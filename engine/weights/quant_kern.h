@@ -156,6 +156,17 @@ static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (
  * for an odd one), then each sub-block's 32 quants of the 8 rows in lanes
  * as a Q4_0 block's (128 bytes). */
 enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, LLM_PK4K_Q = 128 };
+/* A packed Q6_K super-block (8 rows' super-blocks, 8 * 210 bytes) holds the
+ * 8 rows' d halves, their 16 int8 sub-block scales as [sub-block of
+ * 16][row] bytes, then per block of 32 elements (LLM_PK6K_BLOCK bytes): the
+ * low 4 bits of its 32 quants of the 8 rows in lanes as a Q4_0 block's (4
+ * chunks, 128 bytes), and their high 2 bits in 2 chunks of 32 bytes, dword
+ * r row r's: chunk c holds those of nibble chunks 2c and 2c + 1, the 2 bits
+ * of the nibble at bit n of chunk i's dword at bit n + 2 (i % 2) of chunk
+ * i / 2's (llm_q6_hi_byte), so that one shift and a mask put them beside
+ * their nibbles. LLM_PK6K_Q: where block 0 begins; LLM_PK6K_HI: where a
+ * block's high bits begin in it. */
+enum { LLM_PK6K_D = 0, LLM_PK6K_SC = 16, LLM_PK6K_Q = 144, LLM_PK6K_HI = 128, LLM_PK6K_BLOCK = 192 };
 static inline int llm_packed_lanes(int type) {
     return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K;
 }
@@ -168,10 +179,17 @@ static inline int64_t llm_packed_block_bytes(int type) {
          : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
 }
 /* Where block b (of 32 elements) of a packed group begins: its packed
- * block, or for Q4_K its super-block */
+ * block, or for Q4_K and Q6_K its super-block */
 static inline const uint8_t *llm_packed_block(int type, const uint8_t *grp, int64_t b) {
     if (type == LLM_TYPE_Q4_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q4_k);
+    if (type == LLM_TYPE_Q6_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q6_k);
     return grp + b * 8 * llm_packed_block_bytes(type);
+}
+/* The bytes of a packed group's stream per block of 32 elements (8 rows'),
+ * what a kernel prefetches per block: 8 blocks' bytes, or Q6_K's 210 (its
+ * 8 rows' super-block of 8 blocks is 8 * 210 bytes, 26.25 a block and row) */
+static inline int64_t llm_packed_stream_bytes(int type) {
+    return type == LLM_TYPE_Q6_K ? (int64_t)sizeof(llm_block_q6_k) : 8 * llm_packed_block_bytes(type);
 }
 /* Block b's quants in lanes (llm_packed_lanes types) */
 static inline const uint8_t *llm_packed_lane_quants(int type, const uint8_t *grp, int64_t b) {
@@ -184,6 +202,13 @@ static inline int llm_lane_byte(int r, int k, int *shift) {
     const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2);
     *shift = bit % 8;
     return 32 * (k / 8) + 4 * r + bit / 8;
+}
+/* The byte of a packed Q6_K block's high-bit chunks that holds the 2 high
+ * bits of element k (0..31) of row r, and their shift in that byte */
+static inline int llm_q6_hi_byte(int r, int k, int *shift) {
+    const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2) + 2 * (k / 8 % 2);
+    *shift = bit % 8;
+    return 32 * (k / 16) + 4 * r + bit / 8;
 }
 
 #endif
