@@ -489,12 +489,12 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out) {
     if (!llm_type_packed(type) || nt < 1) return -1;
     const int64_t bb = llm_type_block_bytes(type);
+    const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;   /* by super-block */
     for (int t = 0; t < nt; t++, x++, out += 8) {
         for (int r = 0; r < 8; r++) {
             float lane[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t blk[sizeof(llm_block_q6_k)];
-                const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;
                 if (type == LLM_TYPE_Q4_K) unpack_q4_k(llm_packed_block(type, group, b), r, blk);
                 else if (type == LLM_TYPE_Q6_K) unpack_q6_k(llm_packed_block(type, group, b), r, blk);
                 else unpack_block(type, group + b * 8 * bb, r, blk);

@@ -1034,13 +1034,17 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, _
  * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead); with
  * PAIRS the pair vectors themselves, [pair][row] (pair_at), for the
  * products that broadcast one row's pair at a time. */
+/* Whether a packed block of the type gives its 8 rows' weights as 16 int16
+ * pair vectors (lane_pairs, q6k_pairs) */
+static inline int packed_pairs(int type) { return llm_packed_lanes(type) || type == LLM_TYPE_Q6_K; }
+
 static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16,
                   const int PAIRS) {
     const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = llm_packed_block(type, grp, b);
-    if (llm_packed_lanes(type) || type == LLM_TYPE_Q6_K) {
+    if (packed_pairs(type)) {
         __m256i pr[16], rows[8];
         if (type == LLM_TYPE_Q6_K) q6k_pairs(grp, b, pr);
         else lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
@@ -1241,7 +1245,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
     /* X rows [0, wide) in 512-bit tiles (wide_block) */
     const int wide = X_WIDE && lanes ? nt / 32 * 32 : 0;
     /* with lanes, a lane-packed group's pair vectors as they load */
-    const int pairs = lanes && PACKED && (llm_packed_lanes(type) || type == LLM_TYPE_Q6_K);
+    const int pairs = lanes && PACKED && packed_pairs(type);
     union {
         __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
         __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
