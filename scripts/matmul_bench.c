@@ -1,6 +1,6 @@
 /* scripts/matmul_bench.c - one weight product in GMAC/s: ROWS x N random
  * weights of a type (ggml number: 2 Q4_0, 12 Q4_K, 14 Q6_K, ...) against M
- * X rows quantized to 16 bits, plain or packed (llm_pack_rows), called in
+ * X rows quantized to 16 bits (KVCACHE_ACT_BITS=8: 8 bits), plain or packed (llm_pack_rows), called in
  * tasks of TASK rows as the engine's pool runs it (engine/model/layers.c),
  * best of 5 in the thread's CPU time, which a loaded machine disturbs less
  * than wall time. KVCACHE_SIMD=avx2 runs the AVX2 kernels.
@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < rows * rb; i++) W[i] = (uint8_t)rand();
     for (int64_t i = 0; i < m * n; i++) X[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     llm_act a;
-    if (llm_act_quantize(&a, X, m, n, LLM_ACT_Q16, buf, ab) != 0) return 1;
+    if (llm_act_quantize(&a, X, m, n, llm_act_default_bits(), buf, ab) != 0) return 1;
     void *P = NULL;
     int64_t pb = pack ? llm_packed_bytes(type, rows, n) : 0;
     if (pb && (P = malloc((size_t)pb)) != NULL) llm_pack_rows(type, W, rows, n, P);

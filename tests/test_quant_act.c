@@ -245,10 +245,12 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
     llm_quant_select(was);
 }
 
-/* int16 quants at their extremes (every |q| = 16383) against the largest
- * Q6_K and Q8_0 weights, in plain rows and packed: the int32 block sums
- * must not overflow. */
-TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
+/* Activation quants at their extremes (every |q| = 16383, or 127 for
+ * 8-bit ones) against the largest Q6_K and Q8_0 weights, in plain rows and
+ * packed, one X row and 64 (the VNNI tiles): the int32 block sums must not
+ * overflow, nor the 8-bit tiles' scaled Q6_K sub-block sums (16 * 32 * 127
+ * * 128 each) lose a bit in their float sum. */
+TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     for (int ti = 0; ti < 2; ti++) {
         int type = ti ? LLM_TYPE_Q8_0 : LLM_TYPE_Q6_K;
@@ -260,21 +262,27 @@ TEST(quant_act_int16_extremes_do_not_overflow_the_block_sums) {
         } else {                        /* every q = -128, d = 1 */
             for (int b = 0; b < 8; b++) { put_half(W + 34 * b, 1.0f); memset(W + 34 * b + 2, 0x80, 32); }
         }
-        float x[256];
-        for (int k = 0; k < 256; k++) x[k] = 1.0f;
-        act_buf ab;
-        CHECK(quantize(&ab, x, 1, n, LLM_ACT_Q16) == 0);
+        const double want = type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128;
         uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
         CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
-        for (int ki = 0; ki < N_KERNELS; ki++) {
-            if (select_kernels(ki) != 0) continue;
-            for (int pk = 0; pk < 2; pk++) {
-                float y;
-                llm_matmul_act(type, W, pk ? P : NULL, n, 0, 1, &ab.a, &y, 1);
-                CHECK_NEAR(y, type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128, 1e-3);
+        for (int bits = 8; bits <= 16; bits += 8)
+            for (int64_t m = 1; m <= 64; m += 63) {
+                float *x = malloc((size_t)(m * n) * sizeof *x), y[64], y0[64];
+                for (int64_t k = 0; k < m * n; k++) x[k] = 1.0f;
+                act_buf ab;
+                CHECK(quantize(&ab, x, m, n, bits) == 0);
+                llm_quant_select("scalar");
+                llm_matmul_act(type, W, NULL, n, 0, 1, &ab.a, y0, 1);
+                for (int ki = 0; ki < N_KERNELS; ki++) {
+                    if (select_kernels(ki) != 0) continue;
+                    for (int pk = 0; pk < 2; pk++) {
+                        llm_matmul_act(type, W, pk ? P : NULL, n, 0, 1, &ab.a, y, 1);
+                        for (int64_t t = 0; t < m; t++) CHECK_NEAR(y[t], want, 1e-6 * fabs(want));
+                        CHECK(memcmp(y, y0, (size_t)m * sizeof *y) == 0);   /* the scalar product's bits */
+                    }
+                }
+                free(ab.buf), free(x);
             }
-        }
-        free(ab.buf);
         free(W), free(P);
     }
     llm_quant_select(was);
@@ -390,15 +398,16 @@ TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product)
  * tiles (45: 32 + 13) or in lanes from the middle of a group of 16 (56: 32
  * + 16 + 8), and its tiles of 64 in a block of 64 and more (70: 64 + 6),
  * on a last group of 5 rows and a row range that starts and ends inside
- * groups; every kernel, plain and packed rows, equal to the scalar plain
- * product bit for bit. */
+ * groups; with 8-bit X rows, VNNI's tiles of 16, 32 and 64 over a last
+ * group that the call's rows do not fill (9, 13, 27, 45, 56); every kernel,
+ * plain and packed rows, equal to the scalar plain product bit for bit. */
 TEST(quant_act_packed_tiles_match_the_scalar_product_at_every_row_count) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {37};
-    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K};
-    static const int64_t ms[] = {2, 3, 9, 13, 45, 56, 70};
-    for (int ti = 0; ti < 5; ti++)
-        for (int mi = 0; mi < 7; mi++)
+    static const int types[] = {LLM_TYPE_Q4_K, LLM_TYPE_Q4_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K, LLM_TYPE_Q5_0};
+    static const int64_t ms[] = {2, 3, 9, 13, 27, 45, 56, 70};
+    for (int ti = 0; ti < 6; ti++)
+        for (int mi = 0; mi < 8; mi++)
             for (int bits = 8; bits <= 16; bits += 8) {
                 const int type = types[ti];
                 const int64_t n = llm_type_block_elems(type) == 256 ? 768 : 224, rows = 13, m = ms[mi];

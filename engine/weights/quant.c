@@ -287,7 +287,7 @@ static int scalar_fused(int type, const uint8_t *const *w, int nr, const float *
 }
 
 const llm_qkern llm_qkern_scalar = {"scalar", scalar_dequant, scalar_dot_tile, scalar_fused, llm_act_dot_scalar,
-                                     llm_act_dot_packed_scalar, llm_act_quantize_scalar, NULL, NULL};
+                                     llm_act_dot_packed_scalar, llm_act_quantize_scalar, NULL, 0, NULL};
 
 /* The AVX-512 kernels, with VNNI where the CPU has it, unless
  * KVCACHE_NO_VNNI (src/cpu.h) */

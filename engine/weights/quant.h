@@ -192,9 +192,9 @@ typedef struct {
     void *q;          /* [m][n] int8_t or int16_t quants; NULL for bits 0 */
     float *d;         /* [m][n / 32] block scales */
     int32_t *s;       /* [m][n / 32] sum of each block's quants */
-    int32_t *lanes;   /* NULL, or (bits 16, more than 8 rows, kernels that read
-                         them) the rows' quants in lanes of 16 rows, laid out once
-                         for every product that reads a */
+    int32_t *lanes;   /* NULL, or (more than 8 rows, kernels that read them at
+                         these bits) the rows' quants in lanes of 16 rows, laid
+                         out once for every product that reads a */
 } llm_act;
 
 /* Bytes of the work area llm_act_quantize needs for m rows of n (any bits;

@@ -16,9 +16,10 @@ enum { QB = 32 };   /* elements per activation block */
 /* ------------------------------------------------------------ quantizing */
 
 static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
-/* the lanes of m rows of n: a group of 16 rows' per 16 rows begun */
+/* the lanes of m rows of n: a group of 16 rows' per 16 rows begun (16-bit
+ * ones, the larger) */
 static size_t lanes_bytes(int64_t m, int64_t n) {
-    return round64((size_t)(m + 15) / 16 * llm_act_lanes_size(n / QB) * sizeof(int32_t));
+    return round64((size_t)(m + 15) / 16 * llm_act_lanes_size(n / QB, LLM_ACT_Q16) * sizeof(int32_t));
 }
 
 size_t llm_act_bytes(int64_t m, int64_t n) {
@@ -96,13 +97,13 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
     k->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s);
     *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
     /* the lanes once here, not again in every product (and every task of one) that reads them */
-    if (k->act_lanes && bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS) {
+    if (llm_qkern_lanes(k, bits) && m > LLM_ACT_FEW_ROWS) {
         int32_t *lanes = (int32_t *)((uintptr_t)s + round64((size_t)m * nb * sizeof(int32_t)));
         llm_act_row xs[JB];
         for (int64_t jb = 0; jb < m; jb += JB) {
             int nt = (int)(m - jb < JB ? m - jb : JB);
             for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
-            k->act_lanes(xs, nt, (int64_t)nb, llm_act_lanes_row(lanes, (int64_t)nb, jb));
+            k->act_lanes(xs, nt, (int64_t)nb, llm_act_lanes_row(lanes, (int64_t)nb, bits, jb));
         }
         a->lanes = lanes;
     }
@@ -118,7 +119,7 @@ llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1) {
     r.q = (char *)a->q + j0 * a->n * (a->bits / 8);
     r.d = a->d + j0 * nb, r.s = a->s + j0 * nb;
     /* the lanes of rows from j0 (a group's first) on, if these rows are enough to read them */
-    r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, j0) : NULL;
+    r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, a->bits, j0) : NULL;
     return r;
 }
 
@@ -530,8 +531,8 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     /* with more than a few X rows: their quants in lanes, if the kernels take them */
     int32_t *lanes = NULL;   /* a's, or (quantized under other kernels) this call's */
     const int own = !a->lanes;
-    if (k->act_lanes && a->bits == LLM_ACT_Q16 && m > LLM_ACT_FEW_ROWS)
-        lanes = own ? malloc(llm_act_lanes_size(nb) * sizeof *lanes * (JB / 16)) : a->lanes;
+    if (llm_qkern_lanes(k, a->bits) && m > LLM_ACT_FEW_ROWS)
+        lanes = own ? malloc(llm_act_lanes_size(nb, a->bits) * sizeof *lanes * (JB / 16)) : a->lanes;
     /* groups of 8 weight rows against blocks of JB X rows (kept in L2): the
      * kernels decode the 8 rows once for all the block's X rows */
     for (int64_t jb = 0; jb < m; jb += JB) {
@@ -539,7 +540,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         for (int t = 0; t < nt; t++) xs[t] = act_row(a, jb + t);
         if (lanes && nt > LLM_ACT_FEW_ROWS && own) k->act_lanes(xs, nt, nb, lanes);
         else if (lanes && nt > LLM_ACT_FEW_ROWS)
-            for (int t = 0; t < nt; t++) xs[t].lanes = llm_act_lanes_row(lanes, nb, jb + t);
+            for (int t = 0; t < nt; t++) xs[t].lanes = llm_act_lanes_row(lanes, nb, a->bits, jb + t);
         if (packed) {
             for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;

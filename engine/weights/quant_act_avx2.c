@@ -981,6 +981,7 @@ enum { CB = 64, NT_MAX = 64 };
 typedef struct {
     __m256i w[CB][8][2];   /* [block][row]: the vectors of packed_weights (32 KB) */
     __m256 wa[CB], wb[CB]; /* [block]: the 8 rows' scales and offsets */
+    int32_t sc[CB][2][8];  /* [block][half][row]: a packed Q6_K block's sub-block scales, for the 8-bit tiles */
 } rows_buf;
 
 static inline __attribute__((always_inline)) void
@@ -1035,8 +1036,59 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, _
  * PAIRS the pair vectors themselves, [pair][row] (pair_at), for the
  * products that broadcast one row's pair at a time. */
 /* Whether a packed block of the type gives its 8 rows' weights as 16 int16
- * pair vectors (lane_pairs, q6k_pairs) */
+ * pair vectors (lane_pairs, q6k_pairs), or for 8-bit X rows 8 quad vectors
+ * (packed_quads) */
 static inline int packed_pairs(int type) { return llm_packed_lanes(type) || type == LLM_TYPE_Q6_K; }
+
+/* 512-bit VNNI tiles of X rows in lanes (wide_block) */
+#define X_WIDE QK_X_WIDE
+#if X_WIDE
+/* The 8 quad vectors of block b of a packed group for 8-bit X rows in
+ * lanes: lane r of qd[j] is row r's unsigned quants of elements 8 (j / 2)
+ * + 0, 4, 1, 5 (j even) or + 2, 6, 3, 7 (j odd), the order of the lanes'
+ * quad j (llm_act_lanes_size). Lane-packed blocks: a dword's low nibbles
+ * masked (j even) or its high ones shifted down and masked. Q6_K's 6-bit
+ * quants take their high bits beside them (bits 4, 5 of each byte), from
+ * the high-bit chunk's nibble places (quant_kern.h). Q5_0's and Q8_0's
+ * rows keep their blocks whole: each row's 32 quants (Q8_0's plus 128,
+ * unsigned) put in that order by a shuffle, then the 8 rows' dwords
+ * transposed. */
+static inline __attribute__((always_inline)) void packed_quads(const int type, const uint8_t *grp, int64_t b,
+                                                               __m256i qd[8]) {
+    const __m256i m4 = _mm256_set1_epi8(15), mh = _mm256_set1_epi8(0x30);
+    if (type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0) {
+        const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                               0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+        const int bb = (int)llm_packed_block_bytes(type), hd = llm_packed_head(type);
+        const uint8_t *p = llm_packed_block(type, grp, b);
+        __m256i rows[8], unused;
+        UNROLL for (int r = 0; r < 8; r++) {
+            block32_quants(type, p + llm_packed_rest(bb, hd, r), 0, &rows[r], &unused);
+            if (type == LLM_TYPE_Q8_0) rows[r] = _mm256_xor_si256(rows[r], _mm256_set1_epi8(-128));
+            rows[r] = _mm256_shuffle_epi8(rows[r], order);
+        }
+        transpose8_epi32(rows, qd);
+        return;
+    }
+    if (type == LLM_TYPE_Q6_K) {
+        const uint8_t *q = llm_packed_block(type, grp, b) + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
+        UNROLL for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+            const __m256i h = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2))),
+                                                2 * (c % 2));
+            qd[2 * c] = _mm256_ternarylogic_epi32(_mm256_slli_epi32(h, 4), mh, _mm256_and_si256(v, m4), 0xEA);
+            qd[2 * c + 1] = _mm256_ternarylogic_epi32(h, mh, _mm256_and_si256(_mm256_srli_epi32(v, 4), m4), 0xEA);
+        }
+        return;
+    }
+    const uint8_t *q = llm_packed_lane_quants(type, grp, b);
+    UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        qd[2 * c] = _mm256_and_si256(v, m4);
+        qd[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m4);
+    }
+}
+#endif
 
 static inline __attribute__((always_inline)) void
 packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, int64_t i, const int W16,
@@ -1044,6 +1096,20 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
     const int64_t bb = llm_packed_block_bytes(type);
     const int hd = llm_packed_head(type);
     const uint8_t *p = llm_packed_block(type, grp, b);
+#if X_WIDE
+    if (PAIRS && !W16) {   /* 8-bit X rows: the quad vectors, [quad][row] */
+        __m256i qd[8];
+        packed_quads(type, grp, b, qd);
+        UNROLL for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, qd[j]);
+        if (type == LLM_TYPE_Q6_K)
+            UNROLL for (int h = 0; h < 2; h++)
+                _mm256_store_si256((__m256i *)rb->sc[i][h],
+                                   _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                       (const __m128i *)(p + LLM_PK6K_SC + 8 * (2 * (b % 8) + h)))));
+        packed_scales(type, grp, b, &rb->wa[i], &rb->wb[i]);
+        return;
+    }
+#endif
     if (packed_pairs(type)) {
         __m256i pr[16], rows[8];
         if (type == LLM_TYPE_Q6_K) q6k_pairs(grp, b, pr);
@@ -1110,8 +1176,8 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
             const int32_t *lanes = x[t0].lanes;   /* 8 rows of a group of 16 */
             __m256i xv[16];
             UNROLL for (int j = 0; j < 16; j++) xv[j] = _mm256_loadu_si256((const __m256i *)(lanes + b * 256 + 16 * j));
-            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb) + b * 16));
-            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb) + b * 16));
+            const __m256 dv = _mm256_loadu_ps((const float *)(lanes + llm_act_lanes_d(nb, 16) + b * 16));
+            const __m256i Bv = _mm256_loadu_si256((const __m256i *)(lanes + llm_act_lanes_s(nb, 16) + b * 16));
             const float *wa = (const float *)&rb->wa[b - c0], *wb = (const float *)&rb->wb[b - c0];
             UNROLL for (int r = 0; r < 8; r++) {
                 __m256i a0 = _mm256_setzero_si256(), a1 = a0;
@@ -1133,47 +1199,70 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
  * tiles (wide_block); without VNNI a product is two 512-bit operations
  * (vpmaddwd and vpaddd) and such tiles lose to rows_against_lanes
  * (docs/PERFORMANCE.md) */
-#if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
-#define X_WIDE 1
+#if X_WIDE
 static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
     return _mm512_dpwssd_epi32(acc, w, x);
 }
 
 /* Block b (slot i of the buffer) of weight rows r0 .. r0+NR-1 against NV
  * vectors of 16 X rows in lanes (groups of 16 from l0 on, G int32 apart),
- * in the 16 lanes of 512-bit vectors: per pair, the NV X vectors loaded
- * once and each weight row's pair broadcast once for all of them, the
- * NV * NR sums in registers (at most 16). A 512-bit load or broadcast
+ * in the 16 lanes of 512-bit vectors: per pair (Q8: quad), the NV X vectors
+ * loaded once and each weight row's pair broadcast once for all of them,
+ * the NV * NR sums in registers (at most 16). A 512-bit load or broadcast
  * costs about what a vpdpwssd does on the machines measured, so the loads
  * a product takes decide: 64 X rows against 4 weight rows take 8 a pair
- * for 16 products (32 against 8: 10). acc[v][r][b % 8]: lane l is X row
- * 16v + l, weight row r. The float part is terms' on 16 lanes; off: the
- * quant offset still in the sums (none in Q4_0's pair vectors). */
+ * for 16 products (32 against 8: 10). With 8-bit X rows (Q8) a vpdpbusd
+ * takes 4 elements where vpdpwssd takes 2, the unsigned quads of
+ * packed_quads against the signed X quads; Q6_K's two sub-blocks of 16 are
+ * summed apart, less 32 times the X half sums, and times their scales
+ * (exact: |sum| <= 16 * 32 * 127 * 128 twice), into the integer sums the
+ * reference's scaled weights give. acc[v][r][b % 8]: lane l is X row 16v
+ * + l, weight row r. The float part is terms' on 16 lanes; off: the quant
+ * offset still in the sums (none in Q4_0's 16-bit pair vectors). */
 static inline __attribute__((always_inline)) void
 tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, const int32_t *l0, int64_t G,
-        const int NV, const int r0, const int NR, __m512 (*acc)[8][8], const int PAIRS, const int off) {
+        const int NV, const int r0, const int NR, __m512 (*acc)[8][8], const int PAIRS, const int off, const int Q8) {
+    const int bits = Q8 ? 8 : 16, J = Q8 ? 8 : 16, q6 = Q8 && type == LLM_TYPE_Q6_K;
+    const int64_t QW = llm_act_lanes_q(bits);
     /* hidden from the compiler, which would otherwise keep one tile's
      * addresses and loads for the next and run out of registers */
     const int32_t *l = l0, *wp = pair_at(rb, i, r0, 0, PAIRS);
     __asm__("" : "+r"(l), "+r"(wp));
     __m512i a[4][8];   /* [X vector][weight row] */
+    _Alignas(64) float h[4][8][16];   /* Q6_K: the first sub-block's scaled sums, out of the registers */
     UNROLL for (int v = 0; v < NV; v++) UNROLL for (int r = 0; r < NR; r++) a[v][r] = _mm512_setzero_si512();
-    UNROLL for (int j = 0; j < 16; j++) {
+    UNROLL for (int j = 0; j < J; j++) {
+        if (q6 && j == J / 2)   /* the first sub-block's sums, scaled; the second's from 0 */
+            UNROLL for (int v = 0; v < NV; v++) {
+                const __m512i Hv = _mm512_slli_epi32(_mm512_loadu_si512(l + v * G + llm_act_lanes_h(nb, 8) + b * 16), 5);
+                UNROLL for (int r = 0; r < NR; r++) {
+                    _mm512_store_ps(h[v][r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[v][r], Hv)),
+                                                           _mm512_set1_ps((float)rb->sc[i][0][r0 + r])));
+                    a[v][r] = _mm512_setzero_si512();
+                }
+            }
         __m512i xv[4];
-        UNROLL for (int v = 0; v < NV; v++) xv[v] = _mm512_loadu_si512(l + v * G + b * 256 + 16 * j);
+        UNROLL for (int v = 0; v < NV; v++) xv[v] = _mm512_loadu_si512(l + v * G + b * QW + 16 * j);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512i w = _mm512_set1_epi32(wp[pair_index(r, j, PAIRS)]);
-            UNROLL for (int v = 0; v < NV; v++) a[v][r] = dp_pairs512(a[v][r], xv[v], w);
+            UNROLL for (int v = 0; v < NV; v++)
+                a[v][r] = Q8 ? _mm512_dpbusd_epi32(a[v][r], w, xv[v]) : dp_pairs512(a[v][r], xv[v], w);
         }
     }
     const float *wa = (const float *)&rb->wa[i], *wb = (const float *)&rb->wb[i];
     UNROLL for (int v = 0; v < NV; v++) {
-        const __m512 dv = _mm512_loadu_ps(l + v * G + llm_act_lanes_d(nb) + b * 16);
-        const __m512i Bv = _mm512_loadu_si512(l + v * G + llm_act_lanes_s(nb) + b * 16);
+        const __m512 dv = _mm512_loadu_ps(l + v * G + llm_act_lanes_d(nb, bits) + b * 16);
+        const __m512i Bv = _mm512_loadu_si512(l + v * G + llm_act_lanes_s(nb, bits) + b * 16);
+        __m512i H2 = _mm512_setzero_si512();   /* Q6_K: 32 times the X half sums of elements 16..31 */
+        if (q6) H2 = _mm512_slli_epi32(_mm512_sub_epi32(Bv, _mm512_loadu_si512(l + v * G + llm_act_lanes_h(nb, 8) + b * 16)), 5);
         UNROLL for (int r = 0; r < NR; r++) {
             __m512i S = a[v][r];
             if (off) S = _mm512_sub_epi32(S, _mm512_slli_epi32(Bv, off));
-            __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(wa[r0 + r]));
+            __m512 Sf = _mm512_cvtepi32_ps(S);
+            if (q6)
+                Sf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(S, H2)), _mm512_set1_ps((float)rb->sc[i][1][r0 + r]),
+                                     _mm512_load_ps(h[v][r]));
+            __m512 u = _mm512_mul_ps(Sf, _mm512_set1_ps(wa[r0 + r]));
             if (with_offsets(type))
                 u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r0 + r])));
             __m512 *ac = &acc[v][r0 + r][b % 8];
@@ -1182,49 +1271,75 @@ tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, co
     }
 }
 
-/* Block b (slot i of the buffer) against X rows [0, wide) (a multiple of
- * 32) in lanes: 64 X rows as two tiles of 4 weight rows, 32 as one of 8.
- * acc[v]: X rows 16v.. */
+/* Block b (slot i of the buffer) against X rows [0, wide) in lanes: 64 X
+ * rows as two tiles of 4 weight rows, 32 as one of 8, and (8-bit rows,
+ * whose wide is a multiple of 16, the last group's rows past the call's
+ * zeros) 16 as one of 8. acc[v]: X rows 16v.. */
 static inline __attribute__((always_inline)) void
 wide_block(const int type, const rows_buf *rb, int64_t nb, int64_t i, int64_t b, const llm_act_row *x, int wide,
-           __m512 (*acc)[8][8], const int PAIRS) {
-    const int off = PAIRS && type == LLM_TYPE_Q4_0 ? 0 : quant_offset(type);
-    const int64_t G = (int64_t)llm_act_lanes_size(nb);   /* from a group of 16 X rows to the next */
+           __m512 (*acc)[8][8], const int PAIRS, const int Q8) {
+    /* Q8_0's quads are its quants plus 128 */
+    const int off = PAIRS && !Q8 && type == LLM_TYPE_Q4_0 ? 0 : Q8 && type == LLM_TYPE_Q8_0 ? 7 : quant_offset(type);
+    const int64_t G = (int64_t)llm_act_lanes_size(nb, Q8 ? 8 : 16);   /* from a group of 16 X rows to the next */
     int t0 = 0;
     for (; t0 + 64 <= wide; t0 += 64) {
-        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 0, 4, acc + t0 / 16, PAIRS, off);
-        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 4, 4, acc + t0 / 16, PAIRS, off);
+        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 0, 4, acc + t0 / 16, PAIRS, off, Q8);
+        tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 4, 4, acc + t0 / 16, PAIRS, off, Q8);
     }
-    for (; t0 < wide; t0 += 32) tile512(type, rb, i, b, nb, x[t0].lanes, G, 2, 0, 8, acc + t0 / 16, PAIRS, off);
+    for (; t0 + 32 <= wide; t0 += 32) tile512(type, rb, i, b, nb, x[t0].lanes, G, 2, 0, 8, acc + t0 / 16, PAIRS, off, Q8);
+    if (Q8 && t0 < wide) tile512(type, rb, i, b, nb, x[t0].lanes, G, 1, 0, 8, acc + t0 / 16, PAIRS, off, Q8);
 }
 
-#else
-#define X_WIDE 0
 #endif
 
 #if QK_X_LANES
-/* llm_qkern.act_lanes: each 8 rows' pairs of quants by 8 x 8 transposes of
- * dwords into their half of a group of 16, their scales and sums (few) one
- * at a time */
+/* llm_qkern.act_lanes: each 8 rows' pairs (16-bit) or quads (8-bit, their
+ * bytes put in the lanes' order by a shuffle) of quants by 8 x 8
+ * transposes of dwords into their half of a group of 16, their scales and
+ * sums (few) one at a time */
 void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf) {
+    const int bits = xs[0].bits;
     for (int g = 0; g * 16 < nt; g++) {
-        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb);
-        int32_t *dd = dst + llm_act_lanes_d(nb), *ss = dst + llm_act_lanes_s(nb);
+        int32_t *dst = buf + (size_t)g * llm_act_lanes_size(nb, bits);
+        int32_t *dd = dst + llm_act_lanes_d(nb, bits), *ss = dst + llm_act_lanes_s(nb, bits);
         const int n = nt - 16 * g < 16 ? nt - 16 * g : 16;
-        for (int l = 0; l < n; l++) xs[16 * g + l].lanes = llm_act_lanes_row(dst, nb, l);
+        for (int l = 0; l < n; l++) xs[16 * g + l].lanes = llm_act_lanes_row(dst, nb, bits, l);
         const llm_act_row *x = xs + 16 * g;
         __m256i in[8], out[8];
-        for (int64_t b = 0; b < nb; b++)
-            UNROLL for (int half = 0; half < 2; half++)
+        if (bits == LLM_ACT_Q8) {
+            const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                                   0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+            int32_t *hh = dst + llm_act_lanes_h(nb, bits);
+            for (int64_t b = 0; b < nb; b++) {
                 for (int e = 0; e < 2; e++) {   /* rows 8e .. 8e+7 of the group */
                     UNROLL for (int l = 0; l < 8; l++)
-                        in[l] = 8 * e + l < n ? _mm256_loadu_si256((const __m256i *)((const int16_t *)x[8 * e + l].q +
-                                                                                     32 * b + 16 * half))
+                        in[l] = 8 * e + l < n ? _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(
+                                                                        (const int8_t *)x[8 * e + l].q + 32 * b)),
+                                                                    order)
                                               : _mm256_setzero_si256();
                     transpose8_epi32(in, out);
                     UNROLL for (int j = 0; j < 8; j++)
-                        _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 16 + 8 * e), out[j]);
+                        _mm256_storeu_si256((__m256i *)(dst + (b * 8 + j) * 16 + 8 * e), out[j]);
                 }
+                for (int l = 0; l < 16; l++) {
+                    int32_t h = 0;
+                    for (int k = 0; l < n && k < 16; k++) h += ((const int8_t *)x[l].q)[32 * b + k];
+                    hh[b * 16 + l] = h;
+                }
+            }
+        } else {
+            for (int64_t b = 0; b < nb; b++)
+                UNROLL for (int half = 0; half < 2; half++)
+                    for (int e = 0; e < 2; e++) {   /* rows 8e .. 8e+7 of the group */
+                        UNROLL for (int l = 0; l < 8; l++)
+                            in[l] = 8 * e + l < n ? _mm256_loadu_si256((const __m256i *)(
+                                                        (const int16_t *)x[8 * e + l].q + 32 * b + 16 * half))
+                                                  : _mm256_setzero_si256();
+                        transpose8_epi32(in, out);
+                        UNROLL for (int j = 0; j < 8; j++)
+                            _mm256_storeu_si256((__m256i *)(dst + (b * 16 + 8 * half + j) * 16 + 8 * e), out[j]);
+                    }
+        }
         for (int64_t b = 0; b < nb; b++)
             for (int l = 0; l < 16; l++) {
                 float d = l < n ? x[l].d[b] : 0.0f;
@@ -1241,11 +1356,14 @@ static inline __attribute__((always_inline)) void
 group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *const *w, int nr, int64_t nb,
            const llm_act_row *x, int nt, float *out, const int W16) {
     rows_buf rb;
-    const int lanes = QK_X_LANES && W16 && x[0].lanes;
+    /* 8-bit X rows are read in lanes only by the 512-bit tiles of a packed
+     * group's quads, all of them (wide >= nt) */
+    const int quads = X_WIDE && !W16 && PACKED && x[0].lanes;
+    const int lanes = QK_X_LANES && x[0].lanes && (W16 || quads);
     /* X rows [0, wide) in 512-bit tiles (wide_block) */
-    const int wide = X_WIDE && lanes ? nt / 32 * 32 : 0;
-    /* with lanes, a lane-packed group's pair vectors as they load */
-    const int pairs = lanes && PACKED && packed_pairs(type);
+    const int wide = X_WIDE && lanes ? (W16 ? nt / 32 * 32 : (nt + 15) / 16 * 16) : 0;
+    /* with lanes, a lane-packed group's pair vectors (or any packed group's quads) as they load */
+    const int pairs = lanes && PACKED && (packed_pairs(type) || quads);
     union {
         __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
         __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
@@ -1253,7 +1371,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
         __m512 lanes512[NT_MAX / 16][8][8];   /* [X rows / 16][weight row][b % 8] */
 #endif
     } acc;
-    for (int t = 0; t < (nt + 7) / 8 * 8; t++)
+    for (int t = 0; t < ((wide > nt ? wide : nt) + 7) / 8 * 8; t++)   /* as many bytes as the rows or tiles use */
         UNROLL for (int i = 0; i < 8; i++) acc.rows[t][i] = _mm256_setzero_ps();
     for (int64_t c0 = 0; c0 < nb; c0 += CB) {
         const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
@@ -1264,8 +1382,9 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
 #if X_WIDE
             /* X rows [0, wide) against the block as it is decoded, so that the decoding's loads and the
              * products overlap */
-            if (pairs && wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1);
-            else if (wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 0);
+            if (pairs && wide && !W16) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1, 1);
+            else if (pairs && wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1, 0);
+            else if (wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 0, 0);
 #endif
         }
         /* the rest: its sums from acc.lanes[wide / 8], past the passes' */
@@ -1281,7 +1400,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
             _Alignas(64) float o[16];
             _mm512_store_ps(o, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
                                              _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]))));
-            for (int k = 0; k < 16; k++) out[PACKED ? 8 * (t0 + k) + r : r * nt + t0 + k] = o[k];
+            for (int k = 0; k < 16 && t0 + k < nt; k++) out[PACKED ? 8 * (t0 + k) + r : r * nt + t0 + k] = o[k];
         }
 #endif
     for (int t0 = wide; t0 < nt; t0 += 8) {
@@ -1349,12 +1468,13 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
 #endif
 /* With AVX-512 VNNI (X_WIDE), each 32 rows in lanes go first to group_rows'
  * 512-bit tiles, faster there than the tiles above (figures in
- * docs/PERFORMANCE.md) */
+ * docs/PERFORMANCE.md); 8-bit rows in lanes (more than LLM_ACT_FEW_ROWS)
+ * all go there, the last 16 padded */
 #define PACKED(T_, W_)                                                                                 \
     static void packed_##T_##_##W_(const uint8_t *grp, int64_t nb, const llm_act_row *x, int nt, float *out) { \
         int t = 0;                                                                                     \
-        if (X_WIDE && W_ && nt >= 32 && x[0].lanes) {                                                  \
-            t = nt / 32 * 32;                                                                          \
+        if (X_WIDE && x[0].lanes && (W_ ? nt >= 32 : nt > LLM_ACT_FEW_ROWS)) {                         \
+            t = W_ ? nt / 32 * 32 : nt;                                                                \
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
         if (nt - t > LLM_ACT_FEW_ROWS && (W_ || T_ != LLM_TYPE_Q6_K) &&                               \

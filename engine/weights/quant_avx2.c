@@ -518,9 +518,9 @@ static const llm_qkern table = {QK_STR(QK_TABLE), simd_dequant, simd_dot_tile, s
                                 QK_CAT(llm_act_dot_, QK_TABLE), QK_CAT(llm_act_dot_packed_, QK_TABLE),
                                 QK_CAT(llm_act_quantize_, QK_TABLE),
 #if QK_X_LANES
-                                QK_CAT(llm_act_lanes_, QK_TABLE),
+                                QK_CAT(llm_act_lanes_, QK_TABLE), QK_X_WIDE,
 #else
-                                NULL,
+                                NULL, 0,
 #endif
                                 QK_CAT(llm_act_row_packed_, QK_TABLE)};
 

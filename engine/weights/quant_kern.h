@@ -13,13 +13,12 @@ typedef struct {
     int bits;           /* 8 or 16, the same for every row of one call */
     const float *d;     /* [n / 32] block scales */
     const int32_t *s;   /* [n / 32] sum of each block's quants */
-    /* NULL, or (16-bit quants, for tables with act_lanes) the rows of the
-     * call in lanes, in groups of 16 consecutive rows (rows past the call's
-     * zero): a group's quants as [n / 32][16][16] int16 pairs ([block][pair
-     * j][row]), then their scales [n / 32][16] (float) and quant sums
-     * [n / 32][16]. A row points at its group, 8 int32 further for rows
-     * 8..15 of it (llm_act_lanes_row), so that 8 rows read their lanes at a
-     * stride of 16 and 16 rows theirs whole. */
+    /* NULL, or (for tables that take these bits in lanes, llm_qkern_lanes)
+     * the rows of the call in lanes, in groups of 16 consecutive rows (rows
+     * past the call's zero), laid out as llm_act_lanes_size says. A row
+     * points at its group, 8 int32 further for rows 8..15 of it
+     * (llm_act_lanes_row), so that 8 rows read their lanes at a stride of 16
+     * and 16 rows theirs whole. */
     const int32_t *lanes;
 } llm_act_row;
 
@@ -58,11 +57,13 @@ typedef struct {
      * into quants q (int8 or int16 by bits), scales d and sums s, each block
      * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
     void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s);
-    /* NULL, or: the nt rows' 16-bit quants, scales and sums in lanes of 16
-     * rows (llm_act_row.lanes) into buf (llm_act_lanes_size(nb) int32 per
+    /* NULL, or: the nt rows' quants, scales and sums in lanes of 16 rows
+     * (llm_act_row.lanes) into buf (llm_act_lanes_size(nb, bits) int32 per
      * group of 16), each row pointed at its group's; act_dot and
-     * act_dot_packed then read them */
+     * act_dot_packed then read them. 16-bit rows, and 8-bit ones where
+     * act_lanes8 is 1 (llm_qkern_lanes). */
     void (*act_lanes)(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
+    int act_lanes8;
     /* NULL, or act_dot_packed for one activation row x against ng <=
      * LLM_ROW1_GROUPS packed groups, gbytes apart: out[8*k + r] for group
      * k, row r; -1 if it does not take the type (the caller then takes the
@@ -71,14 +72,29 @@ typedef struct {
                           float *out);
 } llm_qkern;
 
-/* int32s of one group of 16 rows in lanes (llm_act_row.lanes) of nb
- * blocks, where in it the scales and the sums begin, and where row t of
- * lanes laid out from buf points */
-static inline size_t llm_act_lanes_size(int64_t nb) { return (size_t)nb * (256 + 32); }
-static inline int64_t llm_act_lanes_d(int64_t nb) { return nb * 256; }
-static inline int64_t llm_act_lanes_s(int64_t nb) { return nb * 272; }
-static inline int32_t *llm_act_lanes_row(int32_t *buf, int64_t nb, int64_t t) {
-    return buf + (size_t)(t / 16) * llm_act_lanes_size(nb) + (size_t)(t % 16 / 8 * 8);
+/* A group of 16 rows in lanes (llm_act_row.lanes) of nb blocks, in int32s:
+ * each block's quants (16-bit: [pair j][row], 16 x 16; 8-bit: [quad
+ * j][row], 8 x 16, quad j being the row's bytes 8 (j / 2) + 0, 4, 1, 5
+ * (j even) or + 2, 6, 3, 7 (j odd): the order in which a lane-packed
+ * weight dword's nibbles are masked, quant_kern.h below), then the blocks'
+ * scales [nb][16] (float) and quant sums [nb][16], and with 8-bit quants
+ * the sums of each block's first 16 quants [nb][16] (the K-quants'
+ * sub-blocks of 16). Where the scales, sums and half sums begin in it, and
+ * where row t of lanes laid out from buf points. */
+static inline int64_t llm_act_lanes_q(int bits) { return bits == 8 ? 128 : 256; }
+static inline size_t llm_act_lanes_size(int64_t nb, int bits) {
+    return (size_t)nb * (size_t)(llm_act_lanes_q(bits) + (bits == 8 ? 48 : 32));
+}
+static inline int64_t llm_act_lanes_d(int64_t nb, int bits) { return nb * llm_act_lanes_q(bits); }
+static inline int64_t llm_act_lanes_s(int64_t nb, int bits) { return nb * (llm_act_lanes_q(bits) + 16); }
+static inline int64_t llm_act_lanes_h(int64_t nb, int bits) { return nb * (llm_act_lanes_q(bits) + 32); }
+static inline int32_t *llm_act_lanes_row(int32_t *buf, int64_t nb, int bits, int64_t t) {
+    return buf + (size_t)(t / 16) * llm_act_lanes_size(nb, bits) + (size_t)(t % 16 / 8 * 8);
+}
+
+/* Whether the table lays out (and its products read) rows of these bits in lanes */
+static inline int llm_qkern_lanes(const llm_qkern *k, int bits) {
+    return k->act_lanes && (bits == 16 || (bits == 8 && k->act_lanes8));
 }
 
 /* The kernels in use: KVCACHE_SIMD ("scalar", "avx2", "avx512", "auto") if

@@ -19,6 +19,13 @@
 #ifndef QK_X_LANES
 #define QK_X_LANES 0
 #endif
+/* 1 where prefill's products take X rows in lanes in 512-bit VNNI tiles,
+ * of 16-bit and of 8-bit quants (wide_block in quant_act_avx2.c) */
+#if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
+#define QK_X_WIDE 1
+#else
+#define QK_X_WIDE 0
+#endif
 #define QK_CAT2(a, b) a##b
 #define QK_CAT(a, b) QK_CAT2(a, b)
 #define QK_STR2(a) #a
