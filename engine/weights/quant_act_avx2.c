@@ -1214,9 +1214,10 @@ static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __
  * for 16 products (32 against 8: 10). With 8-bit X rows (Q8) a vpdpbusd
  * takes 4 elements where vpdpwssd takes 2, the unsigned quads of
  * packed_quads against the signed X quads; Q6_K's two sub-blocks of 16 are
- * summed apart, less 32 times the X half sums, and times their scales
- * (exact: |sum| <= 16 * 32 * 127 * 128 twice), into the integer sums the
- * reference's scaled weights give. acc[v][r][b % 8]: lane l is X row 16v
+ * summed apart, less 32 times the X half sums, and times their scales in
+ * float, where each product (at most 16 * 32 * 127 * 128 < 2^23) and their
+ * sum (< 2^24) are exact: the float of the integer sum the reference's
+ * scaled weights give. acc[v][r][b % 8]: lane l is X row 16v
  * + l, weight row r. The float part is terms' on 16 lanes; off: the quant
  * offset still in the sums (none in Q4_0's 16-bit pair vectors). */
 static inline __attribute__((always_inline)) void
@@ -1229,15 +1230,15 @@ tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, co
     const int32_t *l = l0, *wp = pair_at(rb, i, r0, 0, PAIRS);
     __asm__("" : "+r"(l), "+r"(wp));
     __m512i a[4][8];   /* [X vector][weight row] */
-    _Alignas(64) float h[4][8][16];   /* Q6_K: the first sub-block's scaled sums, out of the registers */
+    __m512 h[4][8];   /* Q6_K: the first sub-block's scaled sums */
     UNROLL for (int v = 0; v < NV; v++) UNROLL for (int r = 0; r < NR; r++) a[v][r] = _mm512_setzero_si512();
     UNROLL for (int j = 0; j < J; j++) {
         if (q6 && j == J / 2)   /* the first sub-block's sums, scaled; the second's from 0 */
             UNROLL for (int v = 0; v < NV; v++) {
                 const __m512i Hv = _mm512_slli_epi32(_mm512_loadu_si512(l + v * G + llm_act_lanes_h(nb, 8) + b * 16), 5);
                 UNROLL for (int r = 0; r < NR; r++) {
-                    _mm512_store_ps(h[v][r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[v][r], Hv)),
-                                                           _mm512_set1_ps((float)rb->sc[i][0][r0 + r])));
+                    h[v][r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[v][r], Hv)),
+                                            _mm512_set1_ps((float)rb->sc[i][0][r0 + r]));
                     a[v][r] = _mm512_setzero_si512();
                 }
             }
@@ -1249,7 +1250,9 @@ tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, co
                 a[v][r] = Q8 ? _mm512_dpbusd_epi32(a[v][r], w, xv[v]) : dp_pairs512(a[v][r], xv[v], w);
         }
     }
+    /* and the float part's loads kept after the products, not hoisted into them */
     const float *wa = (const float *)&rb->wa[i], *wb = (const float *)&rb->wb[i];
+    __asm__("" : "+r"(l), "+r"(wa), "+r"(wb));
     UNROLL for (int v = 0; v < NV; v++) {
         const __m512 dv = _mm512_loadu_ps(l + v * G + llm_act_lanes_d(nb, bits) + b * 16);
         const __m512i Bv = _mm512_loadu_si512(l + v * G + llm_act_lanes_s(nb, bits) + b * 16);
@@ -1261,7 +1264,7 @@ tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, co
             __m512 Sf = _mm512_cvtepi32_ps(S);
             if (q6)
                 Sf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(S, H2)), _mm512_set1_ps((float)rb->sc[i][1][r0 + r]),
-                                     _mm512_load_ps(h[v][r]));
+                                     h[v][r]);
             __m512 u = _mm512_mul_ps(Sf, _mm512_set1_ps(wa[r0 + r]));
             if (with_offsets(type))
                 u = _mm512_add_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(Bv), _mm512_set1_ps(wb[r0 + r])));
@@ -1272,9 +1275,10 @@ tile512(const int type, const rows_buf *rb, int64_t i, int64_t b, int64_t nb, co
 }
 
 /* Block b (slot i of the buffer) against X rows [0, wide) in lanes: 64 X
- * rows as two tiles of 4 weight rows, 32 as one of 8, and (8-bit rows,
- * whose wide is a multiple of 16, the last group's rows past the call's
- * zeros) 16 as one of 8. acc[v]: X rows 16v.. */
+ * rows as two tiles of 4 weight rows, 32 as one of 8 (8-bit Q6_K, whose
+ * tiles keep two sums a pair of rows: each 32 as two of 4), and (8-bit
+ * rows, whose wide is a multiple of 16, the last group's rows past the
+ * call's zeros) 16 as one of 8. acc[v]: X rows 16v.. */
 static inline __attribute__((always_inline)) void
 wide_block(const int type, const rows_buf *rb, int64_t nb, int64_t i, int64_t b, const llm_act_row *x, int wide,
            __m512 (*acc)[8][8], const int PAIRS, const int Q8) {
@@ -1282,6 +1286,11 @@ wide_block(const int type, const rows_buf *rb, int64_t nb, int64_t i, int64_t b,
     const int off = PAIRS && !Q8 && type == LLM_TYPE_Q4_0 ? 0 : Q8 && type == LLM_TYPE_Q8_0 ? 7 : quant_offset(type);
     const int64_t G = (int64_t)llm_act_lanes_size(nb, Q8 ? 8 : 16);   /* from a group of 16 X rows to the next */
     int t0 = 0;
+    if (Q8 && type == LLM_TYPE_Q6_K)
+        for (; t0 + 32 <= wide; t0 += 32) {
+            tile512(type, rb, i, b, nb, x[t0].lanes, G, 2, 0, 4, acc + t0 / 16, PAIRS, off, Q8);
+            tile512(type, rb, i, b, nb, x[t0].lanes, G, 2, 4, 4, acc + t0 / 16, PAIRS, off, Q8);
+        }
     for (; t0 + 64 <= wide; t0 += 64) {
         tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 0, 4, acc + t0 / 16, PAIRS, off, Q8);
         tile512(type, rb, i, b, nb, x[t0].lanes, G, 4, 4, 4, acc + t0 / 16, PAIRS, off, Q8);
