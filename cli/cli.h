@@ -71,6 +71,7 @@ typedef struct {
     "  -b, --batch N      prompt rows per forward pass (default 256)\n"                          \
     "  --kv-type T        K/V storage: f32, f16 (default), bf16, q8\n"                        \
     "  --act-bits N       weight products on 16-bit (default) or 8-bit integer activations\n"    \
+    "                     (8: llama.cpp's precision; faster prefill with AVX-512 VNNI)\n"       \
     "  --exact-matmul     weight products on f32 activations (the reference; also\n"             \
     "                     KVCACHE_EXACT_MATMUL=1)\n" \
     "  --no-window        sliding-window layers (Gemma 3) keep every position, as caches\n"      \
