@@ -1036,13 +1036,23 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, _
  * PAIRS the pair vectors themselves, [pair][row] (pair_at), for the
  * products that broadcast one row's pair at a time. */
 /* Whether a packed block of the type gives its 8 rows' weights as 16 int16
- * pair vectors (lane_pairs, q6k_pairs), or for 8-bit X rows 8 quad vectors
- * (packed_quads) */
+ * pair vectors (lane_pairs, q6k_pairs); for 8-bit X rows every packed
+ * block gives 8 quad vectors (packed_quads) */
 static inline int packed_pairs(int type) { return llm_packed_lanes(type) || type == LLM_TYPE_Q6_K; }
 
 /* 512-bit VNNI tiles of X rows in lanes (wide_block) */
 #define X_WIDE QK_X_WIDE
 #if X_WIDE
+/* 32 weight bytes of 8 rows in element order (rows[r]) to the quad vectors
+ * of packed_quads: each row's bytes in the lanes' order, then the 8 rows'
+ * dwords transposed */
+static inline __attribute__((always_inline)) void rows_to_quads(__m256i rows[8], __m256i qd[8]) {
+    const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                           0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    UNROLL for (int r = 0; r < 8; r++) rows[r] = _mm256_shuffle_epi8(rows[r], order);
+    transpose8_epi32(rows, qd);
+}
+
 /* The 8 quad vectors of block b of a packed group for 8-bit X rows in
  * lanes: lane r of qd[j] is row r's unsigned quants of elements 8 (j / 2)
  * + 0, 4, 1, 5 (j even) or + 2, 6, 3, 7 (j odd), the order of the lanes'
@@ -1057,17 +1067,14 @@ static inline __attribute__((always_inline)) void packed_quads(const int type, c
                                                                __m256i qd[8]) {
     const __m256i m4 = _mm256_set1_epi8(15), mh = _mm256_set1_epi8(0x30);
     if (type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0) {
-        const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
-                                               0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
         const int bb = (int)llm_packed_block_bytes(type), hd = llm_packed_head(type);
         const uint8_t *p = llm_packed_block(type, grp, b);
         __m256i rows[8], unused;
         UNROLL for (int r = 0; r < 8; r++) {
             block32_quants(type, p + llm_packed_rest(bb, hd, r), 0, &rows[r], &unused);
             if (type == LLM_TYPE_Q8_0) rows[r] = _mm256_xor_si256(rows[r], _mm256_set1_epi8(-128));
-            rows[r] = _mm256_shuffle_epi8(rows[r], order);
         }
-        transpose8_epi32(rows, qd);
+        rows_to_quads(rows, qd);
         return;
     }
     if (type == LLM_TYPE_Q6_K) {
@@ -1152,6 +1159,37 @@ plain_block_into(const int type, const uint8_t *const *w, int nr, int64_t b, row
     }
     rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
 }
+
+#if X_WIDE
+/* Block b of nr <= 8 plain rows (rows past nr: zeros) into slot i as the
+ * quad vectors of packed_quads, for 8-bit X rows: wbytes' bytes made
+ * unsigned (Q8_0 plus 128, Q6_K's quants as stored) with Q6_K's sub-block
+ * scales beside them, as a packed group's */
+static inline __attribute__((always_inline)) void
+plain_quads_into(const int type, const uint8_t *const *w, int nr, int64_t b, rows_buf *rb, int64_t i) {
+    _Alignas(32) float wa[8] = {0}, wb[8] = {0};
+    __m256i rows[8], qd[8];
+    for (int r = 0; r < 8; r++) {
+        if (r >= nr) {
+            rows[r] = _mm256_setzero_si256();
+            if (type == LLM_TYPE_Q6_K) rb->sc[i][0][r] = rb->sc[i][1][r] = 0;
+            continue;
+        }
+        __m256i sc16 = _mm256_setzero_si256();
+        rows[r] = wbytes(type, w[r], b, &sc16);
+        if (type == LLM_TYPE_Q8_0) rows[r] = _mm256_xor_si256(rows[r], _mm256_set1_epi8(-128));
+        if (type == LLM_TYPE_Q6_K) {
+            rows[r] = _mm256_add_epi8(rows[r], _mm256_set1_epi8(32));
+            rb->sc[i][0][r] = (int16_t)_mm256_extract_epi16(sc16, 0);
+            rb->sc[i][1][r] = (int16_t)_mm256_extract_epi16(sc16, 8);
+        }
+        plain_scales(type, w[r], b, &wa[r], &wb[r]);
+    }
+    rows_to_quads(rows, qd);
+    UNROLL for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, qd[j]);
+    rb->wa[i] = _mm256_load_ps(wa), rb->wb[i] = _mm256_load_ps(wb);
+}
+#endif
 
 /* Pair j (elements 2j, 2j + 1) of weight row r in slot i of the buffer:
  * rows' vectors ([row][half]), or with PAIRS the pair vectors ([pair][row]) */
@@ -1330,9 +1368,10 @@ void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32
                     UNROLL for (int j = 0; j < 8; j++)
                         _mm256_storeu_si256((__m256i *)(dst + (b * 8 + j) * 16 + 8 * e), out[j]);
                 }
-                for (int l = 0; l < 16; l++) {
+                for (int l = 0; l < 16; l++) {   /* the half sums, a row at a time (few) */
                     int32_t h = 0;
-                    for (int k = 0; l < n && k < 16; k++) h += ((const int8_t *)x[l].q)[32 * b + k];
+                    if (l < n)
+                        for (int k = 0; k < 16; k++) h += ((const int8_t *)x[l].q)[32 * b + k];
                     hh[b * 16 + l] = h;
                 }
             }
@@ -1365,14 +1404,14 @@ static inline __attribute__((always_inline)) void
 group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *const *w, int nr, int64_t nb,
            const llm_act_row *x, int nt, float *out, const int W16) {
     rows_buf rb;
-    /* 8-bit X rows are read in lanes only by the 512-bit tiles of a packed
-     * group's quads, all of them (wide >= nt) */
-    const int quads = X_WIDE && !W16 && PACKED && x[0].lanes;
+    /* 8-bit X rows are read in lanes only by the 512-bit tiles of quads, all
+     * of them (wide >= nt) */
+    const int quads = X_WIDE && !W16 && x[0].lanes;
     const int lanes = QK_X_LANES && x[0].lanes && (W16 || quads);
     /* X rows [0, wide) in 512-bit tiles (wide_block) */
     const int wide = X_WIDE && lanes ? (W16 ? nt / 32 * 32 : (nt + 15) / 16 * 16) : 0;
-    /* with lanes, a lane-packed group's pair vectors (or any packed group's quads) as they load */
-    const int pairs = lanes && PACKED && (packed_pairs(type) || quads);
+    /* with lanes, a lane-packed group's pair vectors (or any rows' quads) as they load */
+    const int pairs = lanes && ((PACKED && packed_pairs(type)) || quads);
     union {
         __m256 rows[NT_MAX][8];           /* [X row][b % 8], a lane per weight row */
         __m256 lanes[NT_MAX / 8][8][8];   /* [X rows / 8][weight row][b % 8], a lane per X row */
@@ -1387,6 +1426,9 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
         for (int64_t b = c0; b < c1; b++) {
             if (PACKED && pairs) packed_block_into(type, grp, b, &rb, b - c0, W16, 1);
             else if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16, 0);
+#if X_WIDE
+            else if (quads) plain_quads_into(type, w, nr, b, &rb, b - c0);
+#endif
             else plain_block_into(type, w, nr, b, &rb, b - c0);
 #if X_WIDE
             /* X rows [0, wide) against the block as it is decoded, so that the decoding's loads and the
@@ -1424,21 +1466,30 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
     }
 }
 
-#define ROWS16(T_)                                                                                         \
-    static void rows16_##T_(const uint8_t *const *w, int nr, int64_t nb, const llm_act_row *x, int nt, float *out) { \
-        group_rows(T_, 0, NULL, w, nr, nb, x, nt, out, 1);                                                       \
+/* group_rows on plain rows, 16-bit X rows and (VNNI, in lanes) 8-bit ones */
+#define ROWS(T_, W_)                                                                                       \
+    static void rows##W_##_##T_(const uint8_t *const *w, int nr, int64_t nb, const llm_act_row *x, int nt,    \
+                                float *out) {                                                              \
+        group_rows(T_, 0, NULL, w, nr, nb, x, nt, out, W_ == 16);                                          \
     }
-ROWS16(LLM_TYPE_Q4_0) ROWS16(LLM_TYPE_Q4_1) ROWS16(LLM_TYPE_Q5_0) ROWS16(LLM_TYPE_Q8_0)
-ROWS16(LLM_TYPE_Q4_K) ROWS16(LLM_TYPE_Q5_K) ROWS16(LLM_TYPE_Q6_K)
-#undef ROWS16
+#if X_WIDE
+#define ROWS_W(T_) ROWS(T_, 16) ROWS(T_, 8)
+#else
+#define ROWS_W(T_) ROWS(T_, 16)
+#endif
+ROWS_W(LLM_TYPE_Q4_0) ROWS_W(LLM_TYPE_Q4_1) ROWS_W(LLM_TYPE_Q5_0) ROWS_W(LLM_TYPE_Q8_0)
+ROWS_W(LLM_TYPE_Q4_K) ROWS_W(LLM_TYPE_Q5_K) ROWS_W(LLM_TYPE_Q6_K)
+#undef ROWS_W
+#undef ROWS
 
-/* nt > 4 X rows against nr <= 8 rows: tiles of 4 X rows (8-bit
- * activations, or up to LLM_ACT_FEW_ROWS), else through the decoded-rows
- * buffer */
+/* nt > 4 X rows against nr <= 8 rows: tiles of 4 X rows (up to
+ * LLM_ACT_FEW_ROWS, or 8-bit activations not in lanes), else through the
+ * decoded-rows buffer */
 static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                      float *out) {
     if (nr > 8 || nt > NT_MAX) return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
-    if (x[0].bits != LLM_ACT_Q16 || nt <= LLM_ACT_FEW_ROWS) {
+    const int w16 = x[0].bits == LLM_ACT_Q16;
+    if (nt <= LLM_ACT_FEW_ROWS || (!w16 && !(X_WIDE && x[0].lanes))) {
         float part[8 * 4];
         for (int t0 = 0; t0 < nt; t0 += 4) {
             int n = nt - t0 < 4 ? nt - t0 : 4;
@@ -1449,16 +1500,22 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
         return 0;
     }
     void (*fn)(const uint8_t *const *, int, int64_t, const llm_act_row *, int, float *) = NULL;
+#if X_WIDE
+#define PICK(T_) (w16 ? rows16_##T_ : rows8_##T_)
+#else
+#define PICK(T_) rows16_##T_
+#endif
     switch (type) {
-    case LLM_TYPE_Q4_0: fn = rows16_LLM_TYPE_Q4_0; break;
-    case LLM_TYPE_Q4_1: fn = rows16_LLM_TYPE_Q4_1; break;
-    case LLM_TYPE_Q5_0: fn = rows16_LLM_TYPE_Q5_0; break;
-    case LLM_TYPE_Q8_0: fn = rows16_LLM_TYPE_Q8_0; break;
-    case LLM_TYPE_Q4_K: fn = rows16_LLM_TYPE_Q4_K; break;
-    case LLM_TYPE_Q5_K: fn = rows16_LLM_TYPE_Q5_K; break;
-    case LLM_TYPE_Q6_K: fn = rows16_LLM_TYPE_Q6_K; break;
+    case LLM_TYPE_Q4_0: fn = PICK(LLM_TYPE_Q4_0); break;
+    case LLM_TYPE_Q4_1: fn = PICK(LLM_TYPE_Q4_1); break;
+    case LLM_TYPE_Q5_0: fn = PICK(LLM_TYPE_Q5_0); break;
+    case LLM_TYPE_Q8_0: fn = PICK(LLM_TYPE_Q8_0); break;
+    case LLM_TYPE_Q4_K: fn = PICK(LLM_TYPE_Q4_K); break;
+    case LLM_TYPE_Q5_K: fn = PICK(LLM_TYPE_Q5_K); break;
+    case LLM_TYPE_Q6_K: fn = PICK(LLM_TYPE_Q6_K); break;
     default: return llm_act_dot_scalar(type, w, nr, x, nt, nb, out);
     }
+#undef PICK
     fn(w, nr, nb, x, nt, out);
     return 0;
 }
