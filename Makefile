@@ -35,6 +35,10 @@ PREFIX  ?= /usr/local
 PYTHON  ?= python3
 VENV    ?= build/venv
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# The tests' second model (Gemma 3 270M: sliding windows, two cache groups,
+# SentencePiece; synth_model.py copies its tokenizer), fetched before any
+# suite that reads it, so that no suite depends on another having fetched it
+GEMMA_MODEL := models/gemma-3-270m-Q4_K_M.gguf
 # The release: `kvcache --version`, the pkg-config file, libkvcache.so's file name.
 VERSION ?= 0.1.0
 # The ABI's number, libkvcache.so's SONAME (libkvcache.so.$(SOVERSION)): raised
@@ -143,7 +147,7 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 
 # ---------------------------------------------------------------- tests
 TEST_JOBS ?= 2
-test-c: $(BUILD)/run_tests $(BUILD)/kvcache
+test-c: $(BUILD)/run_tests $(BUILD)/kvcache $(GEMMA_MODEL)
 	KVCACHE_TEST_JOBS=$(TEST_JOBS) KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
 # The Debian packages first (scripts/deps.sh installs or says how), then the rest.
@@ -156,12 +160,12 @@ test: deps
 # time in the client and between requests, and the other worker's server
 # uses it.
 SERVER_WORKERS ?= -n 2 --dist loadfile
-test-server: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+test-server: $(BUILD)/kvcache $(MODEL) $(GEMMA_MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_SERVE_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q \
 	    $(SERVER_WORKERS) tests/server
 
 # kvcache chat on a pseudo-terminal (Python's pty): Ctrl-C, history, Ctrl-D; bench model rows as measured.
-test-cli: $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+test-cli: $(BUILD)/kvcache $(MODEL) $(GEMMA_MODEL) $(PY_DEPS)
 	KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_CHAT_MODEL=$(abspath $(MODEL)) $(TEST_PYTHON) -m pytest -q tests/cli
 
 test-all: test-c examples test-install test-python test-server test-cli
@@ -176,7 +180,7 @@ $(VENV)/.installed: python/requirements-test.txt
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
 	@touch $@
 
-test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(MODEL) $(PY_DEPS)
+test-python: $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so $(BUILD)/kvcache $(MODEL) $(GEMMA_MODEL) $(PY_DEPS)
 	KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so KVCACHE_ENGINE_LIB=$(abspath $(BUILD))/libkvengine.so \
 	    KVCACHE_BIN=$(abspath $(BUILD))/kvcache KVCACHE_MODEL=$(abspath $(MODEL)) \
 	    PYTHONPATH=python $(TEST_PYTHON) -m pytest -q python/tests
@@ -285,9 +289,11 @@ examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(BUILD)/kvcache $(if $(PY_EXAMPLES
 	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
-model: $(MODEL)
+model: $(MODEL) $(GEMMA_MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
+$(GEMMA_MODEL):
+	sh scripts/fetch-model.sh gemma3-270m $(GEMMA_MODEL)
 
 # The main job: a chat-formatted prompt answered by the default model, greedy,
 # streamed; speed and KV bytes on stderr. `kvcache demo` is the synthetic loop.
