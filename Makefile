@@ -289,7 +289,9 @@ examples: $(EXAMPLES) $(BUILD)/libkvcache.so $(BUILD)/kvcache $(if $(PY_EXAMPLES
 	    KVCACHE_LIB=$(abspath $(BUILD))/libkvcache.so PYTHONPATH=python $(TEST_PYTHON) $$e > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- running
-model: $(MODEL) $(GEMMA_MODEL)
+model: $(MODEL)
+# the models the tests read
+test-models: $(MODEL) $(GEMMA_MODEL)
 $(MODEL):
 	sh scripts/fetch-model.sh $(MODEL)
 $(GEMMA_MODEL):

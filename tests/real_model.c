@@ -17,7 +17,7 @@ llm_model *rm_load(const char *path, const char *fetch_arg) {
         printf("     %s is missing: fetching it with %s\n", path, cmd);
         fflush(stdout);
         if (system(cmd) != 0) {
-            test_fail(__FILE__, __LINE__, "no %s and `%s` failed (run `make model`)", path, cmd);
+            test_fail(__FILE__, __LINE__, "no %s and `%s` failed (run `make test-models`)", path, cmd);
             return NULL;
         }
     }

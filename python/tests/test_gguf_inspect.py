@@ -116,7 +116,7 @@ def reference(path):
 @pytest.mark.parametrize("path", MODELS, ids=os.path.basename)
 def test_the_inspector_reads_what_gguf_py_reads(eng, path):
     if not os.path.exists(path):
-        pytest.skip(f"{path} missing (make model)")
+        pytest.skip(f"{path} missing (make test-models)")
     rc, g, err = open_gguf(eng, path)
     assert rc == KVE_OK, err
     try:
@@ -187,7 +187,7 @@ def test_a_file_of_an_unknown_architecture_is_read_and_named(eng, tmp_path):
 def test_a_truncated_or_missing_file_is_refused_with_what_was_wrong(eng, tmp_path):
     src = MODELS[0]
     if not os.path.exists(src):
-        pytest.skip(f"{src} missing (make model)")
+        pytest.skip(f"{src} missing (make test-models)")
     path = str(tmp_path / "cut.gguf")
     with open(src, "rb") as f, open(path, "wb") as out:
         out.write(f.read(100000))   # inside the vocabulary's strings

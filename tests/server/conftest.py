@@ -4,7 +4,7 @@ prints when ready), stopped with SIGTERM at the end, which must exit 0.
 
 KVCACHE_BIN (default build/kvcache) and KVCACHE_SERVE_MODEL (default the
 project's SmolLM2) choose what runs. The model must be there: these tests do
-not pass by skipping (make model fetches it)."""
+not pass by skipping (make test-models fetches them)."""
 import json
 import os
 import re
@@ -26,7 +26,7 @@ MODEL = os.environ.get("KVCACHE_SERVE_MODEL", os.path.join(ROOT, "models", "Smol
 class Server:
     def __init__(self, *args, model=None):
         model = model or MODEL
-        assert os.access(model, os.R_OK), f"{model} is missing: run `make model`"
+        assert os.access(model, os.R_OK), f"{model} is missing: run `make test-models`"
         # stderr (a line per request) goes to a file: a pipe nobody reads would fill and block the server
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([BIN, "serve", "-m", model, "--port", "0", *args],
