@@ -113,7 +113,7 @@ $(BUILD)/cli/main.o: CFLAGS_ALL += -DKVCACHE_VERSION='"$(VERSION)"'
 $(BUILD)/cli/main.o: Makefile
 
 .PHONY: all lib test test-all test-c test-cli test-python test-server test-server-asan test-asan test-portable test-threads deps run \
-        bench model install uninstall clean fuzz examples test-install install-python
+        bench model test-models install uninstall clean fuzz examples test-install install-python
 
 all: lib $(BUILD)/kvcache
 lib: $(BUILD)/libkvcache.a $(BUILD)/libkvcache.so $(BUILD)/libkvengine.so
