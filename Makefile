@@ -147,7 +147,7 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libkvengine.a $(BUILD)/libkvcache.a
 
 # ---------------------------------------------------------------- tests
 TEST_JOBS ?= 2
-test-c: $(BUILD)/run_tests $(BUILD)/kvcache $(GEMMA_MODEL)
+test-c: $(BUILD)/run_tests $(BUILD)/kvcache $(MODEL) $(GEMMA_MODEL)
 	KVCACHE_TEST_JOBS=$(TEST_JOBS) KVCACHE_BIN=$(BUILD)/kvcache $(BUILD)/run_tests
 
 # The Debian packages first (scripts/deps.sh installs or says how), then the rest.
