@@ -625,15 +625,19 @@ static inline __attribute__((always_inline)) void lane_sums16(const uint8_t *q, 
                                 _mm256_add_epi32(_mm256_srai_epi32(a[t][1], 4), _mm256_srai_epi32(a[t][2], 8)));
 }
 
-/* The same against 32 int8 quants at xq. A lane's bytes, masked, are the
- * elements 0, 4, 1, 5 (low nibbles) and 2, 6, 3, 7 (high) of each 8, so
- * x's bytes are put in that order first. */
+/* A block's 32 bytes in element order put in the order of a lane-packed
+ * dword's nibbles, masked: elements 0, 4, 1, 5 (low nibbles) and 2, 6, 3, 7
+ * (high) of each 8 */
+static inline __m256i lane_order(__m256i v) {
+    return _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                                   0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
+}
+
+/* The same against 32 int8 quants at xq, put in the lanes' order first */
 static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q, const int8_t *xq) {
-    const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
-                                           0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
     const __m256i m4 = _mm256_set1_epi8(15);
     _Alignas(32) int32_t xr[8];
-    _mm256_store_si256((__m256i *)xr, _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)xq), order));
+    _mm256_store_si256((__m256i *)xr, lane_order(_mm256_loadu_si256((const __m256i *)xq)));
     __m256i a0 = _mm256_setzero_si256(), a1 = a0;
     UNROLL for (int i = 0; i < 4; i++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
@@ -1047,9 +1051,7 @@ static inline int packed_pairs(int type) { return llm_packed_lanes(type) || type
  * of packed_quads: each row's bytes in the lanes' order, then the 8 rows'
  * dwords transposed */
 static inline __attribute__((always_inline)) void rows_to_quads(__m256i rows[8], __m256i qd[8]) {
-    const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
-                                           0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-    UNROLL for (int r = 0; r < 8; r++) rows[r] = _mm256_shuffle_epi8(rows[r], order);
+    UNROLL for (int r = 0; r < 8; r++) rows[r] = lane_order(rows[r]);
     transpose8_epi32(rows, qd);
 }
 
@@ -1354,15 +1356,12 @@ void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32
         const llm_act_row *x = xs + 16 * g;
         __m256i in[8], out[8];
         if (bits == LLM_ACT_Q8) {
-            const __m256i order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
-                                                   0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
             int32_t *hh = dst + llm_act_lanes_h(nb, bits);
             for (int64_t b = 0; b < nb; b++) {
                 for (int e = 0; e < 2; e++) {   /* rows 8e .. 8e+7 of the group */
                     UNROLL for (int l = 0; l < 8; l++)
-                        in[l] = 8 * e + l < n ? _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(
-                                                                        (const int8_t *)x[8 * e + l].q + 32 * b)),
-                                                                    order)
+                        in[l] = 8 * e + l < n ? lane_order(_mm256_loadu_si256(
+                                                    (const __m256i *)((const int8_t *)x[8 * e + l].q + 32 * b)))
                                               : _mm256_setzero_si256();
                     transpose8_epi32(in, out);
                     UNROLL for (int j = 0; j < 8; j++)
