@@ -515,11 +515,13 @@ static inline __attribute__((always_inline)) void act_tail(const int type, const
     for (int t = 0; t < T; t++) fn(row, b0, nv, x + t, acc + t);
 }
 
-/* How far ahead of the chunk it works on a row asks for the memory. The
- * plain rows (the K-quants' in decode) are short (576 and 1680 bytes for
- * Gemma 3's Q4_K and Q6_K) and lie back to back, so this reaches into the
- * rows after; a prefetch of a row that is elsewhere is only a wasted one. */
-enum { ROW_PREFETCH_BYTES = 2048 };
+/* How far ahead of the chunk it works on a row asks for the memory. Plain
+ * rows (Q5_K's, any type's under KVCACHE_PACK=0) are short (1408 bytes for
+ * a 2048-wide Q5_K row) and lie back to back, so this reaches a few rows
+ * ahead: one stream a core, which needs more bytes in flight than the
+ * hardware prefetch keeps (tuning record); a prefetch of a row that is
+ * elsewhere is only a wasted one. */
+enum { ROW_PREFETCH_BYTES = 6144 };
 
 /* R weight rows against T X rows, each weight row streamed in order */
 static inline __attribute__((always_inline)) void
