@@ -124,11 +124,13 @@ static inline __attribute__((always_inline)) __m256i q6k_sums8(const uint8_t *p,
     /* |sub-block sum| <= 16 * 32 * 16383, times |scale| <= 128: below 2^30 */
     return join_halves(_mm512_mullo_epi32(halves8_epi32(v), _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, order))));
 }
+
 /* The 8 exact block sums of the Q5_K super-block p against 16-bit quants
- * xq (its 256): 64 bytes of qs are blocks 4h .. 4h+3 (low nibbles: 4h,
- * 4h+2 in the low and high 256 bits; high nibbles: 4h+1, 4h+3), each
- * block s's fifth bits bit s of the 32 qh bytes, moved to bit 4 by a
- * shift per 256-bit half (16-bit shifts; the mask drops the strays) */
+ * xq (its 256; |sum| <= 32 * 31 * 16383 < 2^24): 64 bytes of qs are blocks
+ * 4h .. 4h+3 (low nibbles: 4h, 4h+2 in the low and high 256 bits; high
+ * nibbles: 4h+1, 4h+3), each block s's fifth bits bit s of the 32 qh
+ * bytes, moved to bit 4 by a shift per 256-bit half (16-bit shifts; the
+ * mask drops the strays) */
 static inline __attribute__((always_inline)) __m256i q5k_sums8(const uint8_t *p, const int16_t *xq) {
     const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
     const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q5_k, qh))));
