@@ -81,7 +81,7 @@ $(LIB_OBJ) $(ENGINE_OBJ): CFLAGS_ALL += -fvisibility=hidden
 # and its loops' speed moved with that (docs/PERFORMANCE.md, "Tuning record").
 # Their tuning is fixed too (-mtune=generic): -march=native also sets the
 # host's -mtune, and gcc 12 on a Zen 4 (tuned as znver3) spilled the 8-bit
-# weight tiles' X vectors and ran them a third slower.
+# weight tiles' X vectors (docs/PERFORMANCE.md, "Tuning record").
 KERNEL_FLAGS = -g1 -falign-functions=64 -mtune=generic $(KERNEL_CFLAGS)
 # TEST_CFLAGS: extra flags for the test files alone (the sanitizer build's).
 $(TEST_OBJ): CFLAGS_ALL += $(TEST_CFLAGS)
