@@ -209,10 +209,10 @@ static void *packed_of(const problem *p) {
     return P;
 }
 
-/* the packed types: the 32-element formats but Q5_1, and Q4_K, Q6_K */
+/* the packed types: the 32-element formats but Q5_1, and Q4_K, Q5_K, Q6_K */
 static int packed_type(int type) {
     return (llm_type_block_elems(type) == 32 && type != LLM_TYPE_Q5_1) || type == LLM_TYPE_Q4_K ||
-           type == LLM_TYPE_Q6_K;
+           type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K;
 }
 
 TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_bound) {
@@ -246,23 +246,29 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
 }
 
 /* Activation quants at their extremes (every |q| = 16383, or 127 for
- * 8-bit ones) against the largest Q6_K and Q8_0 weights, in plain rows and
- * packed, one X row and 64 (the VNNI tiles): the int32 block sums must not
- * overflow, nor the 8-bit tiles' scaled Q6_K sub-block sums (16 * 32 * 127
- * * 128 each) lose a bit in their float sum. */
+ * 8-bit ones) against the largest Q6_K, Q8_0 and Q5_K weights, in plain
+ * rows and packed, one X row and 64 (the VNNI tiles): the int32 block sums
+ * must not overflow (a packed Q5_K's nibbles summed at 256 times their
+ * value: 8 * 31 * 256 * 16383), nor the 8-bit tiles' scaled Q6_K sub-block
+ * sums (16 * 32 * 127 * 128 each) lose a bit in their float sum. */
 TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
-    for (int ti = 0; ti < 2; ti++) {
-        int type = ti ? LLM_TYPE_Q8_0 : LLM_TYPE_Q6_K;
+    for (int ti = 0; ti < 3; ti++) {
+        int type = ti == 0 ? LLM_TYPE_Q6_K : ti == 1 ? LLM_TYPE_Q8_0 : LLM_TYPE_Q5_K;
         int64_t n = 256, rb = llm_row_bytes(type, n);
         uint8_t *W = calloc(1, (size_t)rb);
         if (type == LLM_TYPE_Q6_K) {   /* every q = 0 (value -32), every scale -128, d = 1 */
             memset(W + 192, 0x80, 16);
             put_half(W + 208, 1.0f);
-        } else {                        /* every q = -128, d = 1 */
+        } else if (type == LLM_TYPE_Q8_0) {   /* every q = -128, d = 1 */
             for (int b = 0; b < 8; b++) { put_half(W + 34 * b, 1.0f); memset(W + 34 * b + 2, 0x80, 32); }
+        } else {   /* every q = 31 (nibbles and fifth bits all set), every sub-block scale 1 and min 0, d = 1 */
+            put_half(W, 1.0f);
+            memset(W + 4, 1, 4);     /* sub-blocks 0..3: scale 1, min 0 */
+            memset(W + 12, 1, 4);    /* 4..7: the low bits of scale 1, of min 0 */
+            memset(W + 16, 0xFF, 160);
         }
-        const double want = type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : -256.0 * 128;
+        const double want = type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : type == LLM_TYPE_Q8_0 ? -256.0 * 128 : 256.0 * 31;
         uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
         CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
         for (int bits = 8; bits <= 16; bits += 8)
@@ -488,12 +494,13 @@ TEST(quant_act_row_blocks_give_those_rows_of_the_whole_product) {
 
 /* The packed form: which types have it, its size, the padding of a last
  * group, and bad arguments (nothing written). */
-TEST(quant_act_packing_covers_the_32_element_formats_q4_k_and_q6_k_and_refuses_bad_shapes) {
+TEST(quant_act_packing_covers_the_32_element_formats_q4_k_q5_k_and_q6_k_and_refuses_bad_shapes) {
     test_rng r = {36};
-    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0, LLM_TYPE_Q4_K, LLM_TYPE_Q6_K};
-    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q5_K, LLM_TYPE_Q3_K};
+    static const int packed[] = {LLM_TYPE_Q4_0, LLM_TYPE_Q4_1, LLM_TYPE_Q5_0, LLM_TYPE_Q8_0,
+                                 LLM_TYPE_Q4_K, LLM_TYPE_Q5_K, LLM_TYPE_Q6_K};
+    static const int plain[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q5_1, LLM_TYPE_Q3_K};
     for (int i = 0; i < 5; i++) CHECK(llm_packed_bytes(plain[i], 8, 256) == 0);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         int type = packed[i];
         int64_t n = llm_type_block_elems(type) == 256 ? 768 : 96, rows = 11, rb = llm_row_bytes(type, n);
         CHECK(llm_packed_bytes(type, rows, n) == 16 * rb);   /* 2 groups of 8 */
@@ -504,11 +511,11 @@ TEST(quant_act_packing_covers_the_32_element_formats_q4_k_and_q6_k_and_refuses_b
         for (int64_t j = 0; j < rows; j++) random_row(&r, type, n, W + j * rb);
         memset(P, 0x5a, (size_t)(16 * rb));
         CHECK(llm_pack_rows(type, W, rows, 33, P) == -1 && llm_pack_rows(type, NULL, rows, n, P) == -1);
-        CHECK(llm_pack_rows(LLM_TYPE_Q5_K, W, rows, 256, P) == -1);
+        CHECK(llm_pack_rows(LLM_TYPE_Q3_K, W, rows, 256, P) == -1);
         CHECK(P[0] == 0x5a && P[16 * rb - 1] == 0x5a);
         CHECK(llm_pack_rows(type, W, rows, n, P) == 0);
         /* the same bits, moved (whole halves and quants: nibbles or bytes; Q4_K's 6-bit scales and
-         * mins; Q6_K's quants split in 4 and 2 bits), and the 5 padding rows zero */
+         * mins; Q5_K's and Q6_K's quants split in 4 and 1 or 2 bits), and the 5 padding rows zero */
         uint64_t sw = 0, sp = 0;
         for (int64_t k = 0; k < rows * rb; k++) sw += (uint64_t)__builtin_popcount(W[k]);
         for (int64_t k = 0; k < 16 * rb; k++) sp += (uint64_t)__builtin_popcount(P[k]);

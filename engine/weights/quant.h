@@ -240,14 +240,16 @@ int llm_type_int8(int type);
  * Q8_0's as each row's rest of block in turn (4 fifth-bit bytes and 16
  * nibble bytes; 32 quants). Q4_K goes by super-block: the 8 rows' d and
  * dmin halves, their sub-block scales and mins unpacked to bytes, then each
- * sub-block's quants in lanes as Q4_0's (quant_kern.h, LLM_PK4K_*); Q6_K
+ * sub-block's quants in lanes as Q4_0's (quant_kern.h, LLM_PK4K_*), and
+ * Q5_K as Q4_K with each sub-block's fifth bits in lanes beside its
+ * nibbles (LLM_PK5K_*); Q6_K
  * too: the 8 rows' d halves and int8 sub-block scales, then each block of
  * 32's low 4 bits in lanes as Q4_0's and its high 2 bits in lanes beside
  * them (LLM_PK6K_*). A group takes the bytes of 8 rows; rows past the
  * last one pad its last group as zeros. Every row's product follows the
  * reference's arithmetic, so packed and plain rows give the same bits. */
 /* Bytes of the packed form of rows x cols, or 0 if this type is not packed
- * (Q5_K and the other formats not named above, and the float types)
+ * (Q5_1, Q2_K, Q3_K and the other formats not named above, and the float types)
  * or the shape is bad. */
 int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols);
 /* Pack W (rows x cols of `type`) into P (llm_packed_bytes bytes). Returns 0,

@@ -304,7 +304,7 @@ int llm_act_dot_scalar(int type, const uint8_t *const *w, int nr, const llm_act_
 
 int llm_type_packed(int type) {
     return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q5_0 || type == LLM_TYPE_Q8_0 ||
-           type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;
+           llm_packed_k45(type) || type == LLM_TYPE_Q6_K;
 }
 
 int64_t llm_packed_bytes(int type, int64_t rows, int64_t cols) {
@@ -367,12 +367,17 @@ static void unpack_block(int type, const uint8_t *p, int r, uint8_t blk[sizeof(l
     }
 }
 
-/* Q4_K (quant_kern.h): super-block sb of W's rows 8g .. 8g+7 into the
- * packed super-block at dst, padding rows zeros */
-static void pack_q4_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst) {
-    memset(dst, 0, 8 * sizeof(llm_block_q4_k));
+/* Q4_K or (five) Q5_K (quant_kern.h): super-block sb of W's rows 8g ..
+ * 8g+7 into the packed super-block at dst, padding rows zeros. The two
+ * formats differ in the offset of qs and Q5_K's fifth bits: bit s of qh[k]
+ * for element k of sub-block s. */
+static void pack_k45(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, int64_t sb, uint8_t *dst, int five) {
+    const size_t bytes = five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k);
+    const size_t qs = five ? offsetof(llm_block_q5_k, qs) : offsetof(llm_block_q4_k, qs);
+    const int stride = five ? LLM_PK5K_BLOCK : 128;
+    memset(dst, 0, 8 * bytes);
     for (int r = 0; r < 8 && g * 8 + r < rows; r++) {
-        const uint8_t *blk = src + (g * 8 + r) * rb + sb * (int64_t)sizeof(llm_block_q4_k);
+        const uint8_t *blk = src + (g * 8 + r) * rb + sb * (int64_t)bytes;
         memcpy(dst + LLM_PK4K_D + 2 * r, blk + offsetof(llm_block_q4_k, d), 2);
         memcpy(dst + LLM_PK4K_DMIN + 2 * r, blk + offsetof(llm_block_q4_k, dmin), 2);
         for (int s = 0; s < 8; s++) {
@@ -380,28 +385,43 @@ static void pack_q4_k(const uint8_t *src, int64_t rows, int64_t rb, int64_t g, i
             llm_k_scale_min(blk + offsetof(llm_block_q4_k, scales), s, &sc, &mn);
             dst[LLM_PK4K_SC + 8 * s + r] = (uint8_t)(sc | (mn >> 4) << 6);
             dst[LLM_PK4K_MN + 8 * (s / 2) + r] |= (uint8_t)((mn & 15) << (4 * (s % 2)));
+            uint8_t *q = dst + LLM_PK4K_Q + stride * s;
+            uint32_t h = 0;
             /* sub-block s: nibble s % 2 of bytes 32 (s / 2) .. +31 */
             for (int c = 0; c < 4; c++) {
-                uint32_t v = lane_dword(blk + offsetof(llm_block_q4_k, qs) + 32 * (s / 2) + 8 * c, s % 2);
-                memcpy(dst + LLM_PK4K_Q + 128 * s + 32 * c + 4 * r, &v, 4);
+                uint32_t v = lane_dword(blk + qs + 32 * (s / 2) + 8 * c, s % 2);
+                memcpy(q + 32 * c + 4 * r, &v, 4);
+                if (!five) continue;
+                uint64_t t;   /* chunk c's fifth bits at bit 0 of their bytes, then at their nibbles' places + c */
+                memcpy(&t, blk + offsetof(llm_block_q5_k, qh) + 8 * c, 8);
+                t = t >> s & 0x0101010101010101ull;
+                h |= lane_dword((const uint8_t *)&t, 0) << c;
             }
+            if (five) memcpy(q + LLM_PK5K_HI + 4 * r, &h, 4);
         }
     }
 }
 
-/* Row r's super-block of a packed Q4_K super-block p, as the file has it */
-static void unpack_q4_k(const uint8_t *p, int r, uint8_t blk[sizeof(llm_block_q4_k)]) {
+/* Row r's super-block of a packed Q4_K or (five) Q5_K super-block p, as the
+ * file has it */
+static void unpack_k45(const uint8_t *p, int r, uint8_t *blk, int five) {
+    const size_t qs = five ? offsetof(llm_block_q5_k, qs) : offsetof(llm_block_q4_k, qs);
+    const int stride = five ? LLM_PK5K_BLOCK : 128;
     uint8_t sc[8], mn[8];
-    memset(blk, 0, sizeof(llm_block_q4_k));
+    memset(blk, 0, five ? sizeof(llm_block_q5_k) : sizeof(llm_block_q4_k));
     memcpy(blk + offsetof(llm_block_q4_k, d), p + LLM_PK4K_D + 2 * r, 2);
     memcpy(blk + offsetof(llm_block_q4_k, dmin), p + LLM_PK4K_DMIN + 2 * r, 2);
     for (int s = 0; s < 8; s++) {
         const uint8_t v = p[LLM_PK4K_SC + 8 * s + r];
+        const uint8_t *q = p + LLM_PK4K_Q + stride * s;
         sc[s] = v & 63;
         mn[s] = (uint8_t)((v >> 6) << 4 | (p[LLM_PK4K_MN + 8 * (s / 2) + r] >> (4 * (s % 2)) & 15));
         for (int k = 0; k < QB; k++) {
-            int shift, at = LLM_PK4K_Q + 128 * s + llm_lane_byte(r, k, &shift);
-            blk[offsetof(llm_block_q4_k, qs) + 32 * (s / 2) + k] |= (uint8_t)((p[at] >> shift & 15) << (4 * (s % 2)));
+            int shift, at = llm_lane_byte(r, k, &shift);
+            blk[qs + 32 * (s / 2) + k] |= (uint8_t)((q[at] >> shift & 15) << (4 * (s % 2)));
+            if (!five) continue;
+            at = LLM_PK5K_HI + llm_q5_hi_byte(r, k, &shift);
+            blk[offsetof(llm_block_q5_k, qh) + k] |= (uint8_t)((q[at] >> shift & 1) << s);
         }
     }
     /* the 12 scale bytes as llm_k_scale_min reads them */
@@ -471,10 +491,11 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
     if (!bytes || !W || !P) return -1;
     const int64_t bb = llm_type_block_bytes(type), nb = cols / QB, rb = llm_row_bytes(type, cols);
     uint8_t *dst = P;
-    if (type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K) {
+    if (llm_packed_k45(type) || type == LLM_TYPE_Q6_K) {
         for (int64_t g = 0; g < (rows + 7) / 8; g++)
             for (int64_t sb = 0; sb < cols / LLM_QK_K; sb++, dst += 8 * bb)
-                (type == LLM_TYPE_Q4_K ? pack_q4_k : pack_q6_k)(W, rows, rb, g, sb, dst);
+                if (type == LLM_TYPE_Q6_K) pack_q6_k(W, rows, rb, g, sb, dst);
+                else pack_k45(W, rows, rb, g, sb, dst, type == LLM_TYPE_Q5_K);
         return 0;
     }
     for (int64_t g = 0; g < (rows + 7) / 8; g++)
@@ -490,13 +511,14 @@ int llm_pack_rows(int type, const void *W, int64_t rows, int64_t cols, void *P) 
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out) {
     if (!llm_type_packed(type) || nt < 1) return -1;
     const int64_t bb = llm_type_block_bytes(type);
-    const int kq = type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q6_K;   /* by super-block */
+    const int kq = llm_packed_k45(type) || type == LLM_TYPE_Q6_K;   /* by super-block */
     for (int t = 0; t < nt; t++, x++, out += 8) {
         for (int r = 0; r < 8; r++) {
             float lane[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t blk[sizeof(llm_block_q6_k)];
-                if (type == LLM_TYPE_Q4_K) unpack_q4_k(llm_packed_block(type, group, b), r, blk);
+                if (llm_packed_k45(type))
+                    unpack_k45(llm_packed_block(type, group, b), r, blk, type == LLM_TYPE_Q5_K);
                 else if (type == LLM_TYPE_Q6_K) unpack_q6_k(llm_packed_block(type, group, b), r, blk);
                 else unpack_block(type, group + b * 8 * bb, r, blk);
                 int32_t wi[QB], mn[QB];

@@ -598,11 +598,11 @@ int QK_CAT(llm_act_dot_, QK_TABLE)(int type, const uint8_t *const *w, int nr, co
 /* ---- packed groups of 8 rows (llm_pack_rows) ----
  * Block b of the group: the 8 rows' scales in one load, and the 8 rows'
  * exact block sums in the 8 lanes of one vector, so the reference's float
- * part runs on 8 rows at once, into acc[b % 8]. Q4_0, Q4_1 and Q4_K hold their
- * quants in lanes (quant_kern.h): lane r of every load is row r, and the
- * sums build up in place, pair by pair. Q5_0's and Q8_0's rows keep their
- * blocks whole: each row's sum is one int32 vector, and hsum8 turns the 8
- * vectors into one lane per row. */
+ * part runs on 8 rows at once, into acc[b % 8]. Q4_0, Q4_1, Q4_K and Q5_K
+ * hold their quants in lanes (quant_kern.h): lane r of every load is row
+ * r, and the sums build up in place, pair by pair. Q5_0's and Q8_0's rows
+ * keep their blocks whole: each row's sum is one int32 vector, and hsum8
+ * turns the 8 vectors into one lane per row. */
 
 /* Block b of activation row x: 32 int8 quants in *xa, or with W16 the int16
  * quants of elements 0..15 in *xa and 16..31 in *xb */
@@ -625,7 +625,22 @@ static inline __m256i bcast32(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Activation rows a lane-packed group (Q4_0, Q4_1, Q4_K) takes at once with
+/* lo | (hs & mask): bits shifted to their place (Q5_K's fifth, Q6_K's
+ * high two), masked and joined to a quant's low 4 bits */
+static inline __attribute__((always_inline)) __m256i with_bits(__m256i lo, __m256i hs, __m256i mask) {
+#ifdef __AVX512VL__
+    return _mm256_ternarylogic_epi32(hs, mask, lo, 0xEA);
+#else
+    return _mm256_or_si256(_mm256_and_si256(hs, mask), lo);
+#endif
+}
+
+/* v's dwords shifted right by sh bits, or left by -sh */
+static inline __attribute__((always_inline)) __m256i shift_dwords(__m256i v, const int sh) {
+    return sh >= 0 ? _mm256_srli_epi32(v, sh) : _mm256_slli_epi32(v, -sh);
+}
+
+/* Activation rows a lane-packed group (Q4_0, Q4_1, Q4_K, Q5_K) takes at once with
  * 16-bit quants: 4 rows' sums fill 16 registers, which AVX-512's 32 hold;
  * AVX2 keeps 2. */
 #ifdef __AVX512VL__
@@ -634,23 +649,32 @@ static inline __m256i bcast32(const void *p) {
 #define LANE_ROWS 2
 #endif
 
-/* The 8 rows' sums S[t] of one lane-packed block, its quants at q, against
- * the 16 int16 pairs of an activation block at xp[t], for NT <= LANE_ROWS
- * activation rows: the quants loaded and masked once for all of them.
- * Nibble s of each 16-bit half, masked in place, is 16^s times its value
- * for s = 1, 2, and the sums of those are shifted back (exact: |sum| <= 8 *
- * 15 * 256 * 16383 < 2^30). */
-static inline __attribute__((always_inline)) void lane_sums16(const uint8_t *q, const int16_t *const *xp,
-                                                             const int NT, __m256i *S) {
+/* The 8 rows' sums S[t] of one lane-packed block, its quants at q (and
+ * Q5_K's fifth bits at h, else NULL), against the 16 int16 pairs of an
+ * activation block at xp[t], for NT <= LANE_ROWS activation rows: the
+ * quants loaded and masked once for all of them. Nibble s of each 16-bit
+ * half, masked in place (with its fifth bit above it), is 16^s times its
+ * value for s = 1, 2, and the sums of those are shifted back (exact: |sum|
+ * <= 8 * 31 * 256 * 16383 < 2^30). */
+static inline __attribute__((always_inline)) void lane_sums16(const uint8_t *q, const uint8_t *h,
+                                                             const int16_t *const *xp, const int NT, __m256i *S) {
     const __m256i m0 = _mm256_set1_epi32(0x000F000F), m1 = _mm256_set1_epi32(0x00F000F0);
     const __m256i m2 = _mm256_set1_epi32(0x0F000F00);
+    const __m256i hv = h ? _mm256_loadu_si256((const __m256i *)h) : _mm256_setzero_si256();
     __m256i a[LANE_ROWS][4];
     UNROLL for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_si256();
     UNROLL for (int i = 0; i < 4; i++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
         __asm__("" : "+v"(v)); /* one load for the four uses, not one each */
-        const __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
-        const __m256i v3 = _mm256_srli_epi16(v, 12);
+        __m256i v0 = _mm256_and_si256(v, m0), v1 = _mm256_and_si256(v, m1), v2 = _mm256_and_si256(v, m2);
+        __m256i v3 = _mm256_srli_epi16(v, 12);
+        if (h) {   /* chunk i's fifth bits from bit n + i to bit n + 4, above their nibbles */
+            const __m256i hs = _mm256_slli_epi32(hv, 4 - i);
+            v0 = with_bits(v0, hs, _mm256_set1_epi32(0x00100010));
+            v1 = with_bits(v1, hs, _mm256_set1_epi32(0x01000100));
+            v2 = with_bits(v2, hs, _mm256_set1_epi32(0x10001000));
+            v3 = with_bits(v3, _mm256_srli_epi32(hv, 8 + i), _mm256_set1_epi32(0x00100010));
+        }
         UNROLL for (int t = 0; t < NT; t++) {
             a[t][0] = dp_pairs(a[t][0], v0, bcast32(xp[t] + 8 * i));
             a[t][1] = dp_pairs(a[t][1], v1, bcast32(xp[t] + 8 * i + 2));
@@ -671,24 +695,39 @@ static inline __m256i lane_order(__m256i v) {
                                                    0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
 }
 
+/* Chunk i of a lane-packed block's quants (v) as the bytes of its low
+ * nibbles (*lo) and of its high ones (*hi), Q5_K's fifth bits (hv, or
+ * with none NULL h) at bit 4 of each */
+static inline __attribute__((always_inline)) void lane_bytes(__m256i v, const uint8_t *h, __m256i hv, const int i,
+                                                            __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (h) {
+        *lo = with_bits(*lo, _mm256_slli_epi32(hv, 4 - i), b4);
+        *hi = with_bits(*hi, _mm256_srli_epi32(hv, i), b4);
+    }
+}
+
 /* The same against 32 int8 quants at xq, put in the lanes' order first */
-static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q, const int8_t *xq) {
-    const __m256i m4 = _mm256_set1_epi8(15);
+static inline __attribute__((always_inline)) __m256i lane_sums8(const uint8_t *q, const uint8_t *h, const int8_t *xq) {
     _Alignas(32) int32_t xr[8];
     _mm256_store_si256((__m256i *)xr, lane_order(_mm256_loadu_si256((const __m256i *)xq)));
+    const __m256i hv = h ? _mm256_loadu_si256((const __m256i *)h) : _mm256_setzero_si256();
     __m256i a0 = _mm256_setzero_si256(), a1 = a0;
     UNROLL for (int i = 0; i < 4; i++) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
-        a0 = dp_quads(a0, _mm256_and_si256(v, m4), bcast32(xr + 2 * i));
-        a1 = dp_quads(a1, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bcast32(xr + 2 * i + 1));
+        __m256i lo, hi;
+        lane_bytes(_mm256_loadu_si256((const __m256i *)(q + 32 * i)), h, hv, i, &lo, &hi);
+        a0 = dp_quads(a0, lo, bcast32(xr + 2 * i));
+        a1 = dp_quads(a1, hi, bcast32(xr + 2 * i + 1));
     }
     return _mm256_add_epi32(a0, a1);
 }
 
 /* The scales (wa) and offsets (wb) of the 8 rows of block b of a packed
- * group, as the reference's weight_block gives them (Q4_K: d sc and
+ * group, as the reference's weight_block gives them (Q4_K, Q5_K: d sc and
  * -(dmin mn) of the sub-block, exact) */
-/* Sub-block s's of a packed Q4_K super-block p, d and dmin its 8 rows' */
+/* Sub-block s's of a packed Q4_K or Q5_K super-block p, d and dmin its 8 rows' */
 static inline __attribute__((always_inline)) void q4k_scales(const uint8_t *p, int s, __m256 d, __m256 dmin,
                                                              __m256 *wa, __m256 *wb) {
     const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK4K_SC + 8 * s)));
@@ -703,7 +742,7 @@ static inline __attribute__((always_inline)) void q4k_scales(const uint8_t *p, i
 static inline __attribute__((always_inline)) void packed_scales(const int type, const uint8_t *grp, int64_t b,
                                                                 __m256 *wa, __m256 *wb) {
     const uint8_t *p = llm_packed_block(type, grp, b);
-    if (type == LLM_TYPE_Q4_K) {
+    if (llm_packed_k45(type)) {
         q4k_scales(p, (int)(b % 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_D))),
                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + LLM_PK4K_DMIN))), wa, wb);
         return;
@@ -724,13 +763,8 @@ static inline __attribute__((always_inline)) void packed_scales(const int type, 
 static inline __attribute__((always_inline)) __m256i q6k_pair(__m256i v, __m256i hv, const int c, const int k) {
     const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 12)
                               : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(0x000F000F));
-    const int sh = 4 * k + 2 * (c % 2) - 4;   /* from the high bits' place to bits 4, 5 of each half */
-    const __m256i hs = sh >= 0 ? _mm256_srli_epi32(hv, sh) : _mm256_slli_epi32(hv, -sh);
-#ifdef __AVX512VL__
-    const __m256i w = _mm256_ternarylogic_epi32(hs, _mm256_set1_epi32(0x00300030), lo, 0xEA);   /* (hs & mask) | lo */
-#else
-    const __m256i w = _mm256_or_si256(_mm256_and_si256(hs, _mm256_set1_epi32(0x00300030)), lo);
-#endif
+    /* from the high bits' place to bits 4, 5 of each half */
+    const __m256i w = with_bits(lo, shift_dwords(hv, 4 * k + 2 * (c % 2) - 4), _mm256_set1_epi32(0x00300030));
     return _mm256_sub_epi16(w, _mm256_set1_epi16(32));
 }
 
@@ -870,9 +904,10 @@ static inline __attribute__((always_inline)) __m256i row1_sums(const int type, c
         q6k_sums(grp, b, &xp, 1, &S);
     } else if (llm_packed_lanes(type) && W16) {
         const int16_t *xp = (const int16_t *)x->q + 32 * b;
-        lane_sums16(llm_packed_lane_quants(type, grp, b), &xp, 1, &S);
+        lane_sums16(llm_packed_lane_quants(type, grp, b), llm_packed_lane_high(type, grp, b), &xp, 1, &S);
     } else if (llm_packed_lanes(type)) {
-        S = lane_sums8(llm_packed_lane_quants(type, grp, b), (const int8_t *)x->q + 32 * b);
+        S = lane_sums8(llm_packed_lane_quants(type, grp, b), llm_packed_lane_high(type, grp, b),
+                       (const int8_t *)x->q + 32 * b);
     } else if (W16 && type == LLM_TYPE_Q8_0 && ZMM_ROW1(type)) {
         S = q8_rows8_sums(p + llm_packed_rest(bb, hd, 0), (const int16_t *)x->q + 32 * b);
     } else {
@@ -925,7 +960,7 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
 #endif
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int ns = nb - b0 < 8 ? (int)(nb - b0) : 8;
-        if (type == LLM_TYPE_Q4_K)
+        if (llm_packed_k45(type))
             for (int k = 0; k < ng; k++) {
                 const uint8_t *sb = llm_packed_block(type, grp + k * gbytes, b0);
                 d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + LLM_PK4K_D)));
@@ -941,7 +976,7 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
                 for (int o = 0; o < sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
                 const __m256i S = row1_sums(type, g, p, b, x, W16);
                 __m256 wa, wb;
-                if (type == LLM_TYPE_Q4_K) q4k_scales(p, s, d[k], dmin[k], &wa, &wb);
+                if (llm_packed_k45(type)) q4k_scales(p, s, d[k], dmin[k], &wa, &wb);
                 else packed_scales(type, g, b, &wa, &wb);
                 acc[k][s] = _mm256_add_ps(acc[k][s], block_terms(type, S, wa, wb, x, b));
             }
@@ -974,7 +1009,7 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
         } else if (llm_packed_lanes(type)) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
-            lane_sums16(llm_packed_lane_quants(type, grp, b), xp, NT, S);
+            lane_sums16(llm_packed_lane_quants(type, grp, b), llm_packed_lane_high(type, grp, b), xp, NT, S);
         } else {
             __m256i w0[8], w1[8];
             UNROLL for (int r = 0; r < 8; r++) {
@@ -1059,16 +1094,21 @@ static inline __attribute__((always_inline)) void transpose8_epi32(const __m256i
     }
 }
 
-/* The 16 int16 pair vectors of a lane-packed block's quants q: lane r of
- * pr[j] is row r's elements 2j, 2j + 1 */
-static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, __m256i pr[16]) {
+/* The 16 int16 pair vectors of a lane-packed block's quants q (Q5_K's
+ * fifth bits at h, else NULL): lane r of pr[j] is row r's elements 2j,
+ * 2j + 1 */
+static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, const uint8_t *h, __m256i pr[16]) {
     const __m256i m0 = _mm256_set1_epi32(0x000F000F);
+    const __m256i hv = h ? _mm256_loadu_si256((const __m256i *)h) : _mm256_setzero_si256();
     UNROLL for (int c = 0; c < 4; c++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
         pr[4 * c] = _mm256_and_si256(v, m0);
         pr[4 * c + 1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m0);
         pr[4 * c + 2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), m0);
         pr[4 * c + 3] = _mm256_srli_epi16(v, 12);
+        if (h)   /* pair k's fifth bits from bits 4k + c (+ 16) to 4 (+ 16) */
+            UNROLL for (int k = 0; k < 4; k++)
+                pr[4 * c + k] = with_bits(pr[4 * c + k], shift_dwords(hv, 4 * k + c - 4), _mm256_set1_epi32(0x00100010));
     }
 }
 
@@ -1128,12 +1168,10 @@ static inline __attribute__((always_inline)) void packed_quads(const int type, c
         }
         return;
     }
-    const uint8_t *q = llm_packed_lane_quants(type, grp, b);
-    UNROLL for (int c = 0; c < 4; c++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-        qd[2 * c] = _mm256_and_si256(v, m4);
-        qd[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m4);
-    }
+    const uint8_t *q = llm_packed_lane_quants(type, grp, b), *h = llm_packed_lane_high(type, grp, b);
+    const __m256i hv = h ? _mm256_loadu_si256((const __m256i *)h) : _mm256_setzero_si256();
+    UNROLL for (int c = 0; c < 4; c++)
+        lane_bytes(_mm256_loadu_si256((const __m256i *)(q + 32 * c)), h, hv, c, &qd[2 * c], &qd[2 * c + 1]);
 }
 #endif
 
@@ -1160,7 +1198,7 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
     if (packed_pairs(type)) {
         __m256i pr[16], rows[8];
         if (type == LLM_TYPE_Q6_K) q6k_pairs(grp, b, pr);
-        else lane_pairs(llm_packed_lane_quants(type, grp, b), pr);
+        else lane_pairs(llm_packed_lane_quants(type, grp, b), llm_packed_lane_high(type, grp, b), pr);
         if (PAIRS) {   /* Q4_0's quants less 8 here, once for all the X rows */
             if (type == LLM_TYPE_Q4_0) UNROLL for (int j = 0; j < 16; j++) pr[j] = _mm256_sub_epi16(pr[j], _mm256_set1_epi16(8));
             UNROLL for (int j = 0; j < 16; j++) _mm256_store_si256((__m256i *)rb->w[i] + j, pr[j]);
@@ -1557,7 +1595,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     return 0;
 }
 
-/* Lane-packed groups (Q4_0, Q4_1, Q4_K) with 16-bit quants take any number of
+/* Lane-packed groups (Q4_0, Q4_1, Q4_K, Q5_K) with 16-bit quants take any number of
  * rows LANE_ROWS at a time (packed_rows), on the AVX2 and VNNI kernels: the
  * nibbles masked once for those rows beat decoding the group into the
  * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
@@ -1590,7 +1628,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
     }
 #define PACKED_W(T_) PACKED(T_, 0) PACKED(T_, 1)
 PACKED_W(LLM_TYPE_Q4_0) PACKED_W(LLM_TYPE_Q4_1) PACKED_W(LLM_TYPE_Q5_0) PACKED_W(LLM_TYPE_Q8_0)
-PACKED_W(LLM_TYPE_Q4_K) PACKED_W(LLM_TYPE_Q6_K)
+PACKED_W(LLM_TYPE_Q4_K) PACKED_W(LLM_TYPE_Q5_K) PACKED_W(LLM_TYPE_Q6_K)
 #undef PACKED_W
 #undef PACKED
 #undef LANE_TILES
@@ -1605,6 +1643,7 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     case LLM_TYPE_Q5_0: (w16 ? packed_LLM_TYPE_Q5_0_1 : packed_LLM_TYPE_Q5_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? packed_LLM_TYPE_Q8_0_1 : packed_LLM_TYPE_Q8_0_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q4_K: (w16 ? packed_LLM_TYPE_Q4_K_1 : packed_LLM_TYPE_Q4_K_0)(group, nb, x, nt, out); return 0;
+    case LLM_TYPE_Q5_K: (w16 ? packed_LLM_TYPE_Q5_K_1 : packed_LLM_TYPE_Q5_K_0)(group, nb, x, nt, out); return 0;
     case LLM_TYPE_Q6_K: (w16 ? packed_LLM_TYPE_Q6_K_1 : packed_LLM_TYPE_Q6_K_0)(group, nb, x, nt, out); return 0;
     default: return llm_act_dot_packed_scalar(type, group, nb, x, nt, out);
     }
@@ -1617,7 +1656,7 @@ int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_
     }
 #define ROW1_W(T_) ROW1(T_, 0) ROW1(T_, 1)
 ROW1_W(LLM_TYPE_Q4_0) ROW1_W(LLM_TYPE_Q4_1) ROW1_W(LLM_TYPE_Q5_0) ROW1_W(LLM_TYPE_Q8_0) ROW1_W(LLM_TYPE_Q4_K)
-ROW1_W(LLM_TYPE_Q6_K)
+ROW1_W(LLM_TYPE_Q5_K) ROW1_W(LLM_TYPE_Q6_K)
 #undef ROW1_W
 #undef ROW1
 
@@ -1631,6 +1670,7 @@ int QK_CAT(llm_act_row_packed_, QK_TABLE)(int type, const uint8_t *groups, int64
     case LLM_TYPE_Q5_0: (w16 ? row1_LLM_TYPE_Q5_0_1 : row1_LLM_TYPE_Q5_0_0)(groups, gbytes, ng, nb, x, out); return 0;
     case LLM_TYPE_Q8_0: (w16 ? row1_LLM_TYPE_Q8_0_1 : row1_LLM_TYPE_Q8_0_0)(groups, gbytes, ng, nb, x, out); return 0;
     case LLM_TYPE_Q4_K: (w16 ? row1_LLM_TYPE_Q4_K_1 : row1_LLM_TYPE_Q4_K_0)(groups, gbytes, ng, nb, x, out); return 0;
+    case LLM_TYPE_Q5_K: (w16 ? row1_LLM_TYPE_Q5_K_1 : row1_LLM_TYPE_Q5_K_0)(groups, gbytes, ng, nb, x, out); return 0;
     case LLM_TYPE_Q6_K: (w16 ? row1_LLM_TYPE_Q6_K_1 : row1_LLM_TYPE_Q6_K_0)(groups, gbytes, ng, nb, x, out); return 0;
     default: return -1;
     }

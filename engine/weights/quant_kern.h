@@ -170,8 +170,17 @@ static inline int llm_packed_rest(int bb, int hd, int r) { return 8 * hd + r * (
  * [sub-block][row] bytes sc | (mn >> 4) << 6, the mins' low 4 bits (byte
  * LLM_PK4K_MN + 8 (s / 2) + r: low nibble for an even sub-block s, high
  * for an odd one), then each sub-block's 32 quants of the 8 rows in lanes
- * as a Q4_0 block's (128 bytes). */
+ * as a Q4_0 block's (128 bytes). A packed Q5_K super-block (8 * 176
+ * bytes) has Q4_K's head, then for each sub-block its nibbles as Q4_K's
+ * and their fifth bits in one chunk of 32 bytes, dword r row r's: the bit
+ * of the nibble at bit n of nibble chunk c's dword at bit n + c
+ * (llm_q5_hi_byte), so that one shift and a mask put a chunk's fifth bits
+ * beside its nibbles (LLM_PK5K_BLOCK bytes a sub-block, its fifth bits
+ * LLM_PK5K_HI into it). */
 enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, LLM_PK4K_Q = 128 };
+enum { LLM_PK5K_BLOCK = 160, LLM_PK5K_HI = 128 };
+/* Q4_K and Q5_K: packed super-blocks with the same head */
+static inline int llm_packed_k45(int type) { return type == LLM_TYPE_Q4_K || type == LLM_TYPE_Q5_K; }
 /* A packed Q6_K super-block (8 rows' super-blocks, 8 * 210 bytes) holds the
  * 8 rows' d halves, their 16 int8 sub-block scales as [sub-block of
  * 16][row] bytes, then per block of 32 elements (LLM_PK6K_BLOCK bytes): the
@@ -183,21 +192,25 @@ enum { LLM_PK4K_D = 0, LLM_PK4K_DMIN = 16, LLM_PK4K_SC = 32, LLM_PK4K_MN = 96, L
  * their nibbles. LLM_PK6K_Q: where block 0 begins; LLM_PK6K_HI: where a
  * block's high bits begin in it. */
 enum { LLM_PK6K_D = 0, LLM_PK6K_SC = 16, LLM_PK6K_Q = 144, LLM_PK6K_HI = 128, LLM_PK6K_BLOCK = 192 };
+/* The types whose packed blocks hold their quants' low 4 bits in lanes
+ * (Q5_K: with its fifth bits beside them, llm_packed_lane_high) */
 static inline int llm_packed_lanes(int type) {
-    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || type == LLM_TYPE_Q4_K;
+    return type == LLM_TYPE_Q4_0 || type == LLM_TYPE_Q4_1 || llm_packed_k45(type);
 }
-/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0; Q4_K's bytes per 32
- * elements (inline: the kernels take it per block) */
+/* Bytes of one block of Q4_0, Q4_1, Q5_0 or Q8_0; Q4_K's and Q5_K's bytes
+ * per 32 elements (inline: the kernels take it per block) */
 static inline int64_t llm_packed_block_bytes(int type) {
     return type == LLM_TYPE_Q4_K ? (int64_t)sizeof(llm_block_q4_k) / 8
+         : type == LLM_TYPE_Q5_K ? (int64_t)sizeof(llm_block_q5_k) / 8
          : type == LLM_TYPE_Q4_0 ? (int64_t)sizeof(llm_block_q4_0)
          : type == LLM_TYPE_Q4_1 ? (int64_t)sizeof(llm_block_q4_1)
          : type == LLM_TYPE_Q5_0 ? (int64_t)sizeof(llm_block_q5_0) : (int64_t)sizeof(llm_block_q8_0);
 }
 /* Where block b (of 32 elements) of a packed group begins: its packed
- * block, or for Q4_K and Q6_K its super-block */
+ * block, or for the K-quants its super-block */
 static inline const uint8_t *llm_packed_block(int type, const uint8_t *grp, int64_t b) {
     if (type == LLM_TYPE_Q4_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q4_k);
+    if (type == LLM_TYPE_Q5_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q5_k);
     if (type == LLM_TYPE_Q6_K) return grp + b / 8 * 8 * (int64_t)sizeof(llm_block_q6_k);
     return grp + b * 8 * llm_packed_block_bytes(type);
 }
@@ -210,7 +223,12 @@ static inline int64_t llm_packed_stream_bytes(int type) {
 /* Block b's quants in lanes (llm_packed_lanes types) */
 static inline const uint8_t *llm_packed_lane_quants(int type, const uint8_t *grp, int64_t b) {
     if (type == LLM_TYPE_Q4_K) return llm_packed_block(type, grp, b) + LLM_PK4K_Q + 128 * (b % 8);
+    if (type == LLM_TYPE_Q5_K) return llm_packed_block(type, grp, b) + LLM_PK4K_Q + LLM_PK5K_BLOCK * (b % 8);
     return llm_packed_block(type, grp, b) + 8 * llm_packed_head(type);
+}
+/* Block b's chunk of fifth bits (Q5_K), or NULL (the other lane types) */
+static inline const uint8_t *llm_packed_lane_high(int type, const uint8_t *grp, int64_t b) {
+    return type == LLM_TYPE_Q5_K ? llm_packed_lane_quants(type, grp, b) + LLM_PK5K_HI : NULL;
 }
 /* The byte of a block's lane quants that holds element k (0..31) of row r,
  * and the shift of its nibble in that byte (0 or 4) */
@@ -218,6 +236,13 @@ static inline int llm_lane_byte(int r, int k, int *shift) {
     const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2);
     *shift = bit % 8;
     return 32 * (k / 8) + 4 * r + bit / 8;
+}
+/* The byte of a packed Q5_K block's fifth-bit chunk that holds the fifth
+ * bit of element k (0..31) of row r, and its shift in that byte */
+static inline int llm_q5_hi_byte(int r, int k, int *shift) {
+    const int j = k % 8, bit = 4 * (j / 2) + 16 * (j % 2) + k / 8;
+    *shift = bit % 8;
+    return 4 * r + bit / 8;
 }
 /* The byte of a packed Q6_K block's high-bit chunks that holds the 2 high
  * bits of element k (0..31) of row r, and their shift in that byte */
