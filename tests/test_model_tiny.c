@@ -238,10 +238,10 @@ TEST(model_tiny_integer_activations_are_bit_identical_for_threads_and_close_unde
 /* The weights' packed copy (KVCACHE_PACK, quant.h llm_pack_rows) changes no
  * bit of the logits, on either integer width, tied output or not. */
 TEST(model_tiny_packed_weights_give_the_logits_of_the_mapped_rows) {
-    static const int types[] = {GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0, GW_Q4_K, GW_Q6_K};
+    static const int types[] = {GW_Q4_0, GW_Q4_1, GW_Q5_0, GW_Q8_0, GW_Q4_K, GW_Q5_K, GW_Q6_K};
     int32_t toks[40];
     for (int i = 0; i < 40; i++) toks[i] = FX_BYTE0 + (i * 53) % 256;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         fx_model fx;
         if (fx_build(&(fx_spec){.type = types[i], .seed = 70 + (uint64_t)i, .tied = i % 2}, &fx)) return;
         setenv("KVCACHE_PACK", "0", 1);
