@@ -13,6 +13,17 @@
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static unsigned isas;    /* bit i: the CPU runs kv_isa i */
 static int requested;
+static bool amd;
+
+static bool vendor_amd(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    /* leaf 0: the vendor's 12 bytes in EBX, EDX, ECX */
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#else
+    return false;
+#endif
+}
 
 static unsigned detect(void) {
     unsigned has = 1u << KV_ISA_SCALAR;
@@ -42,6 +53,7 @@ int kv_isa_parse(const char *name) {
 
 static void init(void) {
     isas = detect();
+    amd = vendor_amd();
     const char *env = getenv("KVCACHE_SIMD");
     requested = !env || !*env || !strcmp(env, "auto") ? -1 : kv_isa_parse(env) < 0 ? -2 : kv_isa_parse(env);
 }
@@ -49,6 +61,11 @@ static void init(void) {
 bool kv_cpu_has(kv_isa isa) {
     pthread_once(&once, init);
     return (unsigned)isa < KV_ISA_COUNT && (isas >> isa & 1);
+}
+
+bool kv_cpu_amd(void) {
+    pthread_once(&once, init);
+    return amd;
 }
 
 int kv_isa_requested(void) {

@@ -24,6 +24,11 @@ int kv_isa_parse(const char *name);
  * runs), or -2 for a name no kernels answer to (then the best too). */
 int kv_isa_requested(void);
 
+/* Whether the CPU is AMD's (CPUID vendor "AuthenticAMD"), detected on the
+ * first call: its hardware prefetch feeds one stream a core as well as
+ * several (docs/PERFORMANCE.md, "Tuning record"). */
+bool kv_cpu_amd(void);
+
 /* Whether KVCACHE_NO_VNNI (set, not "0") asks the avx512 kernels to leave
  * VNNI out where the CPU has it; read at each call (the tests run both). */
 bool kv_cpu_vnni_off(void);

@@ -358,10 +358,11 @@ TEST(quant_act_products_are_bit_identical_across_kernels_row_splits_and_decode_v
     llm_quant_select(was);
 }
 
-/* One X row (decode) reads up to LLM_ROW1_GROUPS long packed groups at once: row
- * ranges over 6 groups (the last of 5 rows), starting and ending inside
- * groups, taken whole and in pieces of 1 to 6 groups, on every kernel and
- * both activation widths, equal to the scalar plain product bit for bit. */
+/* One X row (decode) reads up to LLM_ROW1_GROUPS long packed groups at once
+ * (or one, as on AMD's cores: both are run): row ranges over 6 groups (the
+ * last of 5 rows), starting and ending inside groups, taken whole and in
+ * pieces of 1 to 6 groups, on every kernel and both activation widths,
+ * equal to the scalar plain product bit for bit. */
 TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     test_rng r = {41};
@@ -383,13 +384,19 @@ TEST(quant_act_one_row_against_several_packed_groups_matches_the_scalar_product)
                 if (select_kernels(ki) != 0) continue;
                 act_buf own;
                 CHECK(quantize(&own, p.X, 1, n, bits) == 0);
-                for (int c = 0; c < 4; c++) {
-                    memset(Y1, 0xff, (size_t)rows * sizeof *Y1);
-                    for (int i = 0; i < 4; i++) llm_matmul_act(type, p.W, P, n, cut[c][i], cut[c][i + 1], &own.a, Y1, rows);
-                    if (memcmp(Y0, Y1, (size_t)rows * sizeof *Y0) != 0)
-                        test_fail(__FILE__, __LINE__, "%s (%s, bits %d, cuts %d): one row against packed groups differs",
-                                  llm_type_name(type), kernels[ki], bits, c);
+                for (int groups = 1; groups <= LLM_ROW1_GROUPS; groups += LLM_ROW1_GROUPS - 1) {
+                    llm_row1_groups_force(groups);
+                    for (int c = 0; c < 4; c++) {
+                        memset(Y1, 0xff, (size_t)rows * sizeof *Y1);
+                        for (int i = 0; i < 4; i++)
+                            llm_matmul_act(type, p.W, P, n, cut[c][i], cut[c][i + 1], &own.a, Y1, rows);
+                        if (memcmp(Y0, Y1, (size_t)rows * sizeof *Y0) != 0)
+                            test_fail(__FILE__, __LINE__,
+                                      "%s (%s, bits %d, %d groups at once, cuts %d): one row against packed groups differs",
+                                      llm_type_name(type), kernels[ki], bits, groups, c);
+                    }
                 }
+                llm_row1_groups_force(0);
                 free(own.buf);
             }
             free(P), free(Y0), free(Y1);

@@ -5,6 +5,7 @@
 #include "quant.h"
 #include "quant_kern.h"
 #include "../../src/half.h"
+#include "../../src/cpu.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -122,6 +123,20 @@ llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1) {
     r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, a->bits, j0) : NULL;
     return r;
 }
+
+static pthread_once_t groups_once = PTHREAD_ONCE_INIT;
+static int groups_here, groups_forced;
+static void read_groups(void) {
+    const char *e = getenv("KVCACHE_ROW1_GROUPS");
+    const int n = e && *e ? atoi(e) : 0;
+    groups_here = n >= 1 && n <= LLM_ROW1_GROUPS ? n : kv_cpu_amd() ? 1 : LLM_ROW1_GROUPS;
+}
+int llm_row1_groups(void) {
+    if (groups_forced) return groups_forced;
+    pthread_once(&groups_once, read_groups);
+    return groups_here;
+}
+void llm_row1_groups_force(int n) { groups_forced = n >= 1 && n <= LLM_ROW1_GROUPS ? n : 0; }
 
 int llm_type_int8(int type) {
     switch (type) {
@@ -547,7 +562,7 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
     const llm_qkern *k = llm_qkern_active();
     const uint8_t *Wb = W;
     const int64_t nb = n_in / QB, m = a->m;
-    const int packed = P && llm_type_packed(type);
+    const int packed = P && llm_type_packed(type), groups = llm_row1_groups();
     llm_act_row xs[JB];
     float out[8 * JB];
     /* with more than a few X rows: their quants in lanes, if the kernels take them */
@@ -566,11 +581,11 @@ void llm_matmul_act(int type, const void *W, const void *P, int64_t n_in, int64_
         if (packed) {
             for (int64_t g = row0 / 8, ng = 1; g * 8 < row1; g += ng) {
                 const uint8_t *grp = (const uint8_t *)P + g * 8 * rb;
-                /* one X row: up to LLM_ROW1_GROUPS long groups at once; a
-                 * single group through act_dot_packed (the same one-row
+                /* one X row: up to llm_row1_groups() long groups at once;
+                 * a single group through act_dot_packed (the same one-row
                  * kernel, for a group that is not read beside others) */
                 ng = 8 * rb >= LLM_ROW1_STREAM_BYTES ? (row1 - g * 8 + 7) / 8 : 1;
-                ng = ng < LLM_ROW1_GROUPS ? ng : LLM_ROW1_GROUPS;
+                ng = ng < groups ? ng : groups;
                 const int row1_kernel = nt == 1 && ng > 1 && k->act_row_packed;
                 if (!row1_kernel || k->act_row_packed(type, grp, 8 * rb, (int)ng, nb, xs, out) != 0) {
                     ng = 1;

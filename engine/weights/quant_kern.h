@@ -23,11 +23,19 @@ typedef struct {
 } llm_act_row;
 
 /* Packed groups one activation row (decode) reads at once: one stream
- * through memory each, which one core reads faster than a single stream,
- * where the groups are long enough (LLM_ROW1_STREAM_BYTES of 8 rows or
- * more) for the hardware prefetch to ramp up in each; shorter groups (small
- * models) go one at a time (figures in docs/PERFORMANCE.md) */
+ * through memory each, which an Intel core reads faster than a single
+ * stream, where the groups are long enough (LLM_ROW1_STREAM_BYTES of 8 rows
+ * or more) for the hardware prefetch to ramp up in each; shorter groups
+ * (small models) go one at a time, and so do all on AMD's cores, which read
+ * one stream faster than several (llm_row1_groups; figures in
+ * docs/PERFORMANCE.md) */
 enum { LLM_ROW1_GROUPS = 8, LLM_ROW1_STREAM_BYTES = 16384 };
+/* How many long groups one activation row reads at once here: 1 on AMD,
+ * else LLM_ROW1_GROUPS, or what KVCACHE_ROW1_GROUPS (1 .. LLM_ROW1_GROUPS)
+ * says, read once; llm_row1_groups_force(n) overrides it (the tests run
+ * both), 0 puts it back (quant_act.c) */
+int llm_row1_groups(void);
+void llm_row1_groups_force(int n);
 
 typedef struct {
     const char *name;   /* "scalar", "avx2", "avx512", "avx512vnni" */
