@@ -43,7 +43,8 @@ bool cli_range(const char *cmd, const char *opt, int64_t v, int64_t lo, int64_t 
 
 /* Read bandwidth in GB/s, best of `trials` passes over buf [len] floats (len
  * a multiple of 4096, buf far larger than the caches) read by the pool's
- * threads as 4 interleaved streams each (cli/bench_attention.c). */
+ * threads as 4 interleaved streams each and as many more as one stream each
+ * (cli/bench_attention.c). */
 struct kv_pool;
 double cli_read_bandwidth(struct kv_pool *pool, const float *buf, size_t len, int trials);
 
