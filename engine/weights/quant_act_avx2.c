@@ -696,8 +696,8 @@ static inline __m256i lane_order(__m256i v) {
 }
 
 /* Chunk i of a lane-packed block's quants (v) as the bytes of its low
- * nibbles (*lo) and of its high ones (*hi), Q5_K's fifth bits (hv, or
- * with none NULL h) at bit 4 of each */
+ * nibbles (*lo) and of its high ones (*hi), with Q5_K's fifth bits (hv;
+ * h is NULL for the types without) at bit 4 of each byte */
 static inline __attribute__((always_inline)) void lane_bytes(__m256i v, const uint8_t *h, __m256i hv, const int i,
                                                             __m256i *lo, __m256i *hi) {
     const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10);
