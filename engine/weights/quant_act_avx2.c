@@ -1114,7 +1114,7 @@ static inline __attribute__((always_inline)) void lane_pairs(const uint8_t *q, c
 
 /* Block b of a packed group into slot i of the buffer. A lane-packed block
  * becomes its pair vectors, then by two transposes each row's elements
- * 0..15 and 16..31 (with 8-bit quants, packed_group reads it instead); with
+ * 0..15 and 16..31 (with 8-bit quants, packed to its 32 bytes); with
  * PAIRS the pair vectors themselves, [pair][row] (pair_at), for the
  * products that broadcast one row's pair at a time. */
 /* Whether a packed block of the type gives its 8 rows' weights as 16 int16
@@ -1209,6 +1209,9 @@ packed_block_into(const int type, const uint8_t *grp, int64_t b, rows_buf *rb, i
             transpose8_epi32(pr + 8 * half, rows);
             UNROLL for (int r = 0; r < 8; r++) rb->w[i][r][half] = rows[r];
         }
+        if (!W16 && llm_packed_lanes(type))   /* 8-bit X rows: each row's quants as bytes in element order */
+            UNROLL for (int r = 0; r < 8; r++)
+                rb->w[i][r][0] = _mm256_permute4x64_epi64(_mm256_packus_epi16(rb->w[i][r][0], rb->w[i][r][1]), 0xD8);
     } else {
         UNROLL for (int r = 0; r < 8; r++) {
             rb->w[i][r][1] = _mm256_setzero_si256();
@@ -1601,7 +1604,11 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
  * buffer once for all, by 20-40% per row at 16-64 rows on a Sapphire Rapids
  * (docs/PERFORMANCE.md); the AVX-512 kernels without VNNI still run past
  * LLM_ACT_FEW_ROWS rows whole groups of 8 in lanes, as the other types do.
- * The rest (or all of a few) by packed_rows. */
+ * With 8-bit quants and no 512-bit tiles (AVX2), Q5_K's groups past
+ * LLM_ACT_FEW_ROWS rows are decoded into the buffer once, their fifth bits
+ * costing more than that a row; the other lane types' rows go one at a time
+ * there, which is faster for them (docs/PERFORMANCE.md). The rest (or all of
+ * a few) by packed_rows. */
 #if defined(QK_VNNI) || LANE_ROWS == 2
 #define LANE_TILES 1
 #else
@@ -1619,7 +1626,7 @@ static int many_rows(int type, const uint8_t *const *w, int nr, const llm_act_ro
             group_rows(T_, 1, grp, NULL, 8, nb, x, t, out, W_);                                        \
         }                                                                                              \
         if (nt - t > LLM_ACT_FEW_ROWS && (W_ || T_ != LLM_TYPE_Q6_K) &&                               \
-            (!llm_packed_lanes(T_) || (W_ && !LANE_TILES))) {                                          \
+            (!llm_packed_lanes(T_) || (W_ ? !LANE_TILES : !X_WIDE && T_ == LLM_TYPE_Q5_K))) {         \
             const int n = (nt - t) / 8 * 8;                                                            \
             group_rows(T_, 1, grp, NULL, 8, nb, x + t, n, out + 8 * t, W_);                            \
             t += n;                                                                                    \
