@@ -34,9 +34,9 @@ static inline __m256i hsum8_epi32(const __m256i v[8]) {
  * a block of 32 is one zmm of int16 quants, its products one vpmaddwd, and
  * 8 blocks' vectors are summed across by a shuffle tree, half the work of
  * hsum8 on twice as many ymm vectors. ZMM_ROW1: the types that take it, in
- * plain rows (Q6_K, Q8_0, Q5_K) and in packed groups (Q8_0). */
+ * plain rows (Q6_K, Q8_0) and in packed groups (Q8_0). */
 #ifdef __AVX512BW__
-#define ZMM_ROW1(type) ((type) == LLM_TYPE_Q6_K || (type) == LLM_TYPE_Q8_0 || (type) == LLM_TYPE_Q5_K)
+#define ZMM_ROW1(type) ((type) == LLM_TYPE_Q6_K || (type) == LLM_TYPE_Q8_0)
 
 /* The sums of lanes 0-7 and of lanes 8-15 of v[i] (a block's elements 0..15
  * and 16..31, where v[i] is its vpmaddwd), i < 8, exact; the result's 128-bit
@@ -124,43 +124,8 @@ static inline __attribute__((always_inline)) __m256i q6k_sums8(const uint8_t *p,
     /* |sub-block sum| <= 16 * 32 * 16383, times |scale| <= 128: below 2^30 */
     return join_halves(_mm512_mullo_epi32(halves8_epi32(v), _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, order))));
 }
-
-/* The 8 exact block sums of the Q5_K super-block p against 16-bit quants
- * xq (its 256; |sum| <= 32 * 31 * 16383 < 2^24): 64 bytes of qs are blocks
- * 4h .. 4h+3 (low nibbles: 4h, 4h+2 in the low and high 256 bits; high
- * nibbles: 4h+1, 4h+3), each block s's fifth bits bit s of the 32 qh
- * bytes, moved to bit 4 by a shift per 256-bit half (16-bit shifts; the
- * mask drops the strays) */
-static inline __attribute__((always_inline)) __m256i q5k_sums8(const uint8_t *p, const int16_t *xq) {
-    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
-    const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + offsetof(llm_block_q5_k, qh))));
-    /* halves: blocks 0, 2 | 1, 3 left by 4 - s; blocks 4, 6 | 5, 7 right by s - 4 */
-    const __m512i lo0 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i hi0 = _mm512_inserti64x4(_mm512_set1_epi16(3), _mm256_set1_epi16(1), 1);
-    const __m512i lo1 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i hi1 = _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1);
-    __m512i v[8];
-    UNROLL for (int h = 0; h < 2; h++) {
-        const __m512i L = _mm512_loadu_si512(p + offsetof(llm_block_q5_k, qs) + 64 * h);
-        const __m512i bl = h ? _mm512_srlv_epi16(H, lo1) : _mm512_sllv_epi16(H, lo0);
-        const __m512i bh = h ? _mm512_srlv_epi16(H, hi1) : _mm512_sllv_epi16(H, hi0);
-        /* (a & 15) | (b & 16) */
-        const __m512i ql = _mm512_or_si512(_mm512_and_si512(L, m4), _mm512_and_si512(bl, m16));
-        const __m512i qh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4), _mm512_and_si512(bh, m16));
-        const __m512i q[4] = {ql, qh, ql, qh};   /* blocks 4h + s */
-        UNROLL for (int s = 0; s < 4; s++) {
-            const __m256i w8 = s >= 2 ? _mm512_extracti64x4_epi64(q[s], 1) : _mm512_castsi512_si256(q[s]);
-            v[4 * h + s] = _mm512_madd_epi16(_mm512_cvtepu8_epi16(w8), _mm512_loadu_si512(xq + 32 * (4 * h + s)));
-        }
-    }
-    return join_halves(halves8_epi32(v));
-}
 #else
 #define ZMM_ROW1(type) 0
-static inline __m256i q5k_sums8(const uint8_t *p, const int16_t *xq) {
-    (void)p, (void)xq;
-    return _mm256_setzero_si256();
-}
 static inline __m256i q8_sums8(const uint8_t *q, int64_t step, const int16_t *xq) {
     (void)q, (void)step, (void)xq;
     return _mm256_setzero_si256();
@@ -518,8 +483,8 @@ static inline __attribute__((always_inline)) void act_tail(const int type, const
 }
 
 /* How far ahead of the chunk it works on a row asks for the memory. Plain
- * rows (Q5_K's, any type's under KVCACHE_PACK=0) are short (1408 bytes for
- * a 2048-wide Q5_K row) and lie back to back, so this reaches a few rows
+ * rows (any type's under KVCACHE_PACK=0) are short (1408 bytes for a
+ * 2048-wide Q5_K row) and lie back to back, so this reaches a few rows
  * ahead: one stream a core, which needs more bytes in flight than the
  * hardware prefetch keeps (tuning record); a prefetch of a row that is
  * elsewhere is only a wasted one. */
@@ -539,7 +504,6 @@ act_rows(const int type, const uint8_t *const *w, const int R, const llm_act_row
             if (T == 1 && W16 && ZMM_ROW1(type)) {
                 const int16_t *xq = (const int16_t *)x->q + 32 * b0;
                 const __m256i S = type == LLM_TYPE_Q6_K ? q6k_sums8(w[r] + b0 / 8 * cb, xq)
-                                : type == LLM_TYPE_Q5_K ? q5k_sums8(w[r] + b0 / 8 * cb, xq)
                                 : q8_sums8(w[r] + b0 * cb / 8 + llm_packed_head(type), cb / 8, xq);
                 __m256 wa, wb;
                 chunk_scales(type, w[r], b0, 8, &wa, &wb);
@@ -1163,8 +1127,8 @@ static inline __attribute__((always_inline)) void packed_quads(const int type, c
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
             const __m256i h = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2))),
                                                 2 * (c % 2));
-            qd[2 * c] = _mm256_ternarylogic_epi32(_mm256_slli_epi32(h, 4), mh, _mm256_and_si256(v, m4), 0xEA);
-            qd[2 * c + 1] = _mm256_ternarylogic_epi32(h, mh, _mm256_and_si256(_mm256_srli_epi32(v, 4), m4), 0xEA);
+            qd[2 * c] = with_bits(_mm256_and_si256(v, m4), _mm256_slli_epi32(h, 4), mh);
+            qd[2 * c + 1] = with_bits(_mm256_and_si256(_mm256_srli_epi32(v, 4), m4), h, mh);
         }
         return;
     }
