@@ -72,10 +72,11 @@ TEST(quant_act_quantizer_keeps_every_element_within_half_a_step) {
             for (int k = 0; k < 32; k++) amax = fmax(amax, fabs(x[32 * b + k]));
             double d = ab.a.d[b];
             CHECK_NEAR(d, amax / top, amax / top * 1e-6 + 1e-37);
-            int32_t sum = 0;
+            int32_t sum = 0, half = 0;
             for (int k = 0; k < 32; k++) {
                 int q = quant_at(&ab.a, 32 * b + k);
                 sum += q;
+                half += k < 16 ? q : 0;
                 if (!(q >= -top && q <= top && fabs(x[32 * b + k] - d * q) <= d * 0.5 * (1 + 1e-3) + 1e-37)) {
                     test_fail(__FILE__, __LINE__, "bits %d block %lld element %d: x %.9g, d %.9g, q %d",
                               bits, (long long)b, k, x[32 * b + k], d, q);
@@ -83,6 +84,7 @@ TEST(quant_act_quantizer_keeps_every_element_within_half_a_step) {
                 }
             }
             CHECK_EQ_INT(ab.a.s[b], sum);
+            CHECK_EQ_INT(ab.a.h[b], half);
         }
         free(ab.buf);
     }
@@ -126,7 +128,8 @@ TEST(quant_act_quantizer_is_bit_identical_across_kernels_on_special_blocks) {
             CHECK(quantize(&a1, x, m, n, bits) == 0);
             size_t nb = (size_t)(m * n / 32);
             if (memcmp(a0.a.q, a1.a.q, (size_t)(m * n) * (size_t)(bits / 8)) ||
-                memcmp(a0.a.d, a1.a.d, nb * sizeof(float)) || memcmp(a0.a.s, a1.a.s, nb * sizeof(int32_t)))
+                memcmp(a0.a.d, a1.a.d, nb * sizeof(float)) || memcmp(a0.a.s, a1.a.s, nb * sizeof(int32_t)) ||
+                memcmp(a0.a.h, a1.a.h, nb * sizeof(int32_t)))
                 test_fail(__FILE__, __LINE__, "bits %d: the %s quantizer differs from the scalar one", bits,
                           kernels[ki]);
             free(a1.buf);
@@ -247,19 +250,21 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
 
 /* Activation quants at their extremes (every |q| = 16383, or 127 for
  * 8-bit ones) against the largest Q6_K, Q8_0 and Q5_K weights, in plain
- * rows and packed, one X row and 64 (the VNNI tiles): the int32 block sums
- * must not overflow (a packed Q5_K's nibbles summed at 256 times their
- * value: 8 * 31 * 256 * 16383), nor the 8-bit tiles' scaled Q6_K sub-block
- * sums (16 * 32 * 127 * 128 each) lose a bit in their float sum. */
+ * rows and packed, one X row, three (the few-row kernels) and 64 (the VNNI
+ * tiles): the int32 block sums must not overflow (a packed Q5_K's nibbles
+ * summed at 256 times their value: 8 * 31 * 256 * 16383; a packed Q6_K's
+ * unsigned quants: 4 * 63 * 256 * 16383), nor the 8-bit tiles' scaled Q6_K
+ * sub-block sums (16 * 32 * 127 * 128 each) lose a bit in their float sum. */
 TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
-    for (int ti = 0; ti < 3; ti++) {
-        int type = ti == 0 ? LLM_TYPE_Q6_K : ti == 1 ? LLM_TYPE_Q8_0 : LLM_TYPE_Q5_K;
+    for (int ti = 0; ti < 4; ti++) {
+        int type = ti == 1 ? LLM_TYPE_Q8_0 : ti == 2 ? LLM_TYPE_Q5_K : LLM_TYPE_Q6_K;
         int64_t n = 256, rb = llm_row_bytes(type, n);
         uint8_t *W = calloc(1, (size_t)rb);
         if (type == LLM_TYPE_Q6_K) {   /* every q = 0 (value -32), every scale -128, d = 1 */
             memset(W + 192, 0x80, 16);
             put_half(W + 208, 1.0f);
+            if (ti == 3) memset(W, 0xFF, 192);   /* every q = 63 (value 31) */
         } else if (type == LLM_TYPE_Q8_0) {   /* every q = -128, d = 1 */
             for (int b = 0; b < 8; b++) { put_half(W + 34 * b, 1.0f); memset(W + 34 * b + 2, 0x80, 32); }
         } else {   /* every q = 31 (nibbles and fifth bits all set), every sub-block scale 1 and min 0, d = 1 */
@@ -268,11 +273,12 @@ TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
             memset(W + 12, 1, 4);    /* 4..7: the low bits of scale 1, of min 0 */
             memset(W + 16, 0xFF, 160);
         }
-        const double want = type == LLM_TYPE_Q6_K ? 256.0 * 32 * 128 : type == LLM_TYPE_Q8_0 ? -256.0 * 128 : 256.0 * 31;
+        const double want = ti == 0 ? 256.0 * 32 * 128 : ti == 3 ? -256.0 * 31 * 128 : ti == 1 ? -256.0 * 128 : 256.0 * 31;
         uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
         CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
         for (int bits = 8; bits <= 16; bits += 8)
-            for (int64_t m = 1; m <= 64; m += 63) {
+            for (int mi = 0; mi < 3; mi++) {
+                const int64_t m = mi == 0 ? 1 : mi == 1 ? 3 : 64;
                 float *x = malloc((size_t)(m * n) * sizeof *x), y[64], y0[64];
                 for (int64_t k = 0; k < m * n; k++) x[k] = 1.0f;
                 act_buf ab;

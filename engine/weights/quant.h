@@ -192,6 +192,7 @@ typedef struct {
     void *q;          /* [m][n] int8_t or int16_t quants; NULL for bits 0 */
     float *d;         /* [m][n / 32] block scales */
     int32_t *s;       /* [m][n / 32] sum of each block's quants */
+    int32_t *h;       /* [m][n / 32] sum of its first 16 (a K-quant sub-block's) */
     int32_t *lanes;   /* NULL, or (more than 8 rows, kernels that read them at
                          these bits) the rows' quants in lanes of 16 rows, laid
                          out once for every product that reads a */

@@ -27,7 +27,7 @@ size_t llm_act_bytes(int64_t m, int64_t n) {
     if (m < 1 || n < 1) return 0;
     size_t nb = (size_t)(n / QB);
     return round64((size_t)m * (size_t)n * sizeof(int16_t)) + round64((size_t)m * nb * sizeof(float)) +
-           round64((size_t)m * nb * sizeof(int32_t)) + lanes_bytes(m, n) + 64;
+           2 * round64((size_t)m * nb * sizeof(int32_t)) + lanes_bytes(m, n) + 64;
 }
 
 static pthread_once_t bits_once = PTHREAD_ONCE_INIT;
@@ -44,7 +44,7 @@ int llm_act_default_bits(void) {
 /* One block: d = max|x| / top, q = round(x / d) (x * (1/d), nearest even),
  * clamped to [-top, top] (top = 127 or 16383) so that negating a quant never
  * overflows. */
-static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s) {
+static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s, int32_t *h) {
     float amax = 0.0f;
     int finite = 1;   /* NaN and infinities, looked for apart */
     for (int k = 0; k < QB; k++) {   /* a NaN compares false: skipped here, caught by finite */
@@ -61,16 +61,17 @@ static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, fl
         if (q8) q8[k] = (int8_t)iv;
         else q16[k] = (int16_t)iv;
         sum += iv;
+        if (k == QB / 2 - 1) *h = sum;
     }
     *d = dd;   /* NaN for a block with a NaN or infinity: its products come out NaN */
     *s = sum;
 }
 
-void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h) {
     int top = bits == LLM_ACT_Q8 ? 127 : 16383;
     for (int64_t i = 0; i < nblocks; i++)
         quantize_block(x + i * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)q + i * QB : NULL,
-                       bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i]);
+                       bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i], &h[i]);
 }
 
 enum { JB = LLM_ACT_BLOCK_ROWS };   /* X rows per L2 block */
@@ -78,7 +79,8 @@ enum { JB = LLM_ACT_BLOCK_ROWS };   /* X rows per L2 block */
 /* X row j of a as one kernel row */
 static llm_act_row act_row(const llm_act *a, int64_t j) {
     int64_t nb = a->n / QB;
-    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb, NULL};
+    return (llm_act_row){(const char *)a->q + j * a->n * (a->bits / 8), a->bits, a->d + j * nb, a->s + j * nb,
+                         a->h + j * nb, NULL};
 }
 
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
@@ -93,13 +95,14 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
     size_t nb = (size_t)(n / QB), qsize = bits == LLM_ACT_Q8 ? 1 : 2;
     float *d = (float *)(p + round64((size_t)m * (size_t)n * qsize));
     int32_t *s = (int32_t *)((uintptr_t)d + round64((size_t)m * nb * sizeof(float)));
+    int32_t *h = (int32_t *)((uintptr_t)s + round64((size_t)m * nb * sizeof(int32_t)));
     /* rows of whole blocks: the m rows are m * nb consecutive blocks */
     const llm_qkern *k = llm_qkern_active();
-    k->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s);
-    *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s};
+    k->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s, h);
+    *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s, .h = h};
     /* the lanes once here, not again in every product (and every task of one) that reads them */
     if (llm_qkern_lanes(k, bits) && m > LLM_ACT_FEW_ROWS) {
-        int32_t *lanes = (int32_t *)((uintptr_t)s + round64((size_t)m * nb * sizeof(int32_t)));
+        int32_t *lanes = (int32_t *)((uintptr_t)h + round64((size_t)m * nb * sizeof(int32_t)));
         llm_act_row xs[JB];
         for (int64_t jb = 0; jb < m; jb += JB) {
             int nt = (int)(m - jb < JB ? m - jb : JB);
@@ -118,7 +121,7 @@ llm_act llm_act_rows(const llm_act *a, int64_t j0, int64_t j1) {
     if (a->bits == LLM_ACT_F32) return r;
     const int64_t nb = a->n / QB;
     r.q = (char *)a->q + j0 * a->n * (a->bits / 8);
-    r.d = a->d + j0 * nb, r.s = a->s + j0 * nb;
+    r.d = a->d + j0 * nb, r.s = a->s + j0 * nb, r.h = a->h + j0 * nb;
     /* the lanes of rows from j0 (a group's first) on, if these rows are enough to read them */
     r.lanes = a->lanes && r.m > LLM_ACT_FEW_ROWS ? llm_act_lanes_row(a->lanes, nb, a->bits, j0) : NULL;
     return r;

@@ -751,76 +751,142 @@ static inline __attribute__((always_inline)) void q6k_pairs(const uint8_t *grp, 
     }
 }
 
+/* The weights of nibble chunk c of a packed Q6_K block (v: the chunk, hv:
+ * high-bit chunk c / 2) as int16 pairs w[k], their quants unsigned (the 32
+ * taken off the sums): pairs 0, 1, 2 masked in place, 16^k times their
+ * value, with their high bits shifted once for the three to just above
+ * them; pair 3 shifted down, its high bits beside it. */
+static inline __attribute__((always_inline)) void q6k_chunk(__m256i v, __m256i hv, const int c, __m256i w[4]) {
+    const __m256i hs = _mm256_slli_epi32(hv, 4 - 2 * (c % 2));
+    w[0] = with_bits(_mm256_and_si256(v, _mm256_set1_epi32(0x000F000F)), hs, _mm256_set1_epi32(0x00300030));
+    w[1] = with_bits(_mm256_and_si256(v, _mm256_set1_epi32(0x00F000F0)), hs, _mm256_set1_epi32(0x03000300));
+    w[2] = with_bits(_mm256_and_si256(v, _mm256_set1_epi32(0x0F000F00)), hs, _mm256_set1_epi32(0x30003000));
+    w[3] = with_bits(_mm256_srli_epi16(v, 12), _mm256_srli_epi32(hv, 8 + 2 * (c % 2)), _mm256_set1_epi32(0x00300030));
+}
+
+/* A sub-block's sum from q6k_chunk's three sums (a[1] and a[2] exactly 16
+ * and 256 times theirs), less 32 times the X sub-block's sum xs */
+static inline __attribute__((always_inline)) __m256i q6k_sub_sum(const __m256i a[3], __m256i xs) {
+    const __m256i u = _mm256_add_epi32(_mm256_srai_epi32(a[1], 4), _mm256_srai_epi32(a[2], 8));
+    return _mm256_sub_epi32(_mm256_add_epi32(a[0], u), _mm256_slli_epi32(xs, 5));
+}
+
 /* The 8 rows' exact sums S[t] of block b of a packed Q6_K group against
- * the int16 pairs xp[t] of NT <= LANE_ROWS activation rows: the quants less
- * 32 against x per sub-block of 16, and only those two sums times the
- * scales (|sub-block sum| <= 16 * 32 * 16383, times 128: below 2^30),
+ * NT <= LANE_ROWS activation rows x[t] (their int16 pairs at xp[t]), per
+ * sub-block of 16 and only then times its scale (|sub-block sum| <= 16 *
+ * 32 * 16383, times 128: below 2^30). One or two rows take q6k_chunk's
+ * unsigned quants in place, less 32 times x's sum over the sub-block at the
+ * end, a sub-block at a time (AVX2's 16 registers); more take the quants
+ * less 32 (q6k_pair), which costs more a block but less a row. Either is
  * fewer operations than q6k_pairs' scaled weights where few X rows read
- * them */
-static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, int64_t b, const int16_t *const *xp,
-                                                          const int NT, __m256i *S) {
+ * them. */
+static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, int64_t b, const llm_act_row *x,
+                                                          const int16_t *const *xp, const int NT, __m256i *S) {
     const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
     const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
-    __m256i acc[LANE_ROWS][2];   /* [X row][sub-block] */
-    UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
-    UNROLL for (int c = 0; c < 4; c++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
-        UNROLL for (int k = 0; k < 4; k++) {
-            const __m256i wq = q6k_pair(v, hv, c, k);
-            UNROLL for (int t = 0; t < NT; t++)
-                acc[t][c / 2] = dp_pairs(acc[t][c / 2], wq, bcast32(xp[t] + 8 * c + 2 * k));
+    const uint8_t *scales = p + LLM_PK6K_SC + 16 * (b % 8);   /* the rows' first sub-block's, then second's */
+    if (NT > 2) {
+        __m256i acc[LANE_ROWS][2];   /* [X row][sub-block] */
+        UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+        UNROLL for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * (c / 2)));
+            UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i wq = q6k_pair(v, hv, c, k);
+                UNROLL for (int t = 0; t < NT; t++)
+                    acc[t][c / 2] = dp_pairs(acc[t][c / 2], wq, bcast32(xp[t] + 8 * c + 2 * k));
+            }
+        }
+        const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)scales));
+        const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scales + 8)));
+        UNROLL for (int t = 0; t < NT; t++)
+            S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
+        return;
+    }
+    UNROLL for (int h = 0; h < 2; h++) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * h));
+        __m256i acc[2][3];   /* [X row][pair's power of 16] */
+        UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = _mm256_setzero_si256();
+        UNROLL for (int c = 2 * h; c < 2 * h + 2; c++) {
+            __m256i w[4];
+            q6k_chunk(_mm256_loadu_si256((const __m256i *)(q + 32 * c)), hv, c, w);
+            UNROLL for (int t = 0; t < NT; t++) UNROLL for (int k = 0; k < 4; k++)
+                acc[t][k % 3] = dp_pairs(acc[t][k % 3], w[k], bcast32(xp[t] + 8 * c + 2 * k));
+        }
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scales + 8 * h)));
+        UNROLL for (int t = 0; t < NT; t++) {
+            const __m256i u = _mm256_mullo_epi32(q6k_sub_sum(acc[t], _mm256_set1_epi32(h ? x[t].s[b] - x[t].h[b] : x[t].h[b])), sc);
+            S[t] = h ? _mm256_add_epi32(S[t], u) : u;
         }
     }
-    const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8))));
-    const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 8)));
-    UNROLL for (int t = 0; t < NT; t++)
-        S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
 }
 
 #ifdef __AVX512BW__
+/* dp_pairs on 512-bit vectors */
+static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
+#ifdef QK_VNNI
+    return _mm512_dpwssd_epi32(acc, w, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+#endif
+}
+
 /* q6k_sums for one X row on two blocks at once, b and b + 1 (b even), in
  * the 16 lanes of 512-bit vectors: lanes 0-7 block b's 8 rows, 8-15 block
  * b + 1's. xv[j]: the X row's pair j of block b in lanes 0-7, of block b + 1
- * in 8-15 (q6k_x2) */
-static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *grp, int64_t b, const __m512i xv[16]) {
+ * in 8-15, and xs[h] its sums over sub-block h likewise (q6k_x2) */
+static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *grp, int64_t b, const __m512i xv[16],
+                                                              const __m512i xs[2]) {
     const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
     const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
-    const __m512i m0 = _mm512_set1_epi32(0x000F000F), mh = _mm512_set1_epi32(0x00300030);
-    const __m512i k32 = _mm512_set1_epi16(32);
-    __m512i acc[2][2];   /* [sub-block][pair parity] */
-    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = _mm512_setzero_si512();
+    __m512i acc[2][3];   /* [sub-block][pair's power of 16], as q6k_sums' */
+    UNROLL for (int h = 0; h < 2; h++) acc[h][0] = acc[h][1] = acc[h][2] = _mm512_setzero_si512();
     UNROLL for (int c = 0; c < 4; c++) {
         const uint8_t *lo_at = q + 32 * c, *hi_at = q + LLM_PK6K_HI + 32 * (c / 2);
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo_at)),
                                              _mm256_loadu_si256((const __m256i *)(lo_at + LLM_PK6K_BLOCK)), 1);
         const __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)hi_at)),
                                               _mm256_loadu_si256((const __m256i *)(hi_at + LLM_PK6K_BLOCK)), 1);
-        UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), m0);
-            const int sh = 4 * k + 2 * (c % 2) - 4;
-            const __m512i hs = sh >= 0 ? _mm512_srli_epi32(hv, sh) : _mm512_slli_epi32(hv, -sh);
-            const __m512i w = _mm512_sub_epi16(_mm512_ternarylogic_epi32(hs, mh, lo, 0xEA), k32);
-#ifdef QK_VNNI
-            acc[c / 2][k % 2] = _mm512_dpwssd_epi32(acc[c / 2][k % 2], w, xv[4 * c + k]);
-#else
-            acc[c / 2][k % 2] = _mm512_add_epi32(acc[c / 2][k % 2], _mm512_madd_epi16(w, xv[4 * c + k]));
-#endif
-        }
+        const __m512i hs = _mm512_slli_epi32(hv, 4 - 2 * (c % 2));   /* q6k_chunk's */
+        const __m512i w0 = _mm512_ternarylogic_epi32(hs, _mm512_set1_epi32(0x00300030),
+                                                     _mm512_and_si512(v, _mm512_set1_epi32(0x000F000F)), 0xEA);
+        const __m512i w1 = _mm512_ternarylogic_epi32(hs, _mm512_set1_epi32(0x03000300),
+                                                     _mm512_and_si512(v, _mm512_set1_epi32(0x00F000F0)), 0xEA);
+        const __m512i w2 = _mm512_ternarylogic_epi32(hs, _mm512_set1_epi32(0x30003000),
+                                                     _mm512_and_si512(v, _mm512_set1_epi32(0x0F000F00)), 0xEA);
+        const __m512i w3 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(hv, 8 + 2 * (c % 2)), _mm512_set1_epi32(0x00300030),
+                                                     _mm512_srli_epi16(v, 12), 0xEA);
+        __m512i *a = acc[c / 2];
+        a[0] = dp_pairs512(a[0], w0, xv[4 * c]);
+        a[1] = dp_pairs512(a[1], w1, xv[4 * c + 1]);
+        a[2] = dp_pairs512(a[2], w2, xv[4 * c + 2]);
+        a[0] = dp_pairs512(a[0], w3, xv[4 * c + 3]);
     }
     /* the sub-block scales: [block b's first 8, its second 8, block b + 1's first, second] */
     const __m128i s0 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8)));
     const __m128i s1 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 16));
-    const __m512i sa = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s1)), sb = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s1));
-    return _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), sa),
-                            _mm512_mullo_epi32(_mm512_add_epi32(acc[1][0], acc[1][1]), sb));
+    const __m512i sc[2] = {_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s1)), _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s1))};
+    __m512i S = _mm512_setzero_si512();
+    UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i u = _mm512_add_epi32(_mm512_srai_epi32(acc[h][1], 4), _mm512_srai_epi32(acc[h][2], 8));
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[h][0], u), _mm512_slli_epi32(xs[h], 5));
+        S = _mm512_add_epi32(S, _mm512_mullo_epi32(sum, sc[h]));
+    }
+    return S;
 }
 
-/* One X row's blocks b, b + 1 (64 int16 quants at xq) as q6k_sums2's xv */
-static inline __attribute__((always_inline)) void q6k_x2(const int16_t *xq, __m512i xv[16]) {
+/* One X row's blocks b, b + 1 (their 64 int16 quants at xq) as q6k_sums2
+ * reads them: the pairs xv, and its sums over each half xs */
+static inline __attribute__((always_inline)) void q6k_x2(const int16_t *xq, const llm_act_row *x, int64_t b,
+                                                        __m512i xv[16], __m512i xs[2]) {
     const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 32);
     UNROLL for (int j = 0; j < 16; j++)
         xv[j] = _mm512_permutex2var_epi32(x0, _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(16 + j), 1), x1);
+    /* [h_b, h_b+1, s_b - h_b, s_b+1 - h_b+1], each spread over its 8 lanes */
+    const __m128i h = _mm_loadl_epi64((const __m128i *)(x->h + b)), s = _mm_loadl_epi64((const __m128i *)(x->s + b));
+    const __m512i hs = _mm512_castsi128_si512(_mm_unpacklo_epi64(h, _mm_sub_epi32(s, h)));
+    UNROLL for (int k = 0; k < 2; k++)
+        xs[k] = _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1), 1), hs);
 }
 #endif
 
@@ -865,7 +931,7 @@ static inline __attribute__((always_inline)) __m256i row1_sums(const int type, c
     if (type == LLM_TYPE_Q6_K) {
         _Alignas(32) int16_t buf[32];
         const int16_t *xp = x_pairs(x, b, W16, buf);
-        q6k_sums(grp, b, &xp, 1, &S);
+        q6k_sums(grp, b, x, &xp, 1, &S);
     } else if (llm_packed_lanes(type) && W16) {
         const int16_t *xp = (const int16_t *)x->q + 32 * b;
         lane_sums16(llm_packed_lane_quants(type, grp, b), llm_packed_lane_high(type, grp, b), &xp, 1, &S);
@@ -905,12 +971,12 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
             _Alignas(64) int16_t buf[64];
             const int16_t *xq = x_pairs(x, b, W16, buf);
             if (!W16) x_pairs(x, b + 1, W16, buf + 32);
-            __m512i xv[16];
-            q6k_x2(xq, xv);
+            __m512i xv[16], xs[2];
+            q6k_x2(xq, x, b, xv, xs);
             for (int k = 0; k < ng; k++) {
                 const uint8_t *g = grp + k * gbytes, *at = g + b * sb;
                 for (int o = 0; o < 2 * sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
-                const __m512i S = q6k_sums2(g, b, xv);
+                const __m512i S = q6k_sums2(g, b, xv, xs);
                 __m256 wa, wb;
                 packed_scales(type, g, b, &wa, &wb);   /* the super-block's d, the same for b + 1 */
                 acc[k][b % 8] = _mm256_add_ps(acc[k][b % 8], block_terms(type, _mm512_castsi512_si256(S), wa, wb, x, b));
@@ -969,7 +1035,7 @@ static inline __attribute__((always_inline)) void packed_group(const int type, c
         if (type == LLM_TYPE_Q6_K) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
-            q6k_sums(grp, b, xp, NT, S);
+            q6k_sums(grp, b, x, xp, NT, S);
         } else if (llm_packed_lanes(type)) {
             const int16_t *xp[LANE_ROWS];
             UNROLL for (int t = 0; t < NT; t++) xp[t] = (const int16_t *)x[t].q + 32 * b;
@@ -1283,10 +1349,6 @@ rows_against_lanes(const int type, const rows_buf *rb, int64_t nb, int64_t c0, i
  * (vpmaddwd and vpaddd) and such tiles lose to rows_against_lanes
  * (docs/PERFORMANCE.md) */
 #if X_WIDE
-static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __m512i w, __m512i x) {
-    return _mm512_dpwssd_epi32(acc, w, x);
-}
-
 /* Block b (slot i of the buffer) of weight rows r0 .. r0+NR-1 against NV
  * vectors of 16 X rows in lanes (groups of 16 from l0 on, G int32 apart),
  * in the 16 lanes of 512-bit vectors: per pair (Q8: quad), the NV X vectors
@@ -1410,12 +1472,7 @@ void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32
                     UNROLL for (int j = 0; j < 8; j++)
                         _mm256_storeu_si256((__m256i *)(dst + (b * 8 + j) * 16 + 8 * e), out[j]);
                 }
-                for (int l = 0; l < 16; l++) {   /* the half sums, a row at a time (few) */
-                    int32_t h = 0;
-                    if (l < n)
-                        for (int k = 0; k < 16; k++) h += ((const int8_t *)x[l].q)[32 * b + k];
-                    hh[b * 16 + l] = h;
-                }
+                for (int l = 0; l < 16; l++) hh[b * 16 + l] = l < n ? x[l].h[b] : 0;
             }
         } else {
             for (int64_t b = 0; b < nb; b++)
@@ -1801,7 +1858,8 @@ static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_r
  * in 4 vectors: the same max (vmaxps with the running max second skips a
  * NaN, as the scalar comparison does), the same scalar d and 1/d, the same
  * product rounded to nearest even, clamp, and a NaN quant made 0. */
-void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s,
+                                         int32_t *h) {
     const int top = bits == LLM_ACT_Q8 ? 127 : 16383;
     const float ft = (float)top;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), fmax = _mm256_set1_ps(3.402823466e38f);
@@ -1815,18 +1873,18 @@ void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bi
             amax = _mm256_max_ps(a, amax);
             finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
         }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        float am = _mm_cvtss_f32(h), dd = finite ? am / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float am = _mm_cvtss_f32(m4), dd = finite ? am / ft : NAN, id = dd > 0.0f ? 1.0f / dd : 0.0f;
         const __m256 idv = _mm256_set1_ps(id), hi = _mm256_set1_ps(ft), lo = _mm256_set1_ps(-ft);
-        __m256i iv[4], sum = _mm256_setzero_si256();
+        __m256i iv[4], sum[2];
         for (int k = 0; k < 4; k++) {
             __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __m256 c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), _mm256_cmp_ps(r, r, _CMP_ORD_Q));
             iv[k] = _mm256_cvttps_epi32(c);
-            sum = _mm256_add_epi32(sum, iv[k]);
         }
+        UNROLL for (int e = 0; e < 2; e++) sum[e] = _mm256_add_epi32(iv[2 * e], iv[2 * e + 1]);
         /* the packs work per 128-bit half: the permute puts the elements back in order */
         __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xD8);
         __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xD8);
@@ -1837,18 +1895,21 @@ void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bi
             _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i), w01);
             _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * i + 16), w23);
         }
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        /* dwords 0, 1 of the halves' sums (elements 0..15, 16..31) */
+        const __m256i s2 = _mm256_hadd_epi32(sum[0], sum[1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
         d[i] = dd;
-        s[i] = _mm_cvtsi128_si32(s4);
+        h[i] = _mm_cvtsi128_si32(s4);
+        s[i] = h[i] + _mm_extract_epi32(s4, 1);
     }
 }
 
 #else
 
-void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s) {
-    llm_act_quantize_scalar(x, nblocks, bits, q, d, s);
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s,
+                                         int32_t *h) {
+    llm_act_quantize_scalar(x, nblocks, bits, q, d, s, h);
 }
 
 int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,
