@@ -1523,18 +1523,21 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
     for (int64_t c0 = 0; c0 < nb; c0 += CB) {
         const int64_t c1 = nb - c0 < CB ? nb : c0 + CB;
         for (int64_t b = c0; b < c1; b++) {
-            if (PACKED && pairs) packed_block_into(type, grp, b, &rb, b - c0, W16, 1);
-            else if (PACKED) packed_block_into(type, grp, b, &rb, b - c0, W16, 0);
+            /* the block's slot: one for all when the tiles take every row, so the buffer stays in L1
+             * beside the sums, else one a block for the rest's pass after */
+            const int64_t i = wide >= nt ? 0 : b - c0;
+            if (PACKED && pairs) packed_block_into(type, grp, b, &rb, i, W16, 1);
+            else if (PACKED) packed_block_into(type, grp, b, &rb, i, W16, 0);
 #if X_WIDE
-            else if (quads) plain_quads_into(type, w, nr, b, &rb, b - c0);
+            else if (quads) plain_quads_into(type, w, nr, b, &rb, i);
 #endif
-            else plain_block_into(type, w, nr, b, &rb, b - c0);
+            else plain_block_into(type, w, nr, b, &rb, i);
 #if X_WIDE
             /* X rows [0, wide) against the block as it is decoded, so that the decoding's loads and the
              * products overlap */
-            if (pairs && wide && !W16) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1, 1);
-            else if (pairs && wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 1, 0);
-            else if (wide) wide_block(type, &rb, nb, b - c0, b, x, wide, acc.lanes512, 0, 0);
+            if (pairs && wide && !W16) wide_block(type, &rb, nb, i, b, x, wide, acc.lanes512, 1, 1);
+            else if (pairs && wide) wide_block(type, &rb, nb, i, b, x, wide, acc.lanes512, 1, 0);
+            else if (wide) wide_block(type, &rb, nb, i, b, x, wide, acc.lanes512, 0, 0);
 #endif
         }
         /* the rest: its sums from acc.lanes[wide / 8], past the passes' */
