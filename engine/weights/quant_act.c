@@ -43,7 +43,7 @@ int llm_act_default_bits(void) {
 
 /* One block: d = max|x| / top, q = round(x / d) (x * (1/d), nearest even),
  * clamped to [-top, top] (top = 127 or 16383) so that negating a quant never
- * overflows. */
+ * overflows; s the sum of the quants, h that of the first 16. */
 static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, float *d, int32_t *s, int32_t *h) {
     float amax = 0.0f;
     int finite = 1;   /* NaN and infinities, looked for apart */

@@ -815,7 +815,8 @@ static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, i
         }
         const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scales + 8 * h)));
         UNROLL for (int t = 0; t < NT; t++) {
-            const __m256i u = _mm256_mullo_epi32(q6k_sub_sum(acc[t], _mm256_set1_epi32(h ? x[t].s[b] - x[t].h[b] : x[t].h[b])), sc);
+            const int32_t xs = h ? x[t].s[b] - x[t].h[b] : x[t].h[b];   /* x's sum over sub-block h */
+            const __m256i u = _mm256_mullo_epi32(q6k_sub_sum(acc[t], _mm256_set1_epi32(xs)), sc);
             S[t] = h ? _mm256_add_epi32(S[t], u) : u;
         }
     }
