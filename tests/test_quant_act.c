@@ -250,11 +250,12 @@ TEST(quant_act_every_block_format_matches_the_f64_oracle_within_the_derived_boun
 
 /* Activation quants at their extremes (every |q| = 16383, or 127 for
  * 8-bit ones) against the largest Q6_K, Q8_0 and Q5_K weights, in plain
- * rows and packed, one X row, three (the few-row kernels) and 64 (the VNNI
- * tiles): the int32 block sums must not overflow (a packed Q5_K's nibbles
- * summed at 256 times their value: 8 * 31 * 256 * 16383; a packed Q6_K's
- * unsigned quants: 4 * 63 * 256 * 16383), nor the 8-bit tiles' scaled Q6_K
- * sub-block sums (16 * 32 * 127 * 128 each) lose a bit in their float sum. */
+ * rows and packed, one X row, two and three (the few-row kernels; Q6_K's
+ * in place up to two) and 64 (the VNNI tiles): the int32 block sums must
+ * not overflow (a packed Q5_K's nibbles summed at 256 times their value:
+ * 8 * 31 * 256 * 16383; a packed Q6_K's unsigned quants in place: 4 * 63 *
+ * 256 * 16383), nor the 8-bit tiles' scaled Q6_K sub-block sums (16 * 32 *
+ * 127 * 128 each) lose a bit in their float sum. */
 TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
     const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
     for (int ti = 0; ti < 4; ti++) {
@@ -277,8 +278,8 @@ TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
         uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
         CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
         for (int bits = 8; bits <= 16; bits += 8)
-            for (int mi = 0; mi < 3; mi++) {
-                const int64_t m = mi == 0 ? 1 : mi == 1 ? 3 : 64;
+            for (int mi = 0; mi < 4; mi++) {
+                const int64_t m = mi < 3 ? mi + 1 : 64;
                 float *x = malloc((size_t)(m * n) * sizeof *x), y[64], y0[64];
                 for (int64_t k = 0; k < m * n; k++) x[k] = 1.0f;
                 act_buf ab;
