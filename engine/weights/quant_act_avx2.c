@@ -876,11 +876,17 @@ static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *gr
     return S;
 }
 
-/* One X row's blocks b, b + 1 (their 64 int16 quants at xq) as q6k_sums2
- * reads them: the pairs xv, and its sums over each half xs */
-static inline __attribute__((always_inline)) void q6k_x2(const int16_t *xq, const llm_act_row *x, int64_t b,
+/* X row x's blocks b, b + 1 as q6k_sums2 reads them: the pairs xv (8-bit
+ * quants widened), and its sums over each half xs */
+static inline __attribute__((always_inline)) void q6k_x2(const llm_act_row *x, int64_t b, const int W16,
                                                         __m512i xv[16], __m512i xs[2]) {
-    const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 32);
+    __m512i x0, x1;
+    if (W16) {
+        x0 = _mm512_loadu_si512((const int16_t *)x->q + 32 * b), x1 = _mm512_loadu_si512((const int16_t *)x->q + 32 * b + 32);
+    } else {
+        const __m512i q = _mm512_loadu_si512((const int8_t *)x->q + 32 * b);
+        x0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(q)), x1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(q, 1));
+    }
     UNROLL for (int j = 0; j < 16; j++)
         xv[j] = _mm512_permutex2var_epi32(x0, _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(16 + j), 1), x1);
     /* [h_b, h_b+1, s_b - h_b, s_b+1 - h_b+1], each spread over its 8 lanes */
@@ -969,11 +975,8 @@ static inline __attribute__((always_inline)) void packed_groups_row1(const int t
     if (type == LLM_TYPE_Q6_K) {   /* two blocks at a time (a row has whole super-blocks): q6k_sums2 */
         const int64_t sb = llm_packed_stream_bytes(type);
         for (int64_t b = 0; b < nb; b += 2) {
-            _Alignas(64) int16_t buf[64];
-            const int16_t *xq = x_pairs(x, b, W16, buf);
-            if (!W16) x_pairs(x, b + 1, W16, buf + 32);
             __m512i xv[16], xs[2];
-            q6k_x2(xq, x, b, xv, xs);
+            q6k_x2(x, b, W16, xv, xs);
             for (int k = 0; k < ng; k++) {
                 const uint8_t *g = grp + k * gbytes, *at = g + b * sb;
                 for (int o = 0; o < 2 * sb; o += 64) _mm_prefetch((const char *)at + PF_AHEAD + o, _MM_HINT_T0);
