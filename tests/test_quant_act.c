@@ -265,7 +265,11 @@ TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
         if (type == LLM_TYPE_Q6_K) {   /* every q = 0 (value -32), every scale -128, d = 1 */
             memset(W + 192, 0x80, 16);
             put_half(W + 208, 1.0f);
-            if (ti == 3) memset(W, 0xFF, 192);   /* every q = 63 (value 31) */
+            if (ti == 3) {   /* every q = 63 (value 31); scales -128 and 127 in turn, so that no sub-block's
+                              * error can cancel its neighbour's in the int32 sum */
+                memset(W, 0xFF, 192);
+                for (int i = 1; i < 16; i += 2) W[192 + i] = 127;
+            }
         } else if (type == LLM_TYPE_Q8_0) {   /* every q = -128, d = 1 */
             for (int b = 0; b < 8; b++) { put_half(W + 34 * b, 1.0f); memset(W + 34 * b + 2, 0x80, 32); }
         } else {   /* every q = 31 (nibbles and fifth bits all set), every sub-block scale 1 and min 0, d = 1 */
@@ -274,7 +278,7 @@ TEST(quant_act_extreme_quants_do_not_overflow_the_block_sums) {
             memset(W + 12, 1, 4);    /* 4..7: the low bits of scale 1, of min 0 */
             memset(W + 16, 0xFF, 160);
         }
-        const double want = ti == 0 ? 256.0 * 32 * 128 : ti == 3 ? -256.0 * 31 * 128 : ti == 1 ? -256.0 * 128 : 256.0 * 31;
+        const double want = ti == 0 ? 256.0 * 32 * 128 : ti == 3 ? 8 * 16 * 31 * (127.0 - 128) : ti == 1 ? -256.0 * 128 : 256.0 * 31;
         uint8_t *P = malloc((size_t)llm_packed_bytes(type, 1, n));
         CHECK(llm_pack_rows(type, W, 1, n, P) == 0);
         for (int bits = 8; bits <= 16; bits += 8)
