@@ -803,21 +803,21 @@ static inline __attribute__((always_inline)) void q6k_sums(const uint8_t *grp, i
             S[t] = _mm256_add_epi32(_mm256_mullo_epi32(acc[t][0], sa), _mm256_mullo_epi32(acc[t][1], sb));
         return;
     }
-    UNROLL for (int h = 0; h < 2; h++) {
-        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * h));
+    UNROLL for (int sub = 0; sub < 2; sub++) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(q + LLM_PK6K_HI + 32 * sub));
         __m256i acc[2][3];   /* [X row][pair's power of 16] */
         UNROLL for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = _mm256_setzero_si256();
-        UNROLL for (int c = 2 * h; c < 2 * h + 2; c++) {
+        UNROLL for (int c = 2 * sub; c < 2 * sub + 2; c++) {
             __m256i w[4];
             q6k_chunk(_mm256_loadu_si256((const __m256i *)(q + 32 * c)), hv, c, w);
             UNROLL for (int t = 0; t < NT; t++) UNROLL for (int k = 0; k < 4; k++)
                 acc[t][k % 3] = dp_pairs(acc[t][k % 3], w[k], bcast32(xp[t] + 8 * c + 2 * k));
         }
-        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scales + 8 * h)));
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scales + 8 * sub)));
         UNROLL for (int t = 0; t < NT; t++) {
-            const int32_t xs = h ? x[t].s[b] - x[t].h[b] : x[t].h[b];   /* x's sum over sub-block h */
+            const int32_t xs = sub ? x[t].s[b] - x[t].h[b] : x[t].h[b];   /* x's sum over the sub-block */
             const __m256i u = _mm256_mullo_epi32(q6k_sub_sum(acc[t], _mm256_set1_epi32(xs)), sc);
-            S[t] = h ? _mm256_add_epi32(S[t], u) : u;
+            S[t] = sub ? _mm256_add_epi32(S[t], u) : u;
         }
     }
 }
@@ -835,13 +835,13 @@ static inline __attribute__((always_inline)) __m512i dp_pairs512(__m512i acc, __
 /* q6k_sums for one X row on two blocks at once, b and b + 1 (b even), in
  * the 16 lanes of 512-bit vectors: lanes 0-7 block b's 8 rows, 8-15 block
  * b + 1's. xv[j]: the X row's pair j of block b in lanes 0-7, of block b + 1
- * in 8-15, and xs[h] its sums over sub-block h likewise (q6k_x2) */
+ * in 8-15, and xs[sub] its sums over that sub-block likewise (q6k_x2) */
 static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *grp, int64_t b, const __m512i xv[16],
                                                               const __m512i xs[2]) {
     const uint8_t *p = llm_packed_block(LLM_TYPE_Q6_K, grp, b);
     const uint8_t *q = p + LLM_PK6K_Q + LLM_PK6K_BLOCK * (b % 8);
     __m512i acc[2][3];   /* [sub-block][pair's power of 16], as q6k_sums' */
-    UNROLL for (int h = 0; h < 2; h++) acc[h][0] = acc[h][1] = acc[h][2] = _mm512_setzero_si512();
+    UNROLL for (int sub = 0; sub < 2; sub++) acc[sub][0] = acc[sub][1] = acc[sub][2] = _mm512_setzero_si512();
     UNROLL for (int c = 0; c < 4; c++) {
         const uint8_t *lo_at = q + 32 * c, *hi_at = q + LLM_PK6K_HI + 32 * (c / 2);
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo_at)),
@@ -868,10 +868,10 @@ static inline __attribute__((always_inline)) __m512i q6k_sums2(const uint8_t *gr
     const __m128i s1 = _mm_loadu_si128((const __m128i *)(p + LLM_PK6K_SC + 16 * (b % 8) + 16));
     const __m512i sc[2] = {_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s1)), _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s1))};
     __m512i S = _mm512_setzero_si512();
-    UNROLL for (int h = 0; h < 2; h++) {
-        const __m512i u = _mm512_add_epi32(_mm512_srai_epi32(acc[h][1], 4), _mm512_srai_epi32(acc[h][2], 8));
-        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[h][0], u), _mm512_slli_epi32(xs[h], 5));
-        S = _mm512_add_epi32(S, _mm512_mullo_epi32(sum, sc[h]));
+    UNROLL for (int sub = 0; sub < 2; sub++) {   /* q6k_sub_sum's, on 16 lanes */
+        const __m512i u = _mm512_add_epi32(_mm512_srai_epi32(acc[sub][1], 4), _mm512_srai_epi32(acc[sub][2], 8));
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[sub][0], u), _mm512_slli_epi32(xs[sub], 5));
+        S = _mm512_add_epi32(S, _mm512_mullo_epi32(sum, sc[sub]));
     }
     return S;
 }
@@ -891,9 +891,9 @@ static inline __attribute__((always_inline)) void q6k_x2(const llm_act_row *x, i
         xv[j] = _mm512_permutex2var_epi32(x0, _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(16 + j), 1), x1);
     /* [h_b, h_b+1, s_b - h_b, s_b+1 - h_b+1], each spread over its 8 lanes */
     const __m128i h = _mm_loadl_epi64((const __m128i *)(x->h + b)), s = _mm_loadl_epi64((const __m128i *)(x->s + b));
-    const __m512i hs = _mm512_castsi128_si512(_mm_unpacklo_epi64(h, _mm_sub_epi32(s, h)));
+    const __m512i sums = _mm512_castsi128_si512(_mm_unpacklo_epi64(h, _mm_sub_epi32(s, h)));
     UNROLL for (int k = 0; k < 2; k++)
-        xs[k] = _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1), 1), hs);
+        xs[k] = _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1), 1), sums);
 }
 #endif
 
