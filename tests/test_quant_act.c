@@ -561,6 +561,65 @@ TEST(quant_act_packing_covers_the_32_element_formats_q4_k_q5_k_and_q6_k_and_refu
     }
 }
 
+/* 8-bit quants stored as int16 (llm_act_quantize_as, as the engine stores
+ * them for many rows where the kernels have no 8-bit tiles) are the same
+ * values, and every kernel's products of them, plain and packed, are the
+ * 8-bit products' bits and within the f64 oracle's 8-bit bound. */
+TEST(quant_act_8_bit_quants_stored_as_int16_give_the_8_bit_products) {
+    const char *was = llm_quant_kernels(); /* put back after: KVCACHE_SIMD's choice */
+    test_rng r = {38};
+    for (int ti = 0; ti < N_INT8; ti++) {
+        const int type = int8_types[ti];
+        const int64_t n = llm_type_block_elems(type) == 32 ? 32 * 13 : 256 * 2, m = 40, rows = 16;
+        problem p;
+        llm_quant_select("scalar");
+        make_problem(&p, &r, type, rows, n, m, 8);
+        float *Y0 = product(&p), *Y = malloc((size_t)(m * rows) * sizeof *Y);
+        void *P = packed_of(&p);
+        for (int ki = 0; ki < N_KERNELS; ki++) {
+            if (select_kernels(ki) != 0) continue;
+            act_buf w;
+            size_t bytes = llm_act_bytes(m, n);
+            w.buf = malloc(bytes);
+            CHECK(llm_act_quantize_as(&w.a, p.X, m, n, 8, 16, w.buf, bytes) == 0);
+            CHECK_EQ_INT(w.a.bits, 16);
+            for (int64_t i = 0; i < m * n; i++)
+                if (((const int16_t *)w.a.q)[i] != ((const int8_t *)p.ab.a.q)[i]) {
+                    test_fail(__FILE__, __LINE__, "%s: quant %lld differs", kernels[ki], (long long)i);
+                    break;
+                }
+            for (int pk = 0; pk < 1 + (P != NULL); pk++) {
+                llm_matmul_act(type, p.W, pk ? P : NULL, n, 0, rows, &w.a, Y, rows);
+                if (memcmp(Y, Y0, (size_t)(m * rows) * sizeof *Y))
+                    test_fail(__FILE__, __LINE__, "%s %s%s: int16-stored 8-bit quants, another product",
+                              llm_type_name(type), kernels[ki], pk ? " packed" : "");
+                check_against_oracle(type, 8, p.W, p.rb, rows, p.X, m, n, Y, rows);
+            }
+            free(w.buf);
+        }
+        free(P), free(Y), free(Y0);
+        free_problem(&p);
+    }
+    /* the engine's choice: 8-bit rows as int16 past a few rows only without 8-bit tiles, and bits otherwise */
+    for (int ki = 0; ki < N_KERNELS; ki++) {
+        if (select_kernels(ki) != 0) continue;
+        const int tiles8 = !strcmp(kernels[ki], "avx512vnni"), lanes16 = !strcmp(kernels[ki], "avx512");
+        CHECK_EQ_INT(llm_act_store_bits(8, LLM_TYPE_Q6_K, 64), tiles8 ? 8 : 16);
+        CHECK_EQ_INT(llm_act_store_bits(8, LLM_TYPE_Q4_0, 64), lanes16 ? 16 : 8);
+        CHECK_EQ_INT(llm_act_store_bits(8, LLM_TYPE_Q6_K, LLM_ACT_FEW_ROWS), 8);
+        CHECK_EQ_INT(llm_act_store_bits(16, LLM_TYPE_Q4_0, 64), 16);
+        CHECK_EQ_INT(llm_act_store_bits(0, LLM_TYPE_Q6_K, 64), 0);
+    }
+    llm_quant_select(was);
+    /* int8 storage of 16-bit quants, or storage of other widths: refused */
+    float x[64] = {0};
+    char buf[4096];
+    llm_act e;
+    CHECK(llm_act_quantize_as(&e, x, 1, 64, 16, 8, buf, sizeof buf) != 0);
+    CHECK(llm_act_quantize_as(&e, x, 1, 64, 8, 12, buf, sizeof buf) != 0);
+    CHECK(llm_act_quantize_as(&e, x, 1, 64, 8, 8, buf, sizeof buf) == 0 && e.bits == 8);
+}
+
 TEST(quant_act_exact_mode_and_float_weights_take_the_f32_product) {
     test_rng r = {34};
     static const int types[] = {LLM_TYPE_F32, LLM_TYPE_F16, LLM_TYPE_BF16, LLM_TYPE_Q4_1, LLM_TYPE_Q6_K};

@@ -188,7 +188,7 @@ enum { LLM_ACT_F32 = 0, LLM_ACT_Q8 = 8, LLM_ACT_Q16 = 16 };
 typedef struct {
     const float *x;   /* [m][n] the f32 rows (float weights and bits 0 read them) */
     int64_t m, n;     /* rows, elements per row */
-    int bits;         /* 0 (every product in f32), 8 or 16 */
+    int bits;         /* 0 (every product in f32), or how the quants are stored: 8 or 16 */
     void *q;          /* [m][n] int8_t or int16_t quants; NULL for bits 0 */
     float *d;         /* [m][n / 32] block scales */
     int32_t *s;       /* [m][n / 32] sum of each block's quants */
@@ -210,6 +210,18 @@ int llm_act_default_bits(void);
  * multiple of 32 gives 0). Returns 0, or -1 (a untouched) for m < 1, n < 1,
  * other bits or a buffer too small. */
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes);
+/* The same with `bits`-bit quants stored as int`store` (bits, or 16 for 8-bit
+ * quants: the same values, so the same products, through the 16-bit kernels;
+ * a->bits is then 16). */
+int llm_act_quantize_as(llm_act *a, const float *x, int64_t m, int64_t n, int bits, int store, void *buf,
+                        size_t bytes);
+/* How the engine stores `bits`-bit quants of m X rows for products with
+ * weights of this type, on the kernels in use: 8-bit ones as int16 past a few
+ * rows where the kernels have no 8-bit tiles (no VNNI) and their 8-bit
+ * many-row products lose to the 16-bit ones: Q5_K, Q6_K and Q8_0 on AVX2,
+ * every type where the 16-bit rows go in lanes (AVX-512 without VNNI;
+ * docs/PERFORMANCE.md). Else bits. */
+int llm_act_store_bits(int bits, int type, int64_t m);
 /* X rows the products take at once (their blocks of X rows), a multiple of
  * the lanes' groups of 16 */
 enum { LLM_ACT_BLOCK_ROWS = 64 };

@@ -67,8 +67,8 @@ static void quantize_block(const float *x, int top, int8_t *q8, int16_t *q16, fl
     *s = sum;
 }
 
-void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h) {
-    int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                             int32_t *h) {
     for (int64_t i = 0; i < nblocks; i++)
         quantize_block(x + i * QB, top, bits == LLM_ACT_Q8 ? (int8_t *)q + i * QB : NULL,
                        bits == LLM_ACT_Q16 ? (int16_t *)q + i * QB : NULL, &d[i], &s[i], &h[i]);
@@ -83,9 +83,26 @@ static llm_act_row act_row(const llm_act *a, int64_t j) {
                          a->h + j * nb, NULL};
 }
 
+int llm_act_store_bits(int bits, int type, int64_t m) {
+    const llm_qkern *k = llm_qkern_active();
+    if (bits != LLM_ACT_Q8 || m <= LLM_ACT_FEW_ROWS || llm_qkern_lanes(k, LLM_ACT_Q8)) return bits;
+    return llm_qkern_lanes(k, LLM_ACT_Q16) || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K ||
+                   type == LLM_TYPE_Q8_0
+               ? LLM_ACT_Q16
+               : bits;
+}
+
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {
-    if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16))
+    return llm_act_quantize_as(a, x, m, n, bits, bits, buf, bytes);
+}
+
+int llm_act_quantize_as(llm_act *a, const float *x, int64_t m, int64_t n, int bits, int store, void *buf,
+                        size_t bytes) {
+    if (!a || !x || m < 1 || n < 1 || (bits != LLM_ACT_F32 && bits != LLM_ACT_Q8 && bits != LLM_ACT_Q16) ||
+        (bits != LLM_ACT_F32 && store != bits && store != LLM_ACT_Q16))
         return -1;
+    const int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+    if (bits != LLM_ACT_F32) bits = store;   /* from here on: how the quants are stored */
     if (bits == LLM_ACT_F32 || n % QB != 0) {
         *a = (llm_act){.x = x, .m = m, .n = n, .bits = LLM_ACT_F32};
         return 0;
@@ -98,7 +115,7 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
     int32_t *h = (int32_t *)((uintptr_t)s + round64((size_t)m * nb * sizeof(int32_t)));
     /* rows of whole blocks: the m rows are m * nb consecutive blocks */
     const llm_qkern *k = llm_qkern_active();
-    k->act_quantize(x, m * (int64_t)nb, bits, (void *)p, d, s, h);
+    k->act_quantize(x, m * (int64_t)nb, top, bits, (void *)p, d, s, h);
     *a = (llm_act){.x = x, .m = m, .n = n, .bits = bits, .q = (void *)p, .d = d, .s = s, .h = h};
     /* the lanes once here, not again in every product (and every task of one) that reads them */
     if (llm_qkern_lanes(k, bits) && m > LLM_ACT_FEW_ROWS) {

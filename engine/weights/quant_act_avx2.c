@@ -1865,9 +1865,8 @@ static int more_types(int type, const uint8_t *const *w, int nr, const llm_act_r
  * in 4 vectors: the same max (vmaxps with the running max second skips a
  * NaN, as the scalar comparison does), the same scalar d and 1/d, the same
  * product rounded to nearest even, clamp, and a NaN quant made 0. */
-void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s,
-                                         int32_t *h) {
-    const int top = bits == LLM_ACT_Q8 ? 127 : 16383;
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int top, int bits, void *q, float *d,
+                                         int32_t *s, int32_t *h) {
     const float ft = (float)top;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), fmax = _mm256_set1_ps(3.402823466e38f);
     for (int64_t i = 0; i < nblocks; i++) {
@@ -1914,9 +1913,9 @@ void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bi
 
 #else
 
-void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s,
-                                         int32_t *h) {
-    llm_act_quantize_scalar(x, nblocks, bits, q, d, s, h);
+void QK_CAT(llm_act_quantize_, QK_TABLE)(const float *x, int64_t nblocks, int top, int bits, void *q, float *d,
+                                         int32_t *s, int32_t *h) {
+    llm_act_quantize_scalar(x, nblocks, top, bits, q, d, s, h);
 }
 
 int QK_CAT(llm_act_dot_packed_, QK_TABLE)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt,

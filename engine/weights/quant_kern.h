@@ -63,9 +63,11 @@ typedef struct {
      * arithmetic; -1 if the type is not packed. */
     int (*act_dot_packed)(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
     /* llm_act_quantize's blocks: nblocks consecutive blocks of 32 floats of x
-     * into quants q (int8 or int16 by bits), scales d, sums s and half sums h, each block
-     * as the scalar quantize_block (quant_act.c) gives it, bit for bit. */
-    void (*act_quantize)(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h);
+     * into quants in [-top, top] (127 or 16383) stored in q as int8 or int16
+     * (by bits), scales d, sums s and half sums h, each block as the scalar
+     * quantize_block (quant_act.c) gives it, bit for bit. */
+    void (*act_quantize)(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                         int32_t *h);
     /* NULL, or: the nt rows' quants, scales and sums in lanes of 16 rows
      * (llm_act_row.lanes) into buf (llm_act_lanes_size(nb, bits) int32 per
      * group of 16), each row pointed at its group's; act_dot and
@@ -129,10 +131,14 @@ int llm_act_dot_avx512(int type, const uint8_t *const *w, int nr, const llm_act_
                        float *out);
 int llm_act_dot_avx512vnni(int type, const uint8_t *const *w, int nr, const llm_act_row *x, int nt, int64_t nb,
                            float *out);
-void llm_act_quantize_scalar(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h);
-void llm_act_quantize_avx2(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h);
-void llm_act_quantize_avx512(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h);
-void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int bits, void *q, float *d, int32_t *s, int32_t *h);
+void llm_act_quantize_scalar(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                             int32_t *h);
+void llm_act_quantize_avx2(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                           int32_t *h);
+void llm_act_quantize_avx512(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                             int32_t *h);
+void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
+                                 int32_t *h);
 void llm_act_lanes_avx512(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 void llm_act_lanes_avx512vnni(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);
