@@ -44,8 +44,8 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < rows * rb; i++) W[i] = (uint8_t)rand();
     for (int64_t i = 0; i < m * n; i++) X[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     llm_act a;
-    const int bits = llm_act_default_bits();   /* stored as the engine stores them for this type */
-    if (llm_act_quantize_as(&a, X, m, n, bits, llm_act_store_bits(bits, type, m), buf, ab) != 0) return 1;
+    const int bits = llm_act_default_bits();   /* stored as the engine stores them */
+    if (llm_act_quantize_as(&a, X, m, n, bits, llm_act_store_bits(bits, m), buf, ab) != 0) return 1;
     void *P = NULL;
     int64_t pb = pack ? llm_packed_bytes(type, rows, n) : 0;
     if (pb && (P = malloc((size_t)pb)) != NULL) llm_pack_rows(type, W, rows, n, P);

@@ -150,15 +150,13 @@ void llm_mm_add(llm_mm_job *j, const llm_matrix *w, const float *x, float *y, in
 void llm_mm_run(const llm_pass *ps, llm_mm_job *j) {
     /* each distinct input quantized once, on this thread, before the tasks;
      * its rows have the width of the matrices that read it */
-    int n_inputs = 0, bits[LLM_MM_INPUTS], store[LLM_MM_INPUTS];
+    int n_inputs = 0, bits[LLM_MM_INPUTS];
     for (int i = 0; i < j->n_parts; i++) {
         /* float weights take the f32 rows (llm_type_int8): nothing to quantize for them */
-        const int type = j->part[i].w->type;
-        bits[i] = llm_type_int8(type) ? ps->c->p.act_bits : LLM_ACT_F32;
-        store[i] = llm_act_store_bits(bits[i], type, j->m);
+        bits[i] = llm_type_int8(j->part[i].w->type) ? ps->c->p.act_bits : LLM_ACT_F32;
         int k = 0;
         while (k < i && !(j->part[k].x == j->part[i].x && j->part[k].w->cols == j->part[i].w->cols &&
-                          bits[k] == bits[i] && store[k] == store[i]))
+                          bits[k] == bits[i]))
             k++;
         if (k < i) {
             j->part[i].input = j->part[k].input;
@@ -166,7 +164,8 @@ void llm_mm_run(const llm_pass *ps, llm_mm_job *j) {
         }
         j->part[i].input = n_inputs;
         /* cannot fail: the scratch holds m <= rows rows of the widest input at any bits */
-        llm_act_quantize_as(&j->act[n_inputs], j->part[i].x, j->m, j->part[i].w->cols, bits[i], store[i],
+        llm_act_quantize_as(&j->act[n_inputs], j->part[i].x, j->m, j->part[i].w->cols, bits[i],
+                            llm_act_store_bits(bits[i], j->m),
                             (char *)ps->ws->qa + (size_t)n_inputs * ps->ws->qa_bytes, ps->ws->qa_bytes);
         n_inputs++;
     }

@@ -215,13 +215,12 @@ int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits,
  * a->bits is then 16). */
 int llm_act_quantize_as(llm_act *a, const float *x, int64_t m, int64_t n, int bits, int store, void *buf,
                         size_t bytes);
-/* How the engine stores `bits`-bit quants of m X rows for products with
- * weights of this type, on the kernels in use: 8-bit ones as int16 past a few
- * rows where the kernels have no 8-bit tiles (no VNNI) and their 8-bit
- * many-row products lose to the 16-bit ones: Q5_K, Q6_K and Q8_0 on AVX2,
- * every type where the 16-bit rows go in lanes (AVX-512 without VNNI;
- * docs/PERFORMANCE.md). Else bits. */
-int llm_act_store_bits(int bits, int type, int64_t m);
+/* How the engine stores `bits`-bit quants of m X rows on the kernels in use:
+ * 8-bit ones as int16 past a few rows where the kernels take 16-bit rows in
+ * lanes but have no 8-bit tiles (AVX2, AVX-512 without VNNI), whose 8-bit
+ * many-row products lose to the 16-bit ones (docs/PERFORMANCE.md). Else
+ * bits. */
+int llm_act_store_bits(int bits, int64_t m);
 /* X rows the products take at once (their blocks of X rows), a multiple of
  * the lanes' groups of 16 */
 enum { LLM_ACT_BLOCK_ROWS = 64 };

@@ -83,13 +83,10 @@ static llm_act_row act_row(const llm_act *a, int64_t j) {
                          a->h + j * nb, NULL};
 }
 
-int llm_act_store_bits(int bits, int type, int64_t m) {
+int llm_act_store_bits(int bits, int64_t m) {
     const llm_qkern *k = llm_qkern_active();
     if (bits != LLM_ACT_Q8 || m <= LLM_ACT_FEW_ROWS || llm_qkern_lanes(k, LLM_ACT_Q8)) return bits;
-    return llm_qkern_lanes(k, LLM_ACT_Q16) || type == LLM_TYPE_Q5_K || type == LLM_TYPE_Q6_K ||
-                   type == LLM_TYPE_Q8_0
-               ? LLM_ACT_Q16
-               : bits;
+    return llm_qkern_lanes(k, LLM_ACT_Q16) ? LLM_ACT_Q16 : bits;
 }
 
 int llm_act_quantize(llm_act *a, const float *x, int64_t m, int64_t n, int bits, void *buf, size_t bytes) {

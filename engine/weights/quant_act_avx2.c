@@ -1450,7 +1450,6 @@ wide_block(const int type, const rows_buf *rb, int64_t nb, int64_t i, int64_t b,
 
 #endif
 
-#if QK_X_LANES
 /* llm_qkern.act_lanes: each 8 rows' pairs (16-bit) or quads (8-bit, their
  * bytes put in the lanes' order by a shuffle) of quants by 8 x 8
  * transposes of dwords into their half of a group of 16, their scales and
@@ -1499,7 +1498,6 @@ void QK_CAT(llm_act_lanes_, QK_TABLE)(llm_act_row *xs, int nt, int64_t nb, int32
             }
     }
 }
-#endif
 
 /* The group (PACKED) or the nr plain rows w against nt activation rows:
  * out[8*t + r] for a group, out[r*nt + t] for plain rows (16-bit only) */
@@ -1510,7 +1508,7 @@ group_rows(const int type, const int PACKED, const uint8_t *grp, const uint8_t *
     /* 8-bit X rows are read in lanes only by the 512-bit tiles of quads, all
      * of them (wide >= nt) */
     const int quads = X_WIDE && !W16 && x[0].lanes;
-    const int lanes = QK_X_LANES && x[0].lanes && (W16 || quads);
+    const int lanes = x[0].lanes && (W16 || quads);
     /* X rows [0, wide) in 512-bit tiles (wide_block) */
     const int wide = X_WIDE && lanes ? (W16 ? nt / 32 * 32 : (nt + 15) / 16 * 16) : 0;
     /* with lanes, a lane-packed group's pair vectors (or any rows' quads) as they load */

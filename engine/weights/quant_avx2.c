@@ -517,11 +517,7 @@ static int simd_fused_dot(int type, const uint8_t *const *w, int nr, const float
 static const llm_qkern table = {QK_STR(QK_TABLE), simd_dequant, simd_dot_tile, simd_fused_dot,
                                 QK_CAT(llm_act_dot_, QK_TABLE), QK_CAT(llm_act_dot_packed_, QK_TABLE),
                                 QK_CAT(llm_act_quantize_, QK_TABLE),
-#if QK_X_LANES
                                 QK_CAT(llm_act_lanes_, QK_TABLE), QK_X_WIDE,
-#else
-                                NULL, 0,
-#endif
                                 QK_CAT(llm_act_row_packed_, QK_TABLE)};
 
 const llm_qkern *QK_CAT(llm_qkern_, QK_TABLE)(void) { return QK_CPU_OK() ? &table : NULL; }

@@ -4,6 +4,5 @@
  * -DLLM_QUANT_ZMM builds). Chosen only when CPUID reports AVX-512. */
 #define QK_TABLE avx512
 #define QK_CPU_OK kv_cpu_avx512
-#define QK_X_LANES 1
 #include "quant_avx2.c"
 #include "quant_act_avx2.c"

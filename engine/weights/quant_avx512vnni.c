@@ -6,6 +6,5 @@
 #define QK_TABLE avx512vnni
 #define QK_CPU_OK kv_cpu_avx512vnni
 #define QK_VNNI 1
-#define QK_X_LANES 1
 #include "quant_avx2.c"
 #include "quant_act_avx2.c"

@@ -139,6 +139,7 @@ void llm_act_quantize_avx512(const float *x, int64_t nblocks, int top, int bits,
                              int32_t *h);
 void llm_act_quantize_avx512vnni(const float *x, int64_t nblocks, int top, int bits, void *q, float *d, int32_t *s,
                                  int32_t *h);
+void llm_act_lanes_avx2(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 void llm_act_lanes_avx512(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 void llm_act_lanes_avx512vnni(llm_act_row *xs, int nt, int64_t nb, int32_t *buf);
 int llm_act_dot_packed_scalar(int type, const uint8_t *group, int64_t nb, const llm_act_row *x, int nt, float *out);

@@ -14,14 +14,12 @@
 #define QK_TABLE avx2
 #define QK_CPU_OK kv_cpu_avx2
 #endif
-/* 1 where the build has 32 vector registers: prefill's products keep an
- * activation block of 8 rows (16 vectors) in registers (llm_act_row.lanes) */
-#ifndef QK_X_LANES
-#define QK_X_LANES 0
-#endif
-/* 1 where prefill's products take X rows in lanes in 512-bit VNNI tiles,
- * of 16-bit and of 8-bit quants (wide_block in quant_act_avx2.c) */
-#if QK_X_LANES && defined(__AVX512F__) && defined(QK_VNNI)
+/* Every SIMD table lays prefill's X rows out in lanes (llm_act_row.lanes),
+ * an activation block of 8 rows as 16 vectors: in registers with AVX-512's
+ * 32, read from L1 as memory operands with AVX2's 16 (docs/PERFORMANCE.md).
+ * QK_X_WIDE: 1 where prefill's products take X rows in lanes in 512-bit
+ * VNNI tiles, of 16-bit and of 8-bit quants (wide_block in quant_act_avx2.c) */
+#if defined(__AVX512F__) && defined(QK_VNNI)
 #define QK_X_WIDE 1
 #else
 #define QK_X_WIDE 0
