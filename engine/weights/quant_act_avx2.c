@@ -1317,7 +1317,8 @@ static inline __attribute__((always_inline)) const int32_t *pair_at(const rows_b
 }
 
 /* The same with the activation rows in lanes (llm_act_row.lanes, 16-bit):
- * 8 X rows' pairs of a block stay in 16 registers while each of the 8
+ * 8 X rows' pairs of a block stay in 16 registers (with AVX2's 16, in L1,
+ * read as the multiply-adds' memory operands) while each of the 8
  * weight rows' pairs is broadcast against them, so the 8 sums of a weight
  * row build up in the lanes of one vector (lane l: X row t0 + l), with no
  * horizontal sum. acc[g][r][b % 8]: X rows 8g.., weight row r. */
