@@ -584,7 +584,7 @@ TEST(quant_act_8_bit_quants_stored_as_int16_give_the_8_bit_products) {
             CHECK(llm_act_quantize_as(&w.a, p.X, m, n, 8, 16, w.buf, bytes) == 0);
             CHECK_EQ_INT(w.a.bits, 16);
             for (int64_t i = 0; i < m * n; i++)
-                if (((const int16_t *)w.a.q)[i] != ((const int8_t *)p.ab.a.q)[i]) {
+                if (quant_at(&w.a, i) != quant_at(&p.ab.a, i)) {
                     test_fail(__FILE__, __LINE__, "%s: quant %lld differs", kernels[ki], (long long)i);
                     break;
                 }
