@@ -630,7 +630,7 @@ int kve_submit_ex(kve_context *c, const kve_request_params *p, const kve_request
                    "the scheduler's limits");
     sp.bias = (const llm_logit_bias *)o.logit_bias, sp.n_bias = o.n_logit_bias;
     sp.grammar = json, sp.json_root = LLM_JSON_OBJECT;
-    sp.rules = o.grammar ? kve_grammar_rules(o.grammar) : NULL;
+    sp.rules = o.grammar ? o.grammar->rules : NULL;
     llm_sched_request q = {.prompt = ids, .n_prompt = n, .n_choices = o.n_choices, .max_tokens = p->max_tokens,
                            .sampler = sp, .stops = p->stops, .n_stops = p->n_stops, .top_logprobs = r->top,
                            .cb = on_sched_event, .user = r, .session = o.session_file};

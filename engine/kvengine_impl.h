@@ -1,6 +1,7 @@
-/* engine/kvengine_impl.h - what the two halves of the public API
+/* engine/kvengine_impl.h - what the parts of the public API share
  * (engine/kvengine.c: models, contexts, requests; engine/kvsession.c:
- * sessions, grammars) share: the model handle's insides. */
+ * sessions; engine/kvgrammar.c: grammars): the model's and the grammar's
+ * handles' insides. */
 #ifndef KVENGINE_IMPL_H
 #define KVENGINE_IMPL_H
 
@@ -18,7 +19,8 @@ struct kve_model {
 /* The model's grammar vocabulary, made on first use (any thread); NULL when
  * out of memory. */
 const llm_grammar_vocab *kve_model_grammar_vocab(const kve_model *m);
-/* A grammar's rules, bound to its model's vocabulary. */
-const struct llm_gbnf *kve_grammar_rules(const kve_grammar *g);
+struct kve_grammar {
+    struct llm_gbnf *rules;   /* bound to the model's vocabulary (kve_model_grammar_vocab) */
+};
 
 #endif
