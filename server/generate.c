@@ -44,9 +44,17 @@ typedef struct {
     size_t n, cap;
 } gen_queue;
 
+/* One engine request's events into the HTTP request's queue: a list of
+ * prompts is a request a prompt, its choices numbered from base. */
+typedef struct {
+    gen_queue *q;
+    int32_t base;
+} gen_source;
+
 static void on_event(void *user, const kve_event *e) {
-    gen_queue *q = user;
-    gen_event g = {.choice = e->choice, .token = e->token, .len = e->text_len,
+    const gen_source *src = user;
+    gen_queue *q = src->q;
+    gen_event g = {.choice = src->base + e->choice, .token = e->token, .len = e->text_len,
                    .logprob = isfinite(e->logprob) ? e->logprob : -9999.0f,
                    .n_top = e->n_top, .finish = e->stop, .n_prompt = e->n_prompt,
                    .n_cached = e->n_cached, .n_generated = e->n_generated, .t = now_s()};
@@ -166,21 +174,28 @@ typedef struct {
     const srv_request *r;
     char id[48];
     int64_t created;
-    kve_request *req;
+    kve_request **req;                   /* [n_req]: one a prompt */
+    int32_t n_req;
+    int32_t *req_prompt, *req_cached;    /* [n_req]: each one's prompt tokens, and of them cached */
     int broken;                          /* a write failed: the client is gone */
     double t_submit;
     double t_first;                      /* when the first token came; 0: none yet */
     int first_seen;
-    int32_t n_prompt, n_cached, n_generated;
+    int32_t n_prompt, n_cached, n_generated;   /* over all the requests */
     int32_t n_finished;                  /* choices ended */
     char error[128];
-    gen_choice ch[KVE_MAX_CHOICES];
+    gen_choice *ch;                      /* [n_ch]: prompt p's choice j at p * r->n + j */
+    int32_t n_ch;
 } gen_out;
 
 static int is_chat(const gen_out *o) { return o->r->kind == SRV_CHAT; }
 
 static void call_id(const gen_out *o, int32_t choice, char *id, size_t cap) {
     snprintf(id, cap, "call_%s_%d", strchr(o->id, '-') ? strchr(o->id, '-') + 1 : o->id, (int)choice);
+}
+
+static void cancel_all(gen_out *o) {
+    for (int32_t k = 0; k < o->n_req; k++) kve_request_cancel(o->req[k]);
 }
 
 /* One SSE event: "data: JSON\n\n" as one chunk. */
@@ -195,7 +210,7 @@ static void send_sse(gen_out *o, json_t *obj) {
         if (mg_send_chunk(o->conn, buf, (unsigned)(n + 8)) <= 0) o->broken = 1;
     }
     free(buf), free(text);
-    if (o->broken) kve_request_cancel(o->req);
+    if (o->broken) cancel_all(o);
 }
 
 static json_t *chunk(gen_out *o, json_t *choices) {
@@ -347,7 +362,9 @@ static void append_text(gen_choice *c, const char *text, size_t len) {
 
 static void on_gen_event(gen_out *o, const gen_event *g) {
     gen_choice *c = &o->ch[g->choice];
-    o->n_prompt = g->n_prompt, o->n_cached = g->n_cached;
+    const int32_t k = g->choice / (int32_t)o->r->n;   /* the prompt's request it came from */
+    o->n_prompt += g->n_prompt - o->req_prompt[k], o->n_cached += g->n_cached - o->req_cached[k];
+    o->req_prompt[k] = g->n_prompt, o->req_cached[k] = g->n_cached;
     if (g->token >= 0) {
         srv_metrics *m = &o->s->metrics;
         if (!o->first_seen) {
@@ -395,7 +412,7 @@ static int reply_whole(gen_out *o) {
         return srv_reply_error(o->s, o->conn, &e);
     }
     json_t *choices = json_array();
-    for (int32_t i = 0; i < o->r->n; i++) {
+    for (int32_t i = 0; i < o->n_ch; i++) {
         gen_choice *c = &o->ch[i];
         json_t *text = srv_json_text(c->text ? c->text : "", c->len);
         json_t *lp = o->r->logprobs ? json_incref(c->lp) : json_null();
@@ -450,6 +467,34 @@ static void end_stream(gen_out *o) {
 
 /* ---------------------------------------------------------------- the handler */
 
+/* The token ids of each of r's n prompts (a chat's messages, a single
+ * prompt, or a list's prompts in turn) into ids[k], n_ids[k]; an error
+ * names the prompt of a list that caused it. */
+static int prompts_tokens(srv *s, const srv_request *r, int32_t n, int32_t **ids, int32_t *n_ids, srv_error *e) {
+    for (int32_t k = 0; k < n; k++) {
+        srv_request one = *r;   /* prompt k as the only one */
+        if (r->n_prompts) {
+            one.prompt = r->prompts[k].text, one.prompt_len = r->prompts[k].len;
+            one.tokens = r->prompts[k].ids, one.n_tokens = r->prompts[k].n_ids;
+        }
+        if (srv_prompt_tokens(s, &one, &ids[k], &n_ids[k], e)) {
+            if (r->n_prompts) {
+                char why[sizeof e->message - 32];   /* room for the prefix */
+                const size_t l = strnlen(e->message, sizeof why - 1);
+                memcpy(why, e->message, l), why[l] = 0;
+                snprintf(e->message, sizeof e->message, "prompt %d of the list: %s", (int)k, why);
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void free_ids(int32_t **ids, int32_t n) {
+    for (int32_t k = 0; ids && k < n; k++) free(ids[k]);
+    free(ids);
+}
+
 /* One line on stderr per generation request, as llama-server logs them: its
  * id, HTTP status, tokens, time to the first token, time in all, and why it
  * ended. One fprintf: lines of concurrent requests never interleave. */
@@ -481,8 +526,11 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             srv_request_free(&r);
             return srv_reply_error(s, conn, &e);
         }
-    int32_t *ids = NULL, n_ids = 0;
-    if (srv_prompt_tokens(s, &r, &ids, &n_ids, &e)) {
+    const int32_t n_req = r.n_prompts ? r.n_prompts : 1;
+    int32_t **ids = calloc((size_t)n_req, sizeof *ids), *n_ids = calloc((size_t)n_req, sizeof *n_ids);
+    if (!ids || !n_ids) srv_error_set(&e, 500, "server_error", "out of memory");
+    if (!ids || !n_ids || prompts_tokens(s, &r, n_req, ids, n_ids, &e)) {
+        free_ids(ids, n_req), free(n_ids);
         srv_request_free(&r);
         return srv_reply_error(s, conn, &e);
     }
@@ -490,15 +538,27 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     pthread_mutex_init(&q.mu, NULL);
     pthread_cond_init(&q.cv, NULL);
     gen_out *o = calloc(1, sizeof *o);
-    uint64_t serial = atomic_fetch_add(&s->next_id, 1);
+    gen_source *src = calloc((size_t)n_req, sizeof *src);
+    const uint64_t serial = atomic_fetch_add(&s->next_id, 1);
+    int rc = KVE_OK;
+    char msg[240];
+    if (o) {
+        *o = (gen_out){.s = s, .conn = conn, .r = &r, .created = (int64_t)time(NULL), .t_submit = now_s(),
+                       .n_ch = n_req * (int32_t)r.n, .req = calloc((size_t)n_req, sizeof *o->req),
+                       .req_prompt = calloc((size_t)n_req, sizeof(int32_t)),
+                       .req_cached = calloc((size_t)n_req, sizeof(int32_t))};
+        o->ch = calloc((size_t)o->n_ch, sizeof *o->ch);
+        snprintf(o->id, sizeof o->id, "%s-%llx%06llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)o->created, (unsigned long long)serial);
+    }
+    if (!o || !src || !o->req || !o->req_prompt || !o->req_cached || !o->ch) rc = KVE_ERR_NOMEM;
     kve_request_params rp = kve_request_default_params();
-    rp.tokens = ids, rp.n_tokens = n_ids, rp.max_tokens = (int32_t)r.max_tokens;
+    rp.max_tokens = (int32_t)r.max_tokens;
     rp.temperature = (float)r.temperature, rp.top_k = (int32_t)r.top_k, rp.top_p = (float)r.top_p;
     rp.min_p = (float)r.min_p, rp.repeat_penalty = (float)r.repeat_penalty;
     rp.presence_penalty = (float)r.presence_penalty, rp.frequency_penalty = (float)r.frequency_penalty;
-    rp.random_state = r.has_seed ? r.seed : (uint64_t)time(NULL) * 1000003u + serial;
     rp.stops = r.stops, rp.n_stops = r.n_stops, rp.top_logprobs = r.logprobs ? (int32_t)r.top_logprobs : -1;
-    rp.on_event = on_event, rp.user = &q;
+    rp.on_event = on_event;
     kve_request_options ro = kve_request_default_options();
     ro.n_choices = (int32_t)r.n, ro.repeat_last_n = (int32_t)r.repeat_last_n, ro.callback_only = 1;
     ro.logit_bias = r.bias, ro.n_logit_bias = r.n_bias, ro.json_object = r.json_object;
@@ -507,38 +567,42 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
     kve_grammar *rules = NULL;
     const int tools_on = r.n_tools > 0 && r.tool_choice != SRV_TOOLS_NONE;
     const int call_rules = tools_on && (r.tool_choice == SRV_TOOLS_REQUIRED || r.tool_choice == SRV_TOOLS_NAMED);
-    int rc = o ? KVE_OK : KVE_ERR_NOMEM;
-    char msg[240];
-    if (o && call_rules) {
-        if (!(rules = srv_tools_grammar(s, &r, &e))) {
-            free(ids), free(o);
-            pthread_mutex_destroy(&q.mu), pthread_cond_destroy(&q.cv);
-            srv_request_free(&r);
-            return srv_reply_error(s, conn, &e);
-        }
-    } else if (o && r.schema) {
+    int failed_early = 0;   /* e already says why */
+    if (rc == KVE_OK && call_rules) {
+        if (!(rules = srv_tools_grammar(s, &r, &e))) failed_early = 1;
+    } else if (rc == KVE_OK && r.schema) {
         rc = kve_grammar_parse(s->m, r.schema, strlen(r.schema), 1, &rules, msg, sizeof msg);
     }
     ro.grammar = rules;
-    if (rc == KVE_OK) rc = kve_submit_ex(s->c, &rp, &ro, &o->req, msg, sizeof msg);
-    free(ids);
+    /* each prompt its own request (a seed seeds each alike, as it would them one by one) */
+    for (int32_t k = 0; k < n_req && rc == KVE_OK && !failed_early; k++) {
+        rp.tokens = ids[k], rp.n_tokens = n_ids[k];
+        rp.random_state = r.has_seed ? r.seed
+                                     : ((uint64_t)time(NULL) * 1000003u + serial) ^ (0x9E3779B97F4A7C15u * (uint64_t)k);
+        src[k] = (gen_source){.q = &q, .base = k * (int32_t)r.n};
+        rp.user = &src[k];
+        rc = kve_submit_ex(s->c, &rp, &ro, &o->req[k], msg, sizeof msg);
+        if (rc == KVE_OK) o->n_req = k + 1;
+    }
+    free_ids(ids, n_req), free(n_ids);
     int status;
-    if (rc) {
-        if (rc == KVE_ERR_QUEUE_FULL || rc == KVE_ERR_STOPPED) srv_error_set(&e, 503, "unavailable_error", "%s", msg);
-        else if (rc == KVE_ERR_NOMEM) srv_error_set(&e, 500, "server_error", "out of memory");
-        else srv_error_set(&e, 400, "invalid_request_error", "%s", msg);
+    if (rc || failed_early) {
+        if (o && o->n_req) cancel_all(o);   /* the prompts already in go again */
+        for (int32_t k = 0; o && k < o->n_req; k++) kve_request_free(o->req[k]);
+        if (!failed_early && (rc == KVE_ERR_QUEUE_FULL || rc == KVE_ERR_STOPPED))
+            srv_error_set(&e, 503, "unavailable_error", "%s", msg);
+        else if (!failed_early && rc == KVE_ERR_NOMEM)
+            srv_error_set(&e, 500, "server_error", "out of memory");
+        else if (!failed_early)
+            srv_error_set(&e, 400, "invalid_request_error", "%s", msg);
         status = srv_reply_error(s, conn, &e);
     } else {
-        *o = (gen_out){.s = s, .conn = conn, .r = &r, .created = (int64_t)time(NULL), .t_submit = now_s(),
-                       .req = o->req};
-        snprintf(o->id, sizeof o->id, "%s-%llx%06llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
-                 (unsigned long long)o->created, (unsigned long long)serial);
-        for (int32_t i = 0; i < r.n && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
-        for (int32_t i = 0; i < r.n && tools_on; i++) o->ch[i].tool = call_rules ? TOOL_HEADER : TOOL_UNDECIDED;
+        for (int32_t i = 0; i < o->n_ch && r.logprobs && !r.stream; i++) o->ch[i].lp = new_logprobs(o);
+        for (int32_t i = 0; i < o->n_ch && tools_on; i++) o->ch[i].tool = call_rules ? TOOL_HEADER : TOOL_UNDECIDED;
         if (r.stream) start_stream(o);
         int fd = -2;   /* the client's socket, looked up once the request has run a while */
         double t_looked = now_s();
-        while (o->n_finished < r.n) {   /* until every choice has ended */
+        while (o->n_finished < o->n_ch) {   /* until every choice has ended */
             pthread_mutex_lock(&q.mu);
             queue_wait(&q, SRV_GONE_POLL_MS);
             gen_event *ev = q.ev;
@@ -548,7 +612,7 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             if (!o->broken && now_s() - t_looked >= SRV_GONE_POLL_MS * 1e-3) {   /* is anyone still waiting? */
                 t_looked = now_s();
                 if (fd == -2) fd = srv_conn_socket(conn);
-                if (srv_client_gone(fd)) o->broken = 1, kve_request_cancel(o->req);
+                if (srv_client_gone(fd)) o->broken = 1, cancel_all(o);
             }
             for (size_t k = 0; k < n; k++) {
                 on_gen_event(o, &ev[k]);
@@ -556,18 +620,23 @@ int srv_handle_generate(srv *s, struct mg_connection *conn, srv_kind kind, const
             }
             free(ev);
         }
-        kve_request_free(o->req);   /* waits for the request's end (its pages freed), then q is ours */
-        o->req = NULL;
+        /* each waits for its request's end (its pages freed); then q is ours */
+        for (int32_t k = 0; k < o->n_req; k++) kve_request_free(o->req[k]);
+        o->n_req = 0;
         if (r.stream) end_stream(o);
         /* 499: the client closed the connection before the reply (nginx's code, for the log) */
         status = r.stream ? 200 : o->broken ? 499 : reply_whole(o);
         log_request(o, status);
-        for (int32_t i = 0; i < KVE_MAX_CHOICES; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
     }
+    if (o) {
+        for (int32_t i = 0; o->ch && i < o->n_ch; i++) free(o->ch[i].text), json_decref(o->ch[i].lp);
+        free(o->ch), free(o->req), free(o->req_prompt), free(o->req_cached);
+    }
+    for (size_t k = 0; k < q.n; k++) free(q.ev[k].text);
     free(q.ev);
     pthread_mutex_destroy(&q.mu);
     pthread_cond_destroy(&q.cv);
-    free(o);
+    free(o), free(src);
     kve_grammar_free(rules);
     srv_request_free(&r);
     return status;

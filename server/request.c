@@ -121,19 +121,49 @@ static int get_session(json_t *o, srv_request *r, srv_error *e) {
 }
 
 /* An array of token ids into r->tokens. */
-static int get_ids(json_t *v, const char *name, srv_request *r, srv_error *e) {
-    size_t n = json_array_size(v);
-    if (n > (1u << 24)) return bad(e, "'%s' has too many tokens", name);
-    r->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
-    if (!r->tokens) return srv_error_set(e, 500, "server_error", "out of memory");
+/* The token ids of array v into a malloc'ed *ids, *n. */
+static int read_ids(json_t *v, const char *name, int32_t **ids, int32_t *n, srv_error *e) {
+    size_t len = json_array_size(v);
+    if (len > (1u << 24)) return bad(e, "'%s' has too many tokens", name);
+    *ids = malloc(sizeof(int32_t) * (len ? len : 1));
+    if (!*ids) return srv_error_set(e, 500, "server_error", "out of memory");
     size_t i;
     json_t *t;
     json_array_foreach(v, i, t) {
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
             return bad(e, "'%s' must hold token ids (integers >= 0)", name);
-        r->tokens[i] = (int32_t)json_integer_value(t);
+        (*ids)[i] = (int32_t)json_integer_value(t);
     }
-    r->n_tokens = (int32_t)n;
+    *n = (int32_t)len;
+    return 0;
+}
+
+static int get_ids(json_t *v, const char *name, srv_request *r, srv_error *e) {
+    return read_ids(v, name, &r->tokens, &r->n_tokens, e);
+}
+
+/* A completion's list of prompts: several strings, or lists of token ids
+ * (OpenAI's forms), each its own request, their choices one after another. */
+static int get_prompts(json_t *p, srv_request *r, srv_error *e) {
+    const size_t n = json_array_size(p);
+    if (n > SRV_MAX_REPLIES)
+        return srv_error_set(e, 400, "invalid_request_error", "'prompt' lists at most %d prompts", (int)SRV_MAX_REPLIES);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return srv_error_set(e, 500, "server_error", "out of memory");
+    r->n_prompts = (int32_t)n;
+    const int texts = json_is_string(json_array_get(p, 0));
+    size_t i;
+    json_t *v;
+    json_array_foreach(p, i, v) {
+        if (texts && json_is_string(v)) {
+            r->prompts[i].text = json_string_value(v), r->prompts[i].len = json_string_length(v);
+        } else if (!texts && json_is_array(v)) {
+            if (json_array_size(v) == 0) return bad(e, "'%s' holds an empty list of token ids", "prompt");
+            if (read_ids(v, "prompt", &r->prompts[i].ids, &r->prompts[i].n_ids, e)) return -1;
+        } else {
+            return bad(e, "'%s' must be a list of strings or a list of lists of token ids, not a mix", "prompt");
+        }
+    }
     return 0;
 }
 
@@ -258,7 +288,7 @@ enum { CH = 1u << SRV_CHAT, CO = 1u << SRV_COMPLETION, BOTH = CH | CO };
 const srv_field srv_fields[] = {
     {"model", BOTH, SRV_FIELD_HONOURED, NULL},
     {"messages", CH, SRV_FIELD_HONOURED, NULL},
-    {"prompt", CO, SRV_FIELD_PARTIAL, "one prompt per request: a string, a list of one string, or token ids"},
+    {"prompt", CO, SRV_FIELD_HONOURED, NULL},
     {"max_tokens", BOTH, SRV_FIELD_HONOURED, NULL},
     {"max_completion_tokens", CH, SRV_FIELD_HONOURED, NULL},
     {"temperature", BOTH, SRV_FIELD_HONOURED, NULL},
@@ -533,10 +563,11 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
             r->prompt = json_string_value(p), r->prompt_len = json_string_length(p);
         } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
             if (get_ids(p, "prompt", r, e)) return -1;
-        } else if (json_is_array(p) && json_array_size(p) > 1) {
-            return bad(e, "'%s' takes one prompt per request", "prompt");
+        } else if (json_is_array(p) && json_array_size(p) > 0 &&
+                   (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+            if (get_prompts(p, r, e)) return -1;
         } else {
-            return bad(e, "'%s' must be a string or an array of token ids", "prompt");
+            return bad(e, "'%s' must be a string, a list of strings, token ids or a list of lists of token ids", "prompt");
         }
     }
     int64_t mt = -1, mct = -1;
@@ -555,6 +586,11 @@ static int parse_generation(json_t *o, srv_request *r, srv_error *e) {
     if (get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
     r->seed = (uint64_t)seed, r->has_seed = field(o, "seed") != NULL;
     if (get_session(o, r, e)) return -1;
+    if (r->n_prompts * r->n > SRV_MAX_REPLIES)
+        return srv_error_set(e, 400, "invalid_request_error", "%d prompts times 'n' %d is %d choices; at most %d a request",
+                             (int)r->n_prompts, (int)r->n, (int)(r->n_prompts * r->n), (int)SRV_MAX_REPLIES);
+    if (r->n_prompts && r->session)
+        return bad(e, "'%s' keeps one sequence: it takes one prompt, not a list", "session");
     if (r->kind == SRV_CHAT && (get_response_format(o, r, e) || get_tools(o, r, e) || get_template_kwargs(o, r, e)))
         return -1;
     json_t *so = field(o, "stream_options");
@@ -642,6 +678,8 @@ void srv_request_free(srv_request *r) {
     if (r->joined)
         for (int32_t i = 0; i < r->n_msgs; i++) free(r->joined[i]);
     free(r->joined), free(r->msgs), free(r->tokens), free(r->bias);
+    for (int32_t i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);
+    free(r->prompts);
     for (int32_t i = 0; i < r->n_tools; i++) free(r->tools[i].params);
     free(r->tools);
     free(r->schema);

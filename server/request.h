@@ -39,7 +39,8 @@ int srv_error_set(srv_error *e, int status, const char *type, const char *fmt, .
 /* SRV_MAX_DEPTH: arrays and objects nested deeper than this are refused
  * before the JSON parser sees them (jansson recurses once per level, on a
  * civetweb worker's small stack); a valid request nests 4 deep. */
-enum { SRV_MAX_TOOLS = 64, SRV_MAX_LOGIT_BIAS = 1024, SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
+/* SRV_MAX_REPLIES: choices of one completion request, prompts times n. */
+enum { SRV_MAX_REPLIES = 128, SRV_MAX_TOOLS = 64, SRV_MAX_LOGIT_BIAS = 1024, SRV_MAX_MESSAGES = 1024, SRV_MAX_TOP_LOGPROBS = 20, SRV_MAX_SESSION_NAME = 128, SRV_MAX_DEPTH = 64 };
 
 typedef struct {
     srv_kind kind;
@@ -54,6 +55,15 @@ typedef struct {
     size_t prompt_len;
     int32_t *tokens;             /* [n_tokens] prompt as ids (completion), or the ids (detokenize) */
     int32_t n_tokens;
+    /* completion: a list of prompts (several strings, or lists of token
+     * ids), each as prompt or tokens above; NULL for one prompt */
+    struct srv_prompt {
+        const char *text;        /* or NULL, and the ids */
+        size_t len;
+        int32_t *ids;            /* [n_ids] malloc'ed */
+        int32_t n_ids;
+    } *prompts;
+    int32_t n_prompts;
     int add_special;             /* tokenize: add BOS as the model says (default 0) */
     int with_pieces;             /* tokenize: return each token's text as well */
     int parse_special;           /* completion, tokenize: control tokens written in the text

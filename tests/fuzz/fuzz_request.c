@@ -3,7 +3,8 @@
  * request or a 400 with a message, never crash or leak; a valid request's
  * fields must be within the ranges the scheduler is promised (a session name
  * is one file name). Wrapped in more arrays than SRV_MAX_DEPTH, any input
- * must get the nesting error. */
+ * must get the nesting error. A completion's list of prompts is each a text
+ * or a non-empty list of ids, within SRV_MAX_REPLIES choices. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int32_t i = 0; i < r.n_msgs; i++)
                 if (!r.msgs[i].role || !r.msgs[i].content || strlen(r.msgs[i].role) == 0) abort();
         }
-        if ((kind == SRV_COMPLETION || kind == SRV_TOKENIZE) && !r.prompt && !r.tokens) abort();
+        if ((kind == SRV_COMPLETION || kind == SRV_TOKENIZE) && !r.prompt && !r.tokens && !r.n_prompts) abort();
+        if (r.n_prompts < 0 || r.n_prompts * r.n > SRV_MAX_REPLIES || (r.n_prompts && (r.prompt || r.tokens || r.session)))
+            abort();
+        for (int32_t k = 0; k < r.n_prompts; k++) {   /* a list's prompts: each a text or a non-empty list of ids */
+            if (!r.prompts[k].text == !r.prompts[k].ids || (r.prompts[k].ids && r.prompts[k].n_ids < 1)) abort();
+            for (int32_t i = 0; i < r.prompts[k].n_ids; i++)
+                if (r.prompts[k].ids[i] < 0) abort();
+        }
         for (int32_t i = 0; i < r.n_tokens; i++)
             if (r.tokens[i] < 0) abort();
         if (r.session) { /* one file name in the session directory, never a path */

@@ -172,10 +172,71 @@ def test_completions_refuse_what_they_do_not_honour(client, field, value):
     assert field in e.value.message, e.value.message
 
 
-def test_a_list_of_prompts_is_refused_naming_prompt(client):
+LIST = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Water boils at"]
+
+
+def test_a_list_of_prompts_gives_each_the_choices_it_gets_alone(client):
+    """OpenAI's list of prompts: prompt p's n choices at indices p*n .. p*n+n-1,
+    each the text it gets as a request of its own (greedy), usage the sums."""
+    alone = [client.completions.create(model="m", prompt=p, temperature=0, max_tokens=12, logprobs=1)
+             for p in LIST]
+    r = client.completions.create(model="m", prompt=LIST, temperature=0, max_tokens=12, n=2, logprobs=1)
+    assert [c.index for c in r.choices] == list(range(2 * len(LIST)))
+    for i, c in enumerate(r.choices):
+        one = alone[i // 2].choices[0]
+        assert c.text == one.text and c.finish_reason == one.finish_reason, (i, c.text, one.text)
+        assert c.logprobs.tokens == one.logprobs.tokens
+        assert c.logprobs.token_logprobs == pytest.approx(one.logprobs.token_logprobs, abs=1e-5)
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    # streamed: the same texts, piece by piece under their indices, and the same usage at the end
+    texts = collections.defaultdict(str)
+    usage = None
+    for ch in client.completions.create(model="m", prompt=LIST, temperature=0, max_tokens=12, n=2, stream=True,
+                                        stream_options={"include_usage": True}):
+        for c in ch.choices:
+            texts[c.index] += c.text
+        usage = ch.usage or usage
+    assert [texts[i] for i in range(2 * len(LIST))] == [c.text for c in r.choices]
+    assert usage.prompt_tokens == r.usage.prompt_tokens and usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_a_list_of_token_id_lists_is_a_list_of_prompts(client, server):
+    ids = []
+    for p in LIST[:2]:
+        st, body = server.post("/tokenize", {"content": p})
+        assert st == 200, body
+        ids.append(body["tokens"])
+    r = client.completions.create(model="m", prompt=ids, temperature=0, max_tokens=8)
+    for p, c in zip(ids, r.choices):
+        assert c.text == client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8).choices[0].text
+
+
+def test_a_seed_seeds_each_prompt_of_a_list_alike(client):
+    kw = dict(model="m", temperature=1.0, max_tokens=12, seed=11)
+    one = client.completions.create(prompt=LIST[0], **kw).choices[0].text
+    r = client.completions.create(prompt=[LIST[0], LIST[1], LIST[0]], **kw)
+    assert r.choices[0].text == one and r.choices[2].text == one
+
+
+@pytest.mark.parametrize("prompt,n,words", [
+    (["a", [1, 2]], 1, "not a mix"),
+    (["a", ""], 1, "prompt 1 of the list"),
+    ([[1], []], 1, "empty list"),
+    (["x"] * 129, 1, "at most 128"),
+    (["x"] * 9, 16, "at most 128"),
+    ([], 1, "'prompt'"),
+])
+def test_a_bad_list_of_prompts_is_a_400_saying_what(client, prompt, n, words):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt=["a", "b"], max_tokens=2)
-    assert "'prompt'" in e.value.message
+        client.completions.create(model="m", prompt=prompt, max_tokens=2, n=n)
+    assert words in e.value.message, e.value.message
+
+
+def test_a_list_of_prompts_takes_no_session(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt=["a", "b"], max_tokens=2, extra_body={"session": "s1"})
+    assert "'session'" in e.value.message, e.value.message
 
 
 @pytest.mark.parametrize("message,field", [
