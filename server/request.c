@@ -120,7 +120,6 @@ static int get_session(json_t *o, srv_request *r, srv_error *e) {
     return 0;
 }
 
-/* An array of token ids into r->tokens. */
 /* The token ids of array v into a malloc'ed *ids, *n. */
 static int read_ids(json_t *v, const char *name, int32_t **ids, int32_t *n, srv_error *e) {
     size_t len = json_array_size(v);
@@ -138,6 +137,7 @@ static int read_ids(json_t *v, const char *name, int32_t **ids, int32_t *n, srv_
     return 0;
 }
 
+/* An array of token ids into r->tokens. */
 static int get_ids(json_t *v, const char *name, srv_request *r, srv_error *e) {
     return read_ids(v, name, &r->tokens, &r->n_tokens, e);
 }

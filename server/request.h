@@ -56,7 +56,8 @@ typedef struct {
     int32_t *tokens;             /* [n_tokens] prompt as ids (completion), or the ids (detokenize) */
     int32_t n_tokens;
     /* completion: a list of prompts (several strings, or lists of token
-     * ids), each as prompt or tokens above; NULL for one prompt */
+     * ids), each as prompt or tokens above; NULL when prompt or tokens
+     * holds the one prompt */
     struct srv_prompt {
         const char *text;        /* or NULL, and the ids */
         size_t len;
